@@ -1,0 +1,36 @@
+# Two commands do all the set-up themselves (see README.md):
+#   make run    create .venv from requirements.txt on first use, then run chapter 1
+#   make test   same set-up, then the whole test suite
+# Other targets: make grade (score your exercises), make chapter N=02 (run another chapter).
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
+
+.PHONY: run test grade chapter venv clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=/path/to/python3.11'"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: venv
+	$(PY) code/s01_generation_loop.py
+
+chapter: venv
+	$(PY) code/s$(N)_*.py
+
+test: venv
+	$(PY) -m pytest
+
+grade: venv
+	$(PY) exercises/grade.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache site/_build
