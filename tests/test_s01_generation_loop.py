@@ -1,0 +1,310 @@
+"""Tests for chapter S01: tokenizer, bigram model, sampler, stop policy, bad input, cost table."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from s01_generation_loop import (
+    EOS, UNK, BigramModel, Engine, Stats, UnknownWordError, WordTokenizer, build_default,
+    cost_table, format_cost_table, sample, speeches,
+)
+
+
+@pytest.fixture(scope="module")
+def default():
+    return build_default()
+
+
+# A tiny hand-made world where every expectation can be worked out by hand.
+VOCAB = [EOS, UNK, "a", "b", "c", ".", "\n"]
+TOK = WordTokenizer(VOCAB)
+
+
+class ScriptedModel:
+    """Greedy-deterministic model: after a context of length n, the argmax is script[n]
+    (or `default` past the script). It also records the context each pass saw."""
+
+    def __init__(self, script: dict[int, int], default: int = 2, vocab_size: int = len(VOCAB)):
+        self.script, self.default, self.vocab_size = script, default, vocab_size
+        self.seen: list[list[int]] = []
+
+    def forward(self, token_ids):
+        self.seen.append(list(token_ids))
+        logits = np.zeros((len(token_ids), self.vocab_size), dtype=np.float32)
+        logits[-1, self.script.get(len(token_ids), self.default)] = 10.0
+        return logits
+
+
+# --- tokenizer ------------------------------------------------------------------------------
+
+def test_tokenizer_reserved_ids_and_split():
+    assert TOK.eos_id == 0 and TOK.unk_id == 1 and TOK.vocab_size == 7
+    assert WordTokenizer.split("Who's there?\nNay, answer me") == [
+        "Who's", "there", "?", "\n", "Nay", ",", "answer", "me"]
+
+
+def test_tokenizer_round_trip_on_corpus_speeches(default):
+    tokenizer, _ = default
+    checked = 0
+    for speech in speeches(default_corpus())[:400]:
+        ids = tokenizer.encode(speech)
+        if tokenizer.unk_id in ids:
+            continue
+        assert tokenizer.decode(ids) == tokenizer.normalize(speech)
+        assert tokenizer.encode(tokenizer.decode(ids)) == ids
+        checked += 1
+    assert checked > 100
+
+
+def default_corpus():
+    from s01_generation_loop import CORPUS_PATH
+    return CORPUS_PATH.read_text()
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c", ".", "\n"]), min_size=1, max_size=30))
+def test_tokenizer_round_trip_property(pieces):
+    ids = [TOK.token_to_id[p] for p in pieces]
+    assert TOK.encode(TOK.decode(ids)) == ids
+
+
+def test_unknown_word_policy():
+    assert TOK.encode("a zebra b") == [2, 1, 3]
+    with pytest.raises(UnknownWordError, match="'zebra' is not in the vocabulary"):
+        TOK.encode("a zebra b", unknown="error")
+    with pytest.raises(ValueError, match="unknown must be"):
+        TOK.encode("a", unknown="skip")
+
+
+def test_special_strings_in_user_text_are_not_special():
+    # "<eos>" typed by a user splits into "<", "eos", ">" (all unknown here), never id 0.
+    assert TOK.eos_id not in TOK.encode("a <eos> b")
+
+
+def test_decode_skips_eos_and_rejects_bad_ids():
+    assert TOK.decode([2, 0, 3]) == "a b"
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        TOK.decode([7])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        TOK.decode([-1])
+
+
+def test_vocab_is_most_frequent_words_deterministically():
+    tok = WordTokenizer.train("b b b a a c c d", max_vocab=4)
+    assert tok.id_to_token == [EOS, UNK, "b", "a"]  # a and c tie on 2; 'a' sorts first
+
+
+# --- model ----------------------------------------------------------------------------------
+
+def test_bigram_counts_to_logits_by_hand():
+    # ids: 2 3 2 3 2 0 over V = 4 (0 eos, 1 unk). Row 2 saw 3 twice and 0 once.
+    model = BigramModel.train([2, 3, 2, 3, 2, 0], vocab_size=4, alpha=1.0, unk_id=1)
+    probs = np.exp(model.forward([2])[0])
+    # add-1 smoothing over the 3 allowed targets (0, 2, 3): counts (1, 0, 2) + 1 -> (2, 1, 3) / 6
+    np.testing.assert_allclose(probs, [2 / 6, 0.0, 1 / 6, 3 / 6], rtol=1e-6)
+    assert model.forward([2]).dtype == np.float32
+
+
+def test_forward_shape_is_T_by_V(default):
+    tokenizer, model = default
+    ids = tokenizer.encode("To be, or not to be")
+    logits = model.forward(ids)
+    assert logits.shape == (len(ids), tokenizer.vocab_size)
+    assert np.all(np.isneginf(logits[:, tokenizer.unk_id]))  # <unk> is never predicted
+    np.testing.assert_allclose(np.exp(logits).sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_forward_bad_input():
+    model = BigramModel.train([2, 3, 2], vocab_size=4)
+    with pytest.raises(ValueError, match="non-empty"):
+        model.forward([])
+    with pytest.raises(ValueError, match=r"must lie in \[0, 4\)"):
+        model.forward([7])
+
+
+# --- sampler --------------------------------------------------------------------------------
+
+def test_greedy_is_argmax_lowest_id_on_tie():
+    rng = np.random.default_rng(0)
+    assert sample(np.array([0.1, 3.0, 3.0, -1.0]), 0.0, rng) == 1
+
+
+def test_sampling_is_seeded_and_reproducible():
+    logits = np.log(np.array([0.1, 0.2, 0.3, 0.4]))
+
+    def draws(seed):
+        rng = np.random.default_rng(seed)
+        return [sample(logits, 1.0, rng) for _ in range(50)]
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)
+    assert len(set(draws(7))) > 1
+
+
+def test_sampling_frequencies_follow_softmax():
+    logits = np.log(np.array([0.1, 0.2, 0.3, 0.4]))
+    rng = np.random.default_rng(0)
+    n = 20000
+    counts = np.bincount([sample(logits, 1.0, rng) for _ in range(n)], minlength=4)
+    # 4 standard errors of a binomial proportion at p=0.4, n=20000 is about 0.014.
+    np.testing.assert_allclose(counts / n, [0.1, 0.2, 0.3, 0.4], atol=0.014)
+
+
+def test_temperature_sharpens():
+    logits = np.log(np.array([0.2, 0.8]))
+    rng = np.random.default_rng(1)
+    n = 5000
+    # At T=0.5 the probabilities are proportional to p^2: 0.04 : 0.64 -> 0.0588 : 0.9412.
+    freq = np.mean([sample(logits, 0.5, rng) == 0 for _ in range(n)])
+    assert abs(freq - 0.04 / 0.68) < 0.015
+
+
+@pytest.mark.parametrize("temperature", [-0.1, float("nan"), float("inf")])
+def test_sample_rejects_bad_temperature(temperature):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        sample(np.zeros(3), temperature, np.random.default_rng(0))
+
+
+# --- stop policy at every boundary ----------------------------------------------------------
+
+def test_eos_as_last_allowed_token_is_an_eos_stop():
+    # prompt "a b" has 2 tokens; passes see contexts of 2, 3, 4: the third token sampled is EOS.
+    engine = Engine(ScriptedModel({2: 2, 3: 3, 4: TOK.eos_id}), TOK, max_context=16)
+    g = engine.generate("a b", max_tokens=3)
+    assert g.stats.stop_reason == "eos" and g.stats.finish_reason == "stop"
+    assert g.token_ids == [2, 3, 0] and g.text == "a b"  # EOS produced, not in the text
+    assert g.stats.tokens_out == 3
+
+
+def test_budget_stop_when_eos_comes_one_too_late():
+    engine = Engine(ScriptedModel({2: 2, 3: 3, 4: 4, 5: TOK.eos_id}), TOK, max_context=16)
+    g = engine.generate("a b", max_tokens=3)
+    assert g.stats.stop_reason == "max_tokens" and g.stats.finish_reason == "length"
+    assert g.token_ids == [2, 3, 4] and g.text == "a b c"
+
+
+def test_context_full_stop_and_no_pass_beyond_the_window():
+    model = ScriptedModel({})
+    engine = Engine(model, TOK, max_context=5)
+    g = engine.generate("a b", max_tokens=10)
+    assert g.stats.stop_reason == "context_full" and g.stats.finish_reason == "length"
+    assert g.stats.context_lens == [2, 3, 4]          # a 5-token context is never run
+    assert len(g.token_ids) == 3 and max(len(s) for s in model.seen) == 4
+
+
+def test_prompt_that_fills_the_context_stops_before_the_first_pass():
+    model = ScriptedModel({})
+    g = Engine(model, TOK, max_context=3).generate("a b c", max_tokens=5)
+    assert g.stats.stop_reason == "context_full" and g.stats.passes == 0
+    assert g.token_ids == [] and g.text == "" and model.seen == []
+
+
+def test_budget_and_full_context_at_once_reports_the_budget():
+    g = Engine(ScriptedModel({}), TOK, max_context=4).generate("a b", max_tokens=2)
+    assert g.stats.stop_reason == "max_tokens" and g.stats.context_lens == [2, 3]
+
+
+def test_eos_beats_the_full_context():
+    g = Engine(ScriptedModel({3: TOK.eos_id}), TOK, max_context=4).generate("a b", max_tokens=9)
+    assert g.stats.stop_reason == "eos" and g.token_ids == [2, 0]
+
+
+def test_each_pass_sees_the_whole_growing_context():
+    model = ScriptedModel({2: 4, 3: 3})
+    Engine(model, TOK, max_context=16).generate("a b", max_tokens=3)
+    assert model.seen == [[2, 3], [2, 3, 4], [2, 3, 4, 3]]
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt", ["", "   \n"])
+def test_empty_prompt(prompt):
+    with pytest.raises(ValueError, match="prompt must be a non-empty string"):
+        Engine(ScriptedModel({}), TOK, 8).generate(prompt, 3)
+
+
+def test_prompt_of_only_punctuation_outside_vocab_still_encodes_to_unk():
+    g = Engine(ScriptedModel({}), TOK, 8).generate("zebra", 1)
+    assert g.stats.prompt_tokens == 1
+
+
+@pytest.mark.parametrize("max_tokens", [0, -3, 2.5, True])
+def test_bad_max_tokens(max_tokens):
+    with pytest.raises(ValueError, match="max_tokens must be an integer >= 1"):
+        Engine(ScriptedModel({}), TOK, 8).generate("a", max_tokens)
+
+
+@pytest.mark.parametrize("temperature", [-1.0, float("nan")])
+def test_bad_temperature(temperature):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        Engine(ScriptedModel({}), TOK, 8).generate("a", 3, temperature)
+
+
+def test_prompt_longer_than_context_is_an_error_not_a_truncation():
+    with pytest.raises(ValueError, match="prompt is 4 tokens but max_context is 3"):
+        Engine(ScriptedModel({}), TOK, 3).generate("a b c a", 1)
+
+
+@pytest.mark.parametrize("max_context", [0, -1, 2.0])
+def test_bad_max_context(max_context):
+    with pytest.raises(ValueError, match="max_context must be an integer >= 1"):
+        Engine(ScriptedModel({}), TOK, max_context)
+
+
+# --- real model, cost table -----------------------------------------------------------------
+
+def test_greedy_on_the_corpus_is_deterministic_and_seeded_sampling_reproducible(default):
+    tokenizer, model = default
+    engine = Engine(model, tokenizer, max_context=128)
+    g1 = engine.generate("Ham.\nTo be, or not to be", 20)
+    g2 = engine.generate("Ham.\nTo be, or not to be", 20)
+    assert g1.token_ids == g2.token_ids
+    # Greedy: every token is the argmax of the bigram row of the token before it.
+    prev = tokenizer.encode("Ham.\nTo be, or not to be")[-1]
+    for tok in g1.token_ids:
+        assert tok == int(np.argmax(model.logits_table[prev]))
+        prev = tok
+    s1 = engine.generate("Ham.\nTo be", 20, temperature=1.0, seed=3)
+    s2 = engine.generate("Ham.\nTo be", 20, temperature=1.0, seed=3)
+    s3 = engine.generate("Ham.\nTo be", 20, temperature=1.0, seed=4)
+    assert s1.token_ids == s2.token_ids and s1.token_ids != s3.token_ids
+
+
+def test_cost_table_matches_closed_form_sums():
+    g = Engine(ScriptedModel({}), TOK, max_context=64).generate("a b c", max_tokens=20)
+    p, k = 3, 20  # contexts are p, p+1, ..., p+k-1
+    assert g.stats.context_lens == list(range(p, p + k))
+    closed_sq = sum_sq(p + k - 1) - sum_sq(p - 1)
+    closed_lin = (p + k - 1) * (p + k) // 2 - (p - 1) * p // 2
+    assert g.stats.attention_work_uncached == closed_sq == 3790
+    assert g.stats.attention_work_cached == closed_lin == 250
+    rows = cost_table(g.stats)
+    assert rows[-1][4] == pytest.approx(3790 / 250)
+    assert rows[0] == (1, 3, 9, 3, 3.0)
+    text = format_cost_table(g.stats)
+    assert "3,790 token pairs without a cache, 250 with one" in text
+
+
+def sum_sq(n):
+    return n * (n + 1) * (2 * n + 1) // 6
+
+
+def test_stats_finish_reason_mapping():
+    assert Stats(1, stop_reason="eos").finish_reason == "stop"
+    assert Stats(1, stop_reason="max_tokens").finish_reason == "length"
+    assert Stats(1, stop_reason="context_full").finish_reason == "length"
+    assert Stats(1).finish_reason is None
+
+
+def test_main_prints_text_and_cost_table(capsys):
+    from s01_generation_loop import main
+    main(["--max-tokens", "12", "--temperature", "0"])
+    out = capsys.readouterr().out
+    assert "--- completion ---" in out and "cumulative ratio" in out and "stop_reason=" in out
+
+
+def test_main_reports_bad_input_without_a_traceback(capsys):
+    from s01_generation_loop import main
+    with pytest.raises(SystemExit) as exc:
+        main(["--max-tokens", "0"])
+    assert exc.value.code == 2
+    assert "max_tokens must be an integer >= 1" in capsys.readouterr().err
