@@ -252,7 +252,7 @@ def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> 
 
     logits: float (V,). temperature 0 is greedy: the argmax (the lowest id on a tie). Otherwise
     the token is drawn from softmax(logits / temperature): below 1 sharpens the distribution,
-    above 1 flattens it. Raises ValueError for a negative or non-finite temperature, or a row
+    above 1 flattens it. Each draw consumes exactly one `rng.random()`. Raises ValueError for a negative or non-finite temperature, or a row
     with no finite logit.
     """
     if not np.isfinite(temperature) or temperature < 0:
@@ -264,9 +264,13 @@ def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> 
         return int(np.argmax(logits))
     scaled = logits / temperature
     scaled -= scaled.max()  # softmax is shift-invariant; this keeps exp() from overflowing
-    probs = np.exp(scaled)
-    probs /= probs.sum()
-    return int(rng.choice(probs.size, p=probs))
+    weights = np.exp(scaled)  # unnormalised probabilities; -inf logits get weight 0
+    # Inverse-CDF sampling with one uniform number per token: the first id whose cumulative
+    # weight exceeds u * total. (numpy's rng.choice(p=...) does the same; doing it by hand keeps
+    # one random number per step, so the course's JavaScript simulator can replay it exactly.)
+    cdf = np.cumsum(weights)
+    u = rng.random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), cdf.size - 1))
 
 
 # ---------------------------------------------------------------------------------------------
