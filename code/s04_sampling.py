@@ -1,0 +1,615 @@
+"""S04, sampling: `SamplingParams`, the logits-processor pipeline, seeds and logprobs.
+
+What is new since S03
+    S01 turned logits into a token with one knob, the temperature. Serving APIs expose about a
+    dozen (OpenAI's and vLLM's `SamplingParams`), and each one is a small function from a row of
+    logits (V,) to a row of logits (V,). This chapter writes them one by one, chains them in the
+    order vLLM and Hugging Face use, and wraps them in an `Engine` that takes `SamplingParams`
+    and returns a `Completion` with `finish_reason`, optional logprobs and stats.
+
+    The pipeline, in order (`process_logits`):
+      1. min_tokens   EOS and stop_token_ids set to -inf until min_tokens tokens exist.
+      2. penalties    repetition (prompt + output), then frequency and presence (output only).
+      --- temperature 0 stops here: greedy is the argmax of these logits ---
+      3. temperature  divide by T (after subtracting the max, so tiny T cannot overflow).
+      4. min_p        drop tokens with p < min_p * p_max.
+      5. top_k        keep the k largest logits (ties at the k-th value are all kept).
+      6. top_p        keep the smallest head of the sorted distribution whose mass reaches top_p.
+    Why this order. Penalties edit what the model said about specific tokens, so they act on raw
+    logits, where "divide a positive logit by 1.3" has a fixed meaning; applied after temperature
+    their strength would change with T. Temperature comes next because every filter after it is
+    defined on the final distribution the token is drawn from: top-p's "90% of the mass" must be
+    90% of the mass we sample from, not of some other distribution. Steps 4-6 never remove the
+    argmax, so none of them can change a greedy choice; that is why greedy stops after step 2.
+    This is vLLM v1's order (`vllm/v1/sample/sampler.py`: min-tokens, penalties, temperature,
+    min-p, then top-k and top-p). Hugging Face `generate()` uses the same order except that it
+    applies min-p after top-p; the two agree unless both top_p < 1 and min_p > 0 are set.
+
+    Logprobs. `logprobs=n` returns, for every generated token, its log-probability and the n
+    most likely tokens. From which distribution? vLLM returns by default the log-softmax of the
+    *raw* model logits, before penalties, temperature and filters (`logprobs_mode=
+    "raw_logprobs"`), so the numbers describe the model, not the sampler settings. We do the same
+    by default; `Engine(..., logprobs_mode="processed_logprobs")` returns the log-softmax of the
+    distribution the token was actually drawn from instead (vLLM has that mode too).
+
+    Seeds. Every request owns a `np.random.Generator` made from its seed, and a sampled token
+    consumes exactly one uniform draw (greedy consumes none), so a request's tokens depend on its
+    prompt, seed and parameters only, never on what else ran before or between.
+
+What it does not handle yet
+    Batches of requests (S08), logit_bias, bad-words lists, beam search, n > 1 choices, and
+    `include_stop_str_in_output`. Every pass still recomputes the whole context (S05 adds the
+    KV cache through the `next_logits` hook).
+
+Run it
+    python code/s04_sampling.py --prompt "To be, or not to be" --max-tokens 12
+
+Tests
+    tests/test_s04_sampling.py: every processor against hand-computed vectors (each boundary of
+    SamplingParams) and against `transformers`' own processors and warpers on random logits;
+    chi-square tests of sampled frequencies; seeds; logprobs; the Engine's stop rules; greedy
+    parity with the S01 loop.
+
+References
+    A. Holtzman et al., "The Curious Case of Neural Text Degeneration" (ICLR 2020): top-p.
+    A. Fan, M. Lewis, Y. Dauphin, "Hierarchical Neural Story Generation" (ACL 2018): top-k.
+    N. S. Keskar et al., "CTRL" (2019), section 4.1: the repetition penalty.
+    M. N. Nguyen et al., "Turning Up the Heat: Min-p Sampling" (2024): min-p.
+    OpenAI API reference: presence_penalty / frequency_penalty (subtract alpha * [count > 0] and
+    alpha * count), stop, logprobs. vLLM `SamplingParams` (names, defaults, ranges) and
+    `vllm/v1/sample/sampler.py` (order, raw logprobs). Hugging Face transformers
+    `generation/logits_process.py` (the oracles of the tests).
+
+Shape legend (the whole course): T tokens in this step, V vocabulary.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+import s01_generation_loop as s01
+
+# ---------------------------------------------------------------------------------------------
+# SamplingParams
+# ---------------------------------------------------------------------------------------------
+
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs allows 0..20; vLLM's default max_logprobs is 20 too.
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request turns logits into tokens; names, meanings and defaults follow vLLM.
+
+    temperature         >= 0. 0 is greedy (argmax, lowest id on a tie); 1 leaves the model's
+                        distribution as it is. Default 1.0, as in vLLM and OpenAI.
+    top_k               int >= -1. Keep the k most likely tokens; 0 or -1 disables, and so
+                        does any k >= V.
+    top_p               in [0, 1]. Keep the smallest set of most likely tokens whose probability
+                        reaches top_p (the token that crosses it is kept); 1 disables; 0 or a
+                        tiny value keeps only the most likely token.
+    min_p               in [0, 1]. Drop tokens whose probability is below min_p times the top
+                        token's probability; 0 disables.
+    repetition_penalty  > 0. For every token already in the prompt or the output, a positive
+                        logit is divided by it and a negative one multiplied; 1 disables.
+    presence_penalty    in [-2, 2]. Subtracted once from the logit of every token that occurs
+                        in the output so far (positive values push towards new tokens).
+    frequency_penalty   in [-2, 2]. Subtracted from a token's logit once per occurrence in the
+                        output so far.
+    max_tokens          int >= 1. Most tokens to generate (vLLM's default, 16).
+    min_tokens          int in [0, max_tokens]. EOS and stop_token_ids cannot be sampled, and no
+                        stop rule fires, before this many tokens exist.
+    stop                stop strings (a str or a sequence of non-empty str): generation ends
+                        when the output text contains one; the text is cut before it.
+    stop_token_ids      token ids (ints >= 0) that end generation like EOS does.
+    ignore_eos          keep generating after EOS (EOS becomes an ordinary token).
+    seed                None (fresh entropy) or an int >= 0 for a reproducible request.
+    logprobs            None, or n in [0, 20]: return the sampled token's logprob and the n
+                        most likely tokens' logprobs at every step.
+
+    Raises ValueError naming the parameter and its allowed range for any other value.
+    `stop` and `stop_token_ids` are stored as tuples so the object stays hashable and frozen.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        def real(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
+            value = getattr(self, name)
+            low_ok = _is_real(value) and (value > lo if lo_open else value >= lo)
+            if not (low_ok and math.isfinite(value) and value <= hi):
+                bracket = "(" if lo_open else "["
+                high = "inf)" if math.isinf(hi) else f"{hi:g}]"
+                raise ValueError(f"{name} must be a number in {bracket}{lo:g}, {high} "
+                                 f"(got {value!r})")
+
+        real("temperature", 0.0, math.inf)
+        real("top_p", 0.0, 1.0)
+        real("min_p", 0.0, 1.0)
+        real("repetition_penalty", 0.0, math.inf, lo_open=True)
+        real("presence_penalty", -2.0, 2.0)
+        real("frequency_penalty", -2.0, 2.0)
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (0 or -1 disables; got {self.top_k!r})")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1 (got {self.max_tokens!r})")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}] "
+                             f"(got {self.min_tokens!r})")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if stop is None or not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a str or a sequence of non-empty str (got {self.stop!r})")
+        object.__setattr__(self, "stop", tuple(stop))
+        ids = self.stop_token_ids if self.stop_token_ids is not None else [None]
+        if isinstance(ids, (str, bytes)) or not all(_is_int(i) and i >= 0 for i in ids):
+            raise ValueError(f"stop_token_ids must be a sequence of ints >= 0 "
+                             f"(got {self.stop_token_ids!r})")
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise ValueError(f"ignore_eos must be a bool (got {self.ignore_eos!r})")
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+            raise ValueError(f"seed must be None or an int >= 0 (got {self.seed!r})")
+        if self.logprobs is not None and (not _is_int(self.logprobs)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}] "
+                             f"(got {self.logprobs!r})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Logits processors: each maps float32 logits (V,) to new float32 logits (V,)
+# ---------------------------------------------------------------------------------------------
+# -inf is the only "removed" marker: exp(-inf) = 0 exactly, so a removed token has probability 0
+# in every later step, and nothing here ever produces NaN or +inf from finite or -inf input.
+
+NEG_INF = np.float32(-np.inf)
+
+
+def check_logits(logits: np.ndarray) -> np.ndarray:
+    """Validate one row of logits and return a float32 copy.
+
+    logits: array-like (V,). -inf entries are allowed (tokens already ruled out).
+    Raises ValueError if it is not 1-D and non-empty, holds NaN or +inf, or has no finite entry.
+    """
+    row = np.array(logits, dtype=np.float32)  # a copy: processors never edit the caller's array
+    if row.ndim != 1 or row.size == 0:
+        raise ValueError(f"logits must be a non-empty 1-D array (V,), got shape {row.shape}")
+    if np.isnan(row).any() or np.isposinf(row).any():
+        raise ValueError("logits must not contain NaN or +inf")
+    if not np.isfinite(row).any():
+        raise ValueError("logits must have at least one finite entry (every token is ruled out)")
+    return row
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log p for float32 logits (V,) with at least one finite entry; -inf stays -inf."""
+    shifted = logits - logits.max()  # the max becomes 0, so exp() cannot overflow
+    return (shifted - np.log(np.exp(shifted).sum())).astype(np.float32)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities (V,) float32 from logits (V,) with at least one finite entry."""
+    e = np.exp(logits - logits.max())
+    return (e / e.sum()).astype(np.float32)
+
+
+def apply_min_tokens(logits: np.ndarray, num_output_tokens: int, min_tokens: int,
+                     stop_ids: Sequence[int]) -> np.ndarray:
+    """Set the logits of `stop_ids` (EOS and stop_token_ids) to -inf while fewer than
+    `min_tokens` tokens have been generated. Same as HF `MinNewTokensLengthLogitsProcessor`."""
+    out = logits.copy()
+    if num_output_tokens < min_tokens and len(stop_ids):
+        out[np.asarray(stop_ids, dtype=np.int64)] = NEG_INF
+    return out
+
+
+def apply_repetition_penalty(logits: np.ndarray, seen_ids: Sequence[int],
+                             penalty: float) -> np.ndarray:
+    """CTRL's repetition penalty on every token id in `seen_ids` (prompt and output).
+
+    A positive logit is divided by `penalty`, a negative one multiplied, so penalty > 1 always
+    makes a seen token less likely (dividing a negative logit would make it *more* likely).
+    Each distinct token is penalised once however often it occurred. Same as HF
+    `RepetitionPenaltyLogitsProcessor` and vLLM.
+    """
+    out = logits.copy()
+    if penalty == 1.0 or len(seen_ids) == 0:
+        return out
+    ids = np.unique(np.asarray(seen_ids, dtype=np.int64))
+    picked = out[ids]
+    out[ids] = np.where(picked > 0, picked / penalty, picked * penalty)
+    return out
+
+
+def apply_presence_frequency_penalties(logits: np.ndarray, output_ids: Sequence[int],
+                                       presence_penalty: float,
+                                       frequency_penalty: float) -> np.ndarray:
+    """OpenAI's additive penalties over the generated tokens only (not the prompt):
+    logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0)."""
+    out = logits.copy()
+    if len(output_ids) == 0 or (presence_penalty == 0 and frequency_penalty == 0):
+        return out
+    ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+    out[ids] -= np.float32(frequency_penalty) * counts.astype(np.float32) \
+        + np.float32(presence_penalty)
+    return out
+
+
+def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Scale logits by 1 / temperature (temperature > 0).
+
+    We return (logits - max) / T rather than HF's logits / T: softmax cannot tell them apart,
+    and with the max at 0 every entry is <= 0, so even T = 1e-6 cannot overflow to +inf (large
+    gaps may underflow to -inf, which is the right answer: probability 0).
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 here (0 means greedy; got {temperature})")
+    with np.errstate(over="ignore"):
+        return ((logits - logits.max()) / np.float32(temperature)).astype(np.float32)
+
+
+def apply_min_p(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Remove tokens with p < min_p * p_max, compared in log space: logit - max < log(min_p).
+
+    Working with logits instead of probabilities avoids exp() underflow deciding the answer.
+    min_p = 1 keeps only the top token (and any token tied with it). Same kept set as HF
+    `MinPLogitsWarper` and vLLM.
+    """
+    out = logits.copy()
+    if min_p == 0:
+        return out
+    gap = logits.astype(np.float64) - float(logits.max())
+    out[gap < math.log(min_p)] = NEG_INF
+    return out
+
+
+def apply_top_k(logits: np.ndarray, top_k: int) -> np.ndarray:
+    """Keep the `top_k` largest logits. 0, -1 or any k >= V keeps everything.
+
+    Tokens tied with the k-th largest value are all kept (so a tie can keep more than k), as HF
+    `TopKLogitsWarper` and vLLM do: which of two equal logits to drop would be arbitrary.
+    """
+    out = logits.copy()
+    if top_k <= 0 or top_k >= logits.size:
+        return out
+    kth_largest = np.partition(logits, logits.size - top_k)[logits.size - top_k]
+    out[logits < kth_largest] = NEG_INF
+    return out
+
+
+def apply_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
+    """Nucleus filter: keep the most likely tokens until their probability reaches `top_p`.
+
+    Sort tokens by probability, descending; token i is kept if the mass of the tokens before it
+    is < top_p. So the token that crosses (or reaches) top_p is kept and the first token is
+    always kept (top_p = 0 keeps exactly one). Equal probabilities are ordered by token id,
+    lowest first, so the result is deterministic. The running sum is in float64: in float32 it
+    stalls below 1 once the terms drop under 6e-8, which would wrongly keep a long tail.
+    Same kept set as HF `TopPLogitsWarper` (which phrases it as removing the ascending
+    cumulative mass <= 1 - top_p) and vLLM.
+    """
+    out = logits.copy()
+    if top_p >= 1.0:
+        return out
+    order = np.argsort(-logits, kind="stable")               # (V,) most likely first
+    probs = softmax(logits)[order].astype(np.float64)        # (V,) sorted
+    mass_before = np.cumsum(probs) - probs                   # exclusive prefix sums
+    drop = mass_before >= top_p
+    drop[0] = False
+    out[order[drop]] = NEG_INF
+    return out
+
+
+def process_logits(logits: np.ndarray, params: SamplingParams,
+                   prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = (),
+                   eos_id: int | None = None) -> np.ndarray:
+    """The whole pipeline, in vLLM's order (see the module docstring for why this order).
+
+    logits: the model's raw logits for the next token, (V,). prompt_ids, output_ids: the
+    request's token ids so far (penalties and min_tokens need them). eos_id: the tokenizer's
+    end-of-sequence id (suppressed by min_tokens unless params.ignore_eos).
+    Returns float32 (V,): for temperature 0, the penalised logits (their argmax is the greedy
+    token); otherwise the logits of the distribution to draw from, removed tokens at -inf.
+    Raises ValueError for invalid logits or a token id outside [0, V).
+    """
+    row = check_logits(logits)
+    vocab = row.size
+    for name, ids in (("prompt_ids", prompt_ids), ("output_ids", output_ids),
+                      ("stop_token_ids", params.stop_token_ids)):
+        if any(not 0 <= int(i) < vocab for i in ids):
+            raise ValueError(f"{name} must lie in [0, V={vocab})")
+    stop_ids = list(params.stop_token_ids)
+    if eos_id is not None and not params.ignore_eos:
+        stop_ids.append(eos_id)
+    row = apply_min_tokens(row, len(output_ids), params.min_tokens, stop_ids)
+    row = apply_repetition_penalty(row, [*prompt_ids, *output_ids], params.repetition_penalty)
+    row = apply_presence_frequency_penalties(row, output_ids, params.presence_penalty,
+                                             params.frequency_penalty)
+    if not np.isfinite(row).any():
+        raise ValueError("min_tokens ruled out every token: the model gave only EOS or stop ids "
+                         "a finite logit")
+    if params.greedy:
+        return row
+    row = apply_temperature(row, params.temperature)
+    row = apply_min_p(row, params.min_p)
+    row = apply_top_k(row, params.top_k)
+    row = apply_top_p(row, params.top_p)
+    return row
+
+
+def draw(processed: np.ndarray, params: SamplingParams, generator: np.random.Generator) -> int:
+    """Pick a token from `process_logits`' output (V,).
+
+    Greedy (temperature 0): the argmax, lowest id on a tie; the generator is not touched.
+    Otherwise inverse-CDF sampling with one uniform draw u in [0, 1): the token whose interval
+    of the cumulative distribution (float64) contains u * total. A removed token has an empty
+    interval, so it can never be drawn.
+    """
+    if params.greedy:
+        return int(np.argmax(processed))
+    cdf = np.cumsum(softmax(processed).astype(np.float64))   # (V,)
+    u = generator.random() * cdf[-1]
+    token = int(np.searchsorted(cdf, u, side="right"))
+    # u * total can round up to total itself; fall back to the last token with mass.
+    return min(token, int(np.flatnonzero(np.diff(cdf, prepend=0.0) > 0)[-1]))
+
+
+def sample(logits: np.ndarray, params: SamplingParams, generator: np.random.Generator,
+           prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = (),
+           eos_id: int | None = None) -> int:
+    """One sampling step: `process_logits` then `draw`. Arguments as there; returns a token id."""
+    return draw(process_logits(logits, params, prompt_ids, output_ids, eos_id), params, generator)
+
+
+# ---------------------------------------------------------------------------------------------
+# Logprobs
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities at one generated position (natural log).
+
+    token_id, logprob: the generated token and its log-probability. top_logprobs: the n most
+    likely tokens as (token_id, logprob), most likely first, equal values by lowest id; n is
+    SamplingParams.logprobs (0 gives an empty tuple), capped at V.
+    """
+
+    token_id: int
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...]
+
+
+def compute_logprobs(logits: np.ndarray, token_id: int, n: int) -> TokenLogprobs:
+    """log-softmax of `logits` (V,), then the sampled token's entry and the top n entries."""
+    logp = log_softmax(check_logits(logits))                 # (V,)
+    top = np.argsort(-logp, kind="stable")[:n]
+    return TokenLogprobs(token_id=int(token_id), logprob=float(logp[token_id]),
+                         top_logprobs=tuple((int(i), float(logp[i])) for i in top))
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine
+# ---------------------------------------------------------------------------------------------
+
+STOP_TOKEN = "stop_token"     # a token of SamplingParams.stop_token_ids was generated
+STOP_STRING = "stop_string"   # the output text contains one of SamplingParams.stop
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+
+
+class Stats(s01.Stats):
+    """S01's Stats; stop_reason may also be "stop_token" or "stop_string" (finish "stop")."""
+
+    @property
+    def finish_reason(self) -> str | None:
+        if self.stop_reason is None:
+            return None
+        return "stop" if self.stop_reason in (s01.STOP_EOS, STOP_TOKEN, STOP_STRING) else "length"
+
+
+@dataclass
+class Completion:
+    """The result of `Engine.generate`.
+
+    text: the completion text: EOS, a final stop token and a stop string with everything after
+    it are not in it. token_ids: every generated id, the one that stopped generation included.
+    finish_reason: "stop" (EOS, stop token or stop string) or "length" (max_tokens or a full
+    context). matched_stop: the stop string or stop token id that ended generation, else None
+    (vLLM calls it `stop_reason`). logprobs: one TokenLogprobs per token id, or None when
+    SamplingParams.logprobs is None.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    matched_stop: str | int | None
+    logprobs: list[TokenLogprobs] | None
+    stats: Stats
+
+
+def find_stop_string(text: str, stops: Sequence[str], new_from: int) -> tuple[int, str] | None:
+    """The earliest stop string in `text` that ends after position `new_from`.
+
+    Returns (start index, stop string) or None. Earliest start, not first in list order, so the
+    text cut there contains no stop string at all (vLLM takes the first in list order). Only
+    matches ending in new text count: earlier text was checked before, or was written before
+    min_tokens was reached, when stop strings do not apply.
+    """
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        at = text.find(stop, max(0, new_from - len(stop) + 1))
+        if at != -1 and (best is None or at < best[0]):
+            best = (at, stop)
+    return best
+
+
+class Engine(s01.Engine):
+    """S01's loop with `SamplingParams`: processors, stop rules, per-request seeds, logprobs.
+
+    model, tokenizer, max_context: as in S01. logprobs_mode: "raw_logprobs" (vLLM's default:
+    log-softmax of the model's logits) or "processed_logprobs" (of the distribution sampled).
+    Stop rules after each token, in priority order: EOS (unless ignore_eos), a stop token id,
+    a stop string, max_tokens; before each pass, a full context. None fires before min_tokens.
+    """
+
+    def __init__(self, model, tokenizer, max_context: int, logprobs_mode: str = "raw_logprobs"):
+        super().__init__(model, tokenizer, max_context)
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES} (got {logprobs_mode!r})")
+        self.logprobs_mode = logprobs_mode
+
+    def next_logits(self, ids: list[int]) -> np.ndarray:
+        """Raw logits (V,) for the token after `ids`. S05 overrides this with a KV cache."""
+        return self.model.forward(ids)[-1]
+
+    def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
+        """Generate a completion of `prompt` under `params` (SamplingParams() if None).
+
+        Raises ValueError for a bad prompt (see S01 `check_request`) or a stop token id outside
+        the vocabulary.
+        """
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams (got {type(params).__name__})")
+        prompt_ids = self.check_request(prompt, params.max_tokens, params.temperature)
+        generator = np.random.default_rng(params.seed)  # this request's own random stream
+        eos_id = self.tokenizer.eos_id
+        ids, out = list(prompt_ids), []
+        logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
+        stats = Stats(prompt_tokens=len(ids))
+        text, matched = "", None
+        while stats.stop_reason is None:
+            if len(ids) >= self.max_context:
+                stats.stop_reason = s01.STOP_CONTEXT_FULL
+                break
+            start = time.perf_counter()
+            raw = self.next_logits(ids)                        # (V,)
+            stats.pass_times_s.append(time.perf_counter() - start)
+            stats.context_lens.append(len(ids))
+            processed = process_logits(raw, params, prompt_ids, out, eos_id)
+            token = draw(processed, params, generator)
+            if logprobs is not None:
+                source = raw if self.logprobs_mode == "raw_logprobs" else processed
+                logprobs.append(compute_logprobs(source, token, params.logprobs))
+            ids.append(token)
+            out.append(token)
+            stats.tokens_out = len(out)
+            text, stats.stop_reason, matched = self.check_stop(text, out, params)
+        return Completion(text=text, token_ids=out, finish_reason=stats.finish_reason,
+                          matched_stop=matched, logprobs=logprobs, stats=stats)
+
+    def check_stop(self, prev_text: str, out: list[int], params: SamplingParams
+                   ) -> tuple[str, str | None, str | int | None]:
+        """After token out[-1]: the output text so far, the stop reason (or None) and the
+        matched stop string or id. The text is decoded from all output ids each time (a token's
+        text can depend on its neighbours), minus a final EOS or stop token."""
+        token, eos_id = out[-1], self.tokenizer.eos_id
+        if len(out) >= params.min_tokens:
+            if token == eos_id and not params.ignore_eos:
+                return self.tokenizer.decode(out[:-1]), s01.STOP_EOS, None
+            if token in params.stop_token_ids:
+                return self.tokenizer.decode(out[:-1]), STOP_TOKEN, token
+        text = self.tokenizer.decode(out)
+        if params.stop and len(out) >= params.min_tokens:
+            # New text starts where it first differs from the previous text (usually its end).
+            new_from = len(os.path.commonprefix([prev_text, text]))
+            found = find_stop_string(text, params.stop, new_from)
+            if found is not None:
+                return text[:found[0]], STOP_STRING, found[1]
+        if len(out) >= params.max_tokens:
+            return text, s01.STOP_MAX_TOKENS, None
+        return text, None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# main: one prompt under several settings, with per-token probabilities
+# ---------------------------------------------------------------------------------------------
+
+DEMO_SETTINGS: list[tuple[str, dict]] = [
+    ("greedy", dict(temperature=0.0)),
+    ("temperature 0.7", dict(temperature=0.7)),
+    ("temperature 1.5", dict(temperature=1.5)),
+    ("top_k 5", dict(top_k=5)),
+    ("top_p 0.5", dict(top_p=0.5)),
+    ("min_p 0.2", dict(min_p=0.2)),
+    ("greedy, repetition_penalty 1.5", dict(temperature=0.0, repetition_penalty=1.5)),
+    ("greedy, frequency_penalty 1.0", dict(temperature=0.0, frequency_penalty=1.0)),
+]
+
+
+def load_demo_model():
+    """(tokenizer, model, name) for the demo: S01's bigram model trained on the corpus."""
+    tokenizer, model = s01.build_default()
+    return tokenizer, model, f"S01 bigram model (V = {model.vocab_size:,})"
+
+
+def format_tokens(tokenizer, completion: Completion, processed: Completion) -> str:
+    """One line per generated token: its text, p under the model, p under the sampler."""
+    def show(token_id: int) -> str:
+        return "<eos>" if token_id == tokenizer.eos_id else repr(tokenizer.decode([token_id]))
+
+    lines = [f"    {'token':<14} {'p model':>8} {'p sampled':>10}   top-3 under the model"]
+    for raw_lp, proc_lp in zip(completion.logprobs, processed.logprobs):
+        top = ", ".join(f"{show(i)} {math.exp(lp):.2f}" for i, lp in raw_lp.top_logprobs)
+        piece = show(raw_lp.token_id)
+        lines.append(f"    {piece:<14} {math.exp(raw_lp.logprob):>8.3f} "
+                     f"{math.exp(proc_lp.logprob):>10.3f}   {top}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Chapter 4: sampling controls.")
+    parser.add_argument("--prompt", default="Ham.\nTo be, or not to be", help="text to continue")
+    parser.add_argument("--max-tokens", type=int, default=12, help="tokens per completion")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every sampled request")
+    parser.add_argument("--max-context", type=int, default=256, help="context window in tokens")
+    args = parser.parse_args(argv)
+
+    tokenizer, model, name = load_demo_model()
+    print(f"model: {name}\nprompt: {args.prompt!r}\n")
+    raw_engine = Engine(model, tokenizer, args.max_context)
+    proc_engine = Engine(model, tokenizer, args.max_context, logprobs_mode="processed_logprobs")
+    for label, knobs in DEMO_SETTINGS:
+        try:
+            params = SamplingParams(max_tokens=args.max_tokens, seed=args.seed, logprobs=3,
+                                    **knobs)
+            completion = raw_engine.generate(args.prompt, params)
+        except ValueError as err:
+            parser.error(str(err))
+        # Same seed and parameters, so the same tokens: only the reported distribution differs.
+        processed = proc_engine.generate(args.prompt, params)
+        assert processed.token_ids == completion.token_ids
+        print(f"[{label}] finish_reason={completion.finish_reason}\n    {completion.text!r}")
+        print(format_tokens(tokenizer, completion, processed) + "\n")
+
+
+if __name__ == "__main__":
+    main()

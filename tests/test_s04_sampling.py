@@ -1,0 +1,647 @@
+"""Tests for chapter S04: SamplingParams, the processors, sampling, seeds, logprobs, the Engine.
+
+Oracles: hand-computed vectors (every boundary of SamplingParams), Hugging Face transformers'
+own logits processors and warpers on random logits, closed-form distributions checked with a
+chi-square statistic, and the S01 loop for greedy parity.
+"""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers.generation.logits_process import (
+    LogitsProcessorList, MinNewTokensLengthLogitsProcessor, MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+)
+
+import s01_generation_loop as s01
+from s04_sampling import (
+    Completion, Engine, SamplingParams, TokenLogprobs, apply_min_p, apply_min_tokens,
+    apply_presence_frequency_penalties, apply_repetition_penalty, apply_temperature, apply_top_k,
+    apply_top_p, compute_logprobs, draw, find_stop_string, process_logits, sample,
+)
+
+INF = np.inf
+
+
+def f32(values):
+    return np.array(values, dtype=np.float32)
+
+
+def kept(row):
+    """Indices of the tokens a processor left in play (finite logits)."""
+    return set(np.flatnonzero(np.isfinite(row)).tolist())
+
+
+# --- SamplingParams -------------------------------------------------------------------------
+
+def test_defaults_are_vllms():
+    p = SamplingParams()
+    assert (p.temperature, p.top_k, p.top_p, p.min_p) == (1.0, 0, 1.0, 0.0)
+    assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) == (1.0, 0.0, 0.0)
+    assert (p.max_tokens, p.min_tokens, p.stop, p.stop_token_ids) == (16, 0, (), ())
+    assert (p.ignore_eos, p.seed, p.logprobs) == (False, None, None)
+
+
+def test_params_are_frozen_and_normalised():
+    p = SamplingParams(stop="\n", stop_token_ids=[3, 4])
+    assert p.stop == ("\n",) and p.stop_token_ids == (3, 4)
+    assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.temperature = 0.5
+    hash(p)  # frozen and made of tuples: usable as a dict key
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-0.1), r"temperature must be a number in \[0, inf\)"),
+    (dict(temperature=float("nan")), r"temperature must be a number in \[0, inf\)"),
+    (dict(temperature=float("inf")), r"temperature must be a number in \[0, inf\)"),
+    (dict(temperature="1"), r"temperature must be a number"),
+    (dict(top_k=-2), r"top_k must be an int >= -1"),
+    (dict(top_k=2.0), r"top_k must be an int >= -1"),
+    (dict(top_k=True), r"top_k must be an int >= -1"),
+    (dict(top_p=-0.01), r"top_p must be a number in \[0, 1\]"),
+    (dict(top_p=1.01), r"top_p must be a number in \[0, 1\]"),
+    (dict(min_p=-0.1), r"min_p must be a number in \[0, 1\]"),
+    (dict(min_p=1.5), r"min_p must be a number in \[0, 1\]"),
+    (dict(repetition_penalty=0.0), r"repetition_penalty must be a number in \(0, inf\)"),
+    (dict(repetition_penalty=-1.0), r"repetition_penalty must be a number in \(0, inf\)"),
+    (dict(presence_penalty=2.5), r"presence_penalty must be a number in \[-2, 2\]"),
+    (dict(frequency_penalty=-2.5), r"frequency_penalty must be a number in \[-2, 2\]"),
+    (dict(max_tokens=0), r"max_tokens must be an int >= 1"),
+    (dict(max_tokens=3.0), r"max_tokens must be an int >= 1"),
+    (dict(min_tokens=-1), r"min_tokens must be an int in \[0, max_tokens=16\]"),
+    (dict(min_tokens=5, max_tokens=4), r"min_tokens must be an int in \[0, max_tokens=4\]"),
+    (dict(stop=[""]), r"stop must be a str or a sequence of non-empty str"),
+    (dict(stop=""), r"stop must be a str or a sequence of non-empty str"),
+    (dict(stop=[1]), r"stop must be a str or a sequence of non-empty str"),
+    (dict(stop_token_ids=[-1]), r"stop_token_ids must be a sequence of ints >= 0"),
+    (dict(stop_token_ids="ab"), r"stop_token_ids must be a sequence of ints >= 0"),
+    (dict(ignore_eos="yes"), r"ignore_eos must be a bool"),
+    (dict(seed=-1), r"seed must be None or an int >= 0"),
+    (dict(seed=1.5), r"seed must be None or an int >= 0"),
+    (dict(logprobs=-1), r"logprobs must be None or an int in \[0, 20\]"),
+    (dict(logprobs=21), r"logprobs must be None or an int in \[0, 20\]"),
+])
+def test_invalid_params_name_the_parameter_and_range(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=0), dict(top_k=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.0),
+    dict(min_p=1.0), dict(presence_penalty=-2.0), dict(frequency_penalty=2.0),
+    dict(min_tokens=16), dict(logprobs=0), dict(logprobs=20), dict(seed=0),
+])
+def test_boundary_values_are_accepted(kwargs):
+    SamplingParams(**kwargs)
+
+
+# --- processors on hand-computed vectors ----------------------------------------------------
+
+def test_temperature_by_hand():
+    np.testing.assert_array_equal(apply_temperature(f32([1, 2, 3]), 0.5), f32([-4, -2, 0]))
+    np.testing.assert_array_equal(apply_temperature(f32([1, 2, 3]), 2.0), f32([-1, -0.5, 0]))
+
+
+def test_tiny_temperature_is_finite_and_puts_all_mass_on_the_argmax():
+    out = apply_temperature(f32([1, 2, 3, -INF]), 1e-6)
+    assert out[2] == 0 and out[3] == -INF and np.isfinite(out[:3]).all()
+    with np.errstate(all="raise"):  # no overflow, no invalid operation, even with huge logits
+        huge = apply_temperature(f32([3e38, -3e38, 0]), 1e-6)
+    assert huge.tolist() == [0.0, -INF, -INF]
+    gen = np.random.default_rng(0)
+    params = SamplingParams(temperature=1e-6)
+    assert {sample(f32([1, 2, 3, -INF]), params, gen) for _ in range(50)} == {2}
+
+
+def test_all_equal_logits_stay_uniform():
+    out = apply_temperature(f32([5, 5, 5, 5]), 1e-6)
+    assert out.tolist() == [0, 0, 0, 0]
+    assert process_logits(f32([5] * 4), SamplingParams(top_k=2)).tolist() == [0, 0, 0, 0]
+
+
+def test_top_k_by_hand():
+    assert kept(apply_top_k(f32([1, 3, 2, 4]), 2)) == {1, 3}
+    assert kept(apply_top_k(f32([1, 3, 2, 4]), 1)) == {3}
+    for disabled in (0, -1, 4, 5, 10_000):  # 0 / -1 disable; so does any k >= V
+        np.testing.assert_array_equal(apply_top_k(f32([1, 3, 2, 4]), disabled), f32([1, 3, 2, 4]))
+
+
+def test_top_k_keeps_ties_with_the_kth_value():
+    assert kept(apply_top_k(f32([1, 2, 2, 3]), 2)) == {1, 2, 3}
+    assert kept(apply_top_k(f32([3, 3, 1]), 1)) == {0, 1}
+
+
+def test_top_k_leaves_minus_inf_entries_and_values_alone():
+    out = apply_top_k(f32([0, -INF, -INF, 1]), 3)  # only 2 finite tokens: nothing to remove
+    np.testing.assert_array_equal(out, f32([0, -INF, -INF, 1]))
+    out = apply_top_k(f32([0.5, -1, 2, -INF]), 2)
+    np.testing.assert_array_equal(out, f32([0.5, -INF, 2, -INF]))
+
+
+# Probabilities 0.3, 0.5, 0.05, 0.15 for ids 0..3: sorted 0.5 (id 1), 0.3 (id 0), 0.15 (id 3),
+# 0.05 (id 2); the mass before each is 0, 0.5, 0.8, 0.95.
+SKEWED = np.log(f32([0.3, 0.5, 0.05, 0.15]))
+
+
+@pytest.mark.parametrize("top_p, expected", [
+    (0.0, {1}),            # 0 keeps the most likely token
+    (1e-6, {1}),           # so does a tiny value
+    (0.4, {1}),
+    (0.55, {1, 0}),        # id 0 crosses 0.55 and is kept
+    (0.85, {1, 0, 3}),
+    (0.99, {0, 1, 2, 3}),
+    (1.0, {0, 1, 2, 3}),   # disabled
+])
+def test_top_p_by_hand(top_p, expected):
+    assert kept(apply_top_p(SKEWED, top_p)) == expected
+
+
+@pytest.mark.parametrize("top_p, expected", [
+    (0.25, {0}),                # reaching top_p exactly: the token that reaches it is the last
+    (0.2500001, {0, 1}),
+    (0.5, {0, 1}),
+    (0.75, {0, 1, 2}),
+    (0.7500001, {0, 1, 2, 3}),
+])
+def test_top_p_exact_boundaries_on_uniform_logits(top_p, expected):
+    # softmax of four zeros is exactly 0.25 each and the running sums are exact in binary, so
+    # these are true boundaries. Equal probabilities are taken lowest id first.
+    assert kept(apply_top_p(f32([0, 0, 0, 0]), top_p)) == expected
+
+
+def test_top_p_ignores_minus_inf_entries():
+    assert kept(apply_top_p(f32([0, -INF, 0, -INF]), 0.6)) == {0, 2}
+
+
+def test_min_p_by_hand():
+    # p = 0.3, 0.5, 0.05, 0.15 (SKEWED). min_p 0.4 -> threshold 0.2; 0.55 -> 0.275; 0.65 -> 0.325
+    assert kept(apply_min_p(SKEWED, 0.4)) == {0, 1}
+    assert kept(apply_min_p(SKEWED, 0.25)) == {0, 1, 3}
+    assert kept(apply_min_p(SKEWED, 0.65)) == {1}
+    np.testing.assert_array_equal(apply_min_p(SKEWED, 0.0), SKEWED)
+
+
+def test_min_p_one_keeps_the_top_token_and_its_ties():
+    assert kept(apply_min_p(f32([2, 2, 1, -INF]), 1.0)) == {0, 1}
+
+
+def test_repetition_penalty_by_hand():
+    logits = f32([2, -2, 0, 1])
+    seen = [0, 1, 2, 0]  # id 0 twice: penalised once
+    np.testing.assert_array_equal(apply_repetition_penalty(logits, seen, 2.0), f32([1, -4, 0, 1]))
+    np.testing.assert_array_equal(apply_repetition_penalty(logits, seen, 0.5), f32([4, -1, 0, 1]))
+    np.testing.assert_array_equal(apply_repetition_penalty(logits, seen, 1.0), logits)
+    np.testing.assert_array_equal(apply_repetition_penalty(logits, [], 2.0), logits)
+
+
+def test_presence_and_frequency_penalties_by_hand():
+    out = apply_presence_frequency_penalties(f32([1, 1, 1, 1]), [0, 0, 2], 0.5, 0.25)
+    np.testing.assert_array_equal(out, f32([0, 1, 0.25, 1]))  # 1 - 2*0.25 - 0.5; 1 - 0.25 - 0.5
+    out = apply_presence_frequency_penalties(f32([1, -INF, 1]), [1, 2], -1.0, 0.0)
+    np.testing.assert_array_equal(out, f32([1, -INF, 2]))     # negative values encourage
+
+
+def test_presence_and_frequency_ignore_the_prompt_repetition_does_not():
+    params = SamplingParams(temperature=0, presence_penalty=1.0, frequency_penalty=1.0)
+    out = process_logits(f32([1, 1, 1]), params, prompt_ids=[0], output_ids=[])
+    np.testing.assert_array_equal(out, f32([1, 1, 1]))
+    params = SamplingParams(temperature=0, repetition_penalty=2.0)
+    out = process_logits(f32([1, 1, 1]), params, prompt_ids=[0], output_ids=[2])
+    np.testing.assert_array_equal(out, f32([0.5, 1, 0.5]))
+
+
+def test_min_tokens_suppresses_eos_and_stop_ids_until_reached():
+    params = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[2])
+    logits = f32([5, 1, 4, 3])
+    out = process_logits(logits, params, output_ids=[3], eos_id=0)
+    np.testing.assert_array_equal(out, f32([-INF, 1, -INF, 3]))
+    np.testing.assert_array_equal(process_logits(logits, params, output_ids=[3, 3], eos_id=0),
+                                  logits)
+    ignore = dataclasses.replace(params, ignore_eos=True)  # EOS is then an ordinary token
+    np.testing.assert_array_equal(process_logits(logits, ignore, output_ids=[3], eos_id=0),
+                                  f32([5, 1, -INF, 3]))
+    np.testing.assert_array_equal(apply_min_tokens(logits, 0, 1, []), logits)
+
+
+def test_penalties_act_before_temperature():
+    # presence 1 on raw logits [2, 1] with id 0 already generated: [1, 1], equal probabilities
+    # at any temperature. Scaling by 1/T = 2 first would give [4, 2] - 1 = [3, 2] instead.
+    params = SamplingParams(temperature=0.5, presence_penalty=1.0)
+    probs = np.exp(process_logits(f32([2, 1]), params, output_ids=[0]))
+    np.testing.assert_allclose(probs / probs.sum(), [0.5, 0.5], rtol=1e-6)
+
+
+def test_min_p_acts_before_top_p_as_in_vllm_not_after_as_in_hf():
+    logits = np.log(f32([0.4, 0.3, 0.2, 0.1]))
+    # Ours: min_p 0.6 keeps p >= 0.24 -> {0.4, 0.3} renormalised to {4/7, 3/7}; top_p 0.5 then
+    # keeps only id 0 (4/7 > 0.5).
+    ours = process_logits(logits, SamplingParams(min_p=0.6, top_p=0.5))
+    assert kept(ours) == {0}
+    # HF: top_p 0.5 first keeps {0.4, 0.3} (0.4 < 0.5 so 0.3 is kept), then min_p keeps both.
+    hf = LogitsProcessorList([TopPLogitsWarper(0.5), MinPLogitsWarper(0.6)])(
+        torch.zeros(1, 1, dtype=torch.long), torch.from_numpy(logits)[None])
+    assert kept(hf[0].numpy()) == {0, 1}
+
+
+def test_greedy_is_the_argmax_of_penalised_logits_lowest_id_on_tie():
+    gen = np.random.default_rng(0)
+    assert sample(f32([1, 3, 3]), SamplingParams(temperature=0), gen) == 1
+    penalised = SamplingParams(temperature=0, repetition_penalty=2.0)
+    assert sample(f32([1, 3, 2]), penalised, gen, output_ids=[1]) == 2   # 3 -> 1.5 < 2
+    # top_k, top_p, min_p never remove the argmax, so greedy ignores them.
+    filtered = SamplingParams(temperature=0, top_k=1, top_p=0.1, min_p=0.9)
+    assert sample(f32([1, 3, 3]), filtered, gen) == 1
+
+
+@pytest.mark.parametrize("logits, message", [
+    ([[1.0, 2.0]], "non-empty 1-D"),
+    ([], "non-empty 1-D"),
+    ([1.0, float("nan")], "NaN or \\+inf"),
+    ([1.0, float("inf")], "NaN or \\+inf"),
+    ([-INF, -INF], "at least one finite entry"),
+])
+def test_bad_logits(logits, message):
+    with pytest.raises(ValueError, match=message):
+        process_logits(logits, SamplingParams())
+
+
+def test_bad_history_ids_and_an_empty_choice():
+    with pytest.raises(ValueError, match=r"output_ids must lie in \[0, V=3\)"):
+        process_logits(f32([1, 2, 3]), SamplingParams(), output_ids=[3])
+    with pytest.raises(ValueError, match=r"prompt_ids must lie in \[0, V=3\)"):
+        process_logits(f32([1, 2, 3]), SamplingParams(), prompt_ids=[-1])
+    with pytest.raises(ValueError, match=r"stop_token_ids must lie in \[0, V=3\)"):
+        process_logits(f32([1, 2, 3]), SamplingParams(stop_token_ids=[7]))
+    with pytest.raises(ValueError, match="min_tokens ruled out every token"):
+        process_logits(f32([-INF, 0]), SamplingParams(min_tokens=1), eos_id=1)
+    with pytest.raises(ValueError, match="temperature must be > 0 here"):
+        apply_temperature(f32([1, 2]), 0.0)
+
+
+def test_processors_do_not_edit_the_callers_array():
+    logits = f32([1, 2, 3, 4])
+    process_logits(logits, SamplingParams(top_k=1, top_p=0.1, min_p=0.5, presence_penalty=1,
+                                          repetition_penalty=2), [0], [1, 2], eos_id=0)
+    np.testing.assert_array_equal(logits, f32([1, 2, 3, 4]))
+
+
+finite_logits = st.lists(st.floats(-50, 50, width=32), min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=finite_logits, n_inf=st.integers(0, 5), temperature=st.sampled_from([1e-6, 0.3, 1.0, 7.0]),
+       top_k=st.integers(-1, 45), top_p=st.sampled_from([0.0, 1e-6, 0.3, 0.9, 1.0]),
+       min_p=st.sampled_from([0.0, 1e-6, 0.5, 1.0]), seed=st.integers(0, 2**32))
+def test_pipeline_is_finite_keeps_the_argmax_and_never_draws_a_removed_token(
+        values, n_inf, temperature, top_k, top_p, min_p, seed):
+    logits = f32(values + [-INF] * n_inf)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    out = process_logits(logits, params)
+    assert not np.isnan(out).any() and not np.isposinf(out).any()
+    assert np.argmax(logits) in kept(out)
+    assert kept(out) <= kept(logits)
+    token = draw(out, params, np.random.default_rng(seed))
+    assert token in kept(out)
+
+
+# --- the same result as Hugging Face's processors on random logits ---------------------------
+
+def hf(processor, logits, input_ids=()):
+    ids = torch.tensor([list(input_ids) or [0]], dtype=torch.long)
+    return processor(ids, torch.from_numpy(logits.copy())[None])[0].numpy()
+
+
+def random_logits(seed, vocab=1000, scale=3.0):
+    return (np.random.default_rng(seed).standard_normal(vocab) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("temperature", [1e-3, 0.3, 1.0, 2.5])
+def test_temperature_matches_hf(seed, temperature):
+    logits = random_logits(seed)
+    ours, theirs = apply_temperature(logits, temperature), hf(TemperatureLogitsWarper(temperature), logits)
+    # Ours is theirs shifted by -max (same softmax); compare with both shifted to a max of 0.
+    np.testing.assert_allclose(ours, theirs - theirs.max(), rtol=1e-5, atol=1e-5 / temperature)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("top_k", [1, 2, 10, 999, 1000, 5000])
+def test_top_k_matches_hf(seed, top_k):
+    logits = random_logits(seed)
+    np.testing.assert_array_equal(apply_top_k(logits, top_k), hf(TopKLogitsWarper(top_k), logits))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("top_p", [1e-6, 0.1, 0.5, 0.9, 0.95, 0.999])
+def test_top_p_matches_hf(seed, top_p):
+    logits = random_logits(seed)
+    np.testing.assert_array_equal(apply_top_p(logits, top_p), hf(TopPLogitsWarper(top_p), logits))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("min_p", [1e-4, 0.05, 0.3, 0.9, 1.0])
+def test_min_p_matches_hf(seed, min_p):
+    logits = random_logits(seed)
+    np.testing.assert_array_equal(apply_min_p(logits, min_p), hf(MinPLogitsWarper(min_p), logits))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("penalty", [0.5, 1.0, 1.3, 2.0])
+def test_repetition_penalty_matches_hf(seed, penalty):
+    logits = random_logits(seed)
+    seen = np.random.default_rng(100 + seed).integers(0, logits.size, 60).tolist()  # repeats too
+    np.testing.assert_array_equal(apply_repetition_penalty(logits, seen, penalty),
+                                  hf(RepetitionPenaltyLogitsProcessor(penalty), logits, seen))
+
+
+@pytest.mark.parametrize("generated", [0, 2, 3, 5])
+def test_min_tokens_matches_hf_min_new_tokens(generated):
+    logits, prompt = random_logits(0, vocab=50), [4, 5, 6]
+    output = list(range(7, 7 + generated))
+    params = SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[9])
+    theirs = hf(MinNewTokensLengthLogitsProcessor(len(prompt), 3, [9, 2]), logits, prompt + output)
+    np.testing.assert_array_equal(process_logits(logits, params, prompt, output, eos_id=2), theirs)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_whole_pipeline_matches_hf_generate_order(seed):
+    # Without min_p our order and HF's coincide: penalty, temperature, top-k, top-p.
+    logits = random_logits(seed)
+    history = np.random.default_rng(seed).integers(0, 1000, 30).tolist()
+    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, repetition_penalty=1.2)
+    ours = process_logits(logits, params, prompt_ids=history[:10], output_ids=history[10:])
+    theirs = hf(LogitsProcessorList([
+        RepetitionPenaltyLogitsProcessor(1.2), TemperatureLogitsWarper(0.7),
+        TopKLogitsWarper(50), TopPLogitsWarper(0.9)]), logits, history)
+    assert kept(ours) == kept(theirs)
+    np.testing.assert_allclose(np.exp(ours) / np.exp(ours).sum(),
+                               torch.softmax(torch.from_numpy(theirs), -1).numpy(), atol=1e-6)
+
+
+# --- sampled frequencies match the processed distribution (chi-square) -----------------------
+
+# Upper 0.1% points of the chi-square distribution (any statistics table, e.g. NIST/SEMATECH
+# e-Handbook 1.3.6.7.4): a correct sampler exceeds them with probability 0.001. The draws use
+# fixed seeds, so each test is deterministic; the threshold says how surprising a failure is.
+CHI2_CRITICAL_0_001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}
+N_DRAWS = 20_000
+BASE = np.log(f32([0.4, 0.3, 0.2, 0.1]))
+
+
+def chi_square(counts, expected_probs):
+    """Pearson's statistic over the tokens with expected probability > 0, and its degrees of
+    freedom; tokens with expected probability 0 must never be drawn (asserted)."""
+    counts, expected_probs = np.asarray(counts, float), np.asarray(expected_probs, float)
+    zero = expected_probs == 0
+    assert counts[zero].sum() == 0, "drew a token whose probability is 0"
+    expected = expected_probs[~zero] * counts.sum()
+    return float(((counts[~zero] - expected) ** 2 / expected).sum()), int((~zero).sum() - 1)
+
+
+def draw_counts(logits, params, seed, output_ids=()):
+    gen = np.random.default_rng(seed)
+    tokens = [sample(logits, params, gen, output_ids=output_ids) for _ in range(N_DRAWS)]
+    return np.bincount(tokens, minlength=len(logits))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params, output_ids, expected", [
+    (SamplingParams(), (), [0.4, 0.3, 0.2, 0.1]),
+    (SamplingParams(temperature=0.5), (), np.array([16, 9, 4, 1]) / 30),  # p^2, renormalised
+    (SamplingParams(temperature=2.0), (), np.sqrt([4, 3, 2, 1]) / np.sqrt([4, 3, 2, 1]).sum()),
+    (SamplingParams(top_k=3), (), [4 / 9, 3 / 9, 2 / 9, 0]),
+    (SamplingParams(top_p=0.65), (), [4 / 7, 3 / 7, 0, 0]),       # mass before id 2 is 0.7
+    (SamplingParams(min_p=0.45), (), [4 / 9, 3 / 9, 2 / 9, 0]),    # threshold 0.18
+    (SamplingParams(presence_penalty=math.log(2)), (0,), [0.25, 0.375, 0.25, 0.125]),  # p0 / 2
+], ids=["plain", "t0.5", "t2", "top_k3", "top_p.65", "min_p.45", "presence"])
+def test_sampled_frequencies_match_the_processed_distribution(params, output_ids, expected):
+    stat, dof = chi_square(draw_counts(BASE, params, seed=1234, output_ids=output_ids), expected)
+    assert stat < CHI2_CRITICAL_0_001[dof], f"chi2 = {stat:.2f} with {dof} dof"
+
+
+@pytest.mark.slow
+def test_the_chi_square_check_can_fail():
+    # Power check: the same draws at temperature 0.5 are rejected against the untempered
+    # distribution, so passing above means something.
+    stat, dof = chi_square(draw_counts(BASE, SamplingParams(temperature=0.5), seed=1234),
+                           [0.4, 0.3, 0.2, 0.1])
+    assert stat > CHI2_CRITICAL_0_001[dof]
+
+
+# --- seeds ----------------------------------------------------------------------------------
+
+def draws(seed, n=40, params=SamplingParams()):
+    gen = np.random.default_rng(seed)
+    return [sample(np.zeros(10, np.float32), params, gen) for _ in range(n)]
+
+
+def test_same_seed_same_tokens_different_seed_different_tokens():
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)  # equal by chance with probability 10^-40
+
+
+def test_a_request_stream_does_not_depend_on_other_requests():
+    alone = draws(7)
+    gen_a, gen_b, together = np.random.default_rng(7), np.random.default_rng(99), []
+    for _ in range(40):
+        together.append(sample(np.zeros(10, np.float32), SamplingParams(), gen_a))
+        sample(np.zeros(10, np.float32), SamplingParams(top_k=3), gen_b)
+        np.random.seed(123)  # the global NumPy state is not ours either
+    assert together == alone
+
+
+def test_greedy_consumes_no_randomness():
+    gen = np.random.default_rng(5)
+    before = gen.bit_generator.state
+    sample(f32([1, 2, 3]), SamplingParams(temperature=0), gen)
+    assert gen.bit_generator.state == before
+
+
+# --- logprobs -------------------------------------------------------------------------------
+
+def test_logprobs_match_torch_log_softmax():
+    logits = random_logits(3, vocab=200)
+    ref = torch.log_softmax(torch.from_numpy(logits), -1)
+    lp = compute_logprobs(logits, token_id=17, n=5)
+    assert lp.token_id == 17 and lp.logprob == pytest.approx(ref[17].item(), abs=1e-5)
+    values, indices = torch.topk(ref, 5)
+    assert [i for i, _ in lp.top_logprobs] == indices.tolist()
+    np.testing.assert_allclose([v for _, v in lp.top_logprobs], values.numpy(), atol=1e-5)
+
+
+def test_logprobs_n_zero_and_n_above_vocab_and_minus_inf():
+    assert compute_logprobs(f32([0, 0]), 1, 0) == TokenLogprobs(1, pytest.approx(math.log(0.5)), ())
+    lp = compute_logprobs(f32([0, -INF, 0]), 0, 20)
+    assert [i for i, _ in lp.top_logprobs] == [0, 2, 1]  # capped at V, ties by lowest id
+    assert lp.top_logprobs[2][1] == -INF
+
+
+# --- the Engine -----------------------------------------------------------------------------
+
+VOCAB = [s01.EOS, s01.UNK, "a", "b", "c", ".", "\n"]
+TOK = s01.WordTokenizer(VOCAB)
+A, B, C, DOT = 2, 3, 4, 5
+
+
+class ScriptedModel:
+    """After a context of n tokens the logits are `row` with `script[n]` raised to 10 (or
+    `row` alone past the script). It records every context it saw."""
+
+    def __init__(self, script=None, row=None):
+        self.script = script or {}
+        self.row = f32(row if row is not None else [0] * len(VOCAB))
+        self.vocab_size = len(VOCAB)
+        self.seen = []
+
+    def forward(self, token_ids):
+        self.seen.append(list(token_ids))
+        logits = np.tile(self.row, (len(token_ids), 1))
+        if len(token_ids) in self.script:
+            logits[-1, self.script[len(token_ids)]] = 10.0
+        return logits
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+
+
+def test_completion_fields_and_a_plain_greedy_run():
+    engine = Engine(ScriptedModel({1: B, 2: C, 3: TOK.eos_id}), TOK, 16)
+    c = engine.generate("a", GREEDY)
+    assert isinstance(c, Completion)
+    assert (c.token_ids, c.text, c.finish_reason, c.matched_stop) == ([B, C, 0], "b c", "stop", None)
+    assert c.logprobs is None and c.stats.stop_reason == "eos" and c.stats.passes == 3
+
+
+def test_min_tokens_delays_eos():
+    row = [10, 0, 5, 0, 0, 0, 0]  # EOS most likely, then "a"
+    engine = Engine(ScriptedModel(row=row), TOK, 16)
+    assert engine.generate("a", GREEDY).token_ids == [TOK.eos_id]
+    c = engine.generate("a", dataclasses.replace(GREEDY, min_tokens=3))
+    assert c.token_ids == [A, A, A, TOK.eos_id] and c.text == "a a a" and c.finish_reason == "stop"
+
+
+def test_ignore_eos_generates_through_eos_to_the_budget():
+    engine = Engine(ScriptedModel(row=[10, 0, 5, 0, 0, 0, 0]), TOK, 16)
+    c = engine.generate("a", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert c.token_ids == [0, 0, 0] and c.finish_reason == "length"
+    assert c.stats.stop_reason == "max_tokens"
+
+
+def test_stop_token_ids_stop_and_are_left_out_of_the_text():
+    engine = Engine(ScriptedModel({1: B, 2: DOT}), TOK, 16)
+    c = engine.generate("a", dataclasses.replace(GREEDY, stop_token_ids=[DOT]))
+    assert (c.token_ids, c.text, c.finish_reason, c.matched_stop) == ([B, DOT], "b", "stop", DOT)
+    assert c.stats.stop_reason == "stop_token"
+
+
+def test_stop_string_across_tokens_cuts_the_text_before_it():
+    engine = Engine(ScriptedModel({1: A, 2: B, 3: C, 4: DOT}), TOK, 16)
+    c = engine.generate("a", dataclasses.replace(GREEDY, stop=["b c", "zz"]))
+    assert c.token_ids == [A, B, C]        # the token completing "b c" is in token_ids ...
+    assert c.text == "a "                  # ... but the text ends before the stop string
+    assert (c.finish_reason, c.matched_stop, c.stats.stop_reason) == ("stop", "b c", "stop_string")
+
+
+def test_stop_strings_do_not_fire_before_min_tokens():
+    engine = Engine(ScriptedModel({1: A, 2: B, 3: C, 4: A}), TOK, 16)
+    c = engine.generate("a", dataclasses.replace(GREEDY, stop="a", min_tokens=2))
+    assert c.token_ids == [A, B, C, A] and c.text == "a b c " and c.matched_stop == "a"
+
+
+def test_find_stop_string_takes_the_earliest_match_in_new_text():
+    assert find_stop_string("xx ab cd", ["cd", "ab"], 0) == (3, "ab")
+    assert find_stop_string("ab cd", ["ab"], 2) is None            # ended in old text
+    assert find_stop_string("ab cd", ["b c"], 2) == (1, "b c")      # straddles old and new
+    assert find_stop_string("ab cd", ["zz"], 0) is None
+
+
+def test_stop_priority_on_the_last_allowed_token():
+    engine = Engine(ScriptedModel({1: B, 2: TOK.eos_id}), TOK, 16)
+    c = engine.generate("a", SamplingParams(temperature=0, max_tokens=2))
+    assert c.finish_reason == "stop" and c.stats.stop_reason == "eos"
+    engine = Engine(ScriptedModel({1: B, 2: C}), TOK, 16)
+    c = engine.generate("a", SamplingParams(temperature=0, max_tokens=2, stop="c"))
+    assert c.finish_reason == "stop" and c.text == "b "
+    c = engine.generate("a", SamplingParams(temperature=0, max_tokens=2))
+    assert c.finish_reason == "length" and c.stats.stop_reason == "max_tokens"
+
+
+def test_full_context_is_length():
+    model = ScriptedModel(row=[0, 0, 1, 0, 0, 0, 0])  # "a" forever, never EOS
+    c = Engine(model, TOK, max_context=4).generate("a b", GREEDY)
+    assert c.finish_reason == "length" and c.stats.stop_reason == "context_full"
+    assert len(c.token_ids) == 2 and max(len(s) for s in model.seen) == 3
+
+
+def test_engine_logprobs_raw_and_processed():
+    row = f32([0, 0, 2, 1, 0.5, -1, -INF])
+    params = SamplingParams(temperature=0.5, top_k=2, max_tokens=3, logprobs=2, seed=0)
+    raw = Engine(ScriptedModel(row=row), TOK, 16).generate("a", params)
+    processed = Engine(ScriptedModel(row=row), TOK, 16,
+                       logprobs_mode="processed_logprobs").generate("a", params)
+    assert raw.token_ids == processed.token_ids and len(raw.logprobs) == 3
+    ref_raw = torch.log_softmax(torch.from_numpy(row), -1)
+    warped = hf(LogitsProcessorList([TemperatureLogitsWarper(0.5), TopKLogitsWarper(2)]), row)
+    ref_proc = torch.log_softmax(torch.from_numpy(warped), -1)
+    for token, lp_raw, lp_proc in zip(raw.token_ids, raw.logprobs, processed.logprobs):
+        assert lp_raw.logprob == pytest.approx(ref_raw[token].item(), abs=1e-6)
+        assert lp_proc.logprob == pytest.approx(ref_proc[token].item(), abs=1e-6)
+        assert [i for i, _ in lp_raw.top_logprobs] == [A, B]
+
+
+def test_engine_seeded_requests_reproduce_whatever_runs_between(bigram):
+    tokenizer, model = bigram
+    engine = Engine(model, tokenizer, 64)
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=42)
+    first = engine.generate("To be, or not to be", params)
+    engine.generate("My lord", SamplingParams(temperature=1.2, max_tokens=7, seed=3))
+    again = engine.generate("To be, or not to be", params)
+    assert first.token_ids == again.token_ids and first.text == again.text
+    others = {tuple(engine.generate("To be, or not to be", dataclasses.replace(params, seed=s))
+                    .token_ids) for s in range(5)}
+    assert len(others) > 1
+
+
+def test_engine_rejects_bad_input():
+    engine = Engine(ScriptedModel(), TOK, 8)
+    with pytest.raises(ValueError, match="params must be a SamplingParams"):
+        engine.generate("a", {"temperature": 0})
+    with pytest.raises(ValueError, match="prompt must be a non-empty string"):
+        engine.generate("", GREEDY)
+    with pytest.raises(ValueError, match="logprobs_mode must be one of"):
+        Engine(ScriptedModel(), TOK, 8, logprobs_mode="raw")
+
+
+# --- greedy parity with the S01 loop --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bigram():
+    return s01.build_default()
+
+
+def first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+PROMPTS = ["Ham.\nTo be, or not to be", "My lord", "What say you", "O"]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("max_tokens, max_context", [(40, 256), (30, 12)])
+def test_greedy_equals_the_s01_loop_on_the_bigram_model(bigram, prompt, max_tokens, max_context):
+    tokenizer, model = bigram
+    reference = s01.Engine(model, tokenizer, max_context).generate(prompt, max_tokens, 0.0)
+    ours = Engine(model, tokenizer, max_context).generate(
+        prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
+    assert ours.token_ids == reference.token_ids, (
+        f"first difference at {first_difference(ours.token_ids, reference.token_ids)}: "
+        f"{ours.text!r} vs {reference.text!r}")
+    assert ours.text == reference.text
+    assert ours.stats.stop_reason == reference.stats.stop_reason
+    assert ours.finish_reason == reference.stats.finish_reason
+    assert ours.stats.context_lens == reference.stats.context_lens
