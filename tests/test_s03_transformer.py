@@ -1,0 +1,532 @@
+"""Tests for chapter S03: the NumPy transformer against Hugging Face transformers.
+
+Oracles: HF `transformers` (logits of GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM in
+float32 with eager attention, and `generate(do_sample=False)` token ids), the `safetensors`
+package (tensor reading), torch's FlopCounterMode (FLOPs of an HF decode step), sums of HF
+parameter sizes (parameter count), and closed-form values worked out by hand.
+Tiny random models are built from configs and saved in a temporary directory: no download.
+"""
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file as save_numpy
+from safetensors.torch import save_file as save_torch
+from transformers import (
+    GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+)
+
+from s01_generation_loop import Engine
+from s03_transformer import (
+    BUNDLED_MODEL_DIR, CheckpointError, MissingTensorError, Transformer, TransformerConfig,
+    UnsupportedArchitectureError, apply_rope, attention, bfloat16_to_float32, bytes_per_token,
+    cost_breakdown, flops_per_token, format_cost_table, load, load_state_dict, main,
+    parameter_count, read_safetensors, rms_norm, rope, rope_inv_freq,
+)
+
+V = 97          # a vocabulary size no real tokenizer has, so nothing matches by accident
+EOS_UNUSED = 0  # an EOS id that the random models below do not produce in 40 greedy tokens
+PAD = 1
+N_GENERATE = 36
+
+# name -> (HF model class, config). Between them: learned positions and fused QKV (gpt2),
+# GQA 4:2 with head_dim != hidden/heads, tied head, qk-norm, theta 1e6 (qwen3_gqa_tied), no GQA,
+# untied head, theta 1e4 (qwen3_mha_untied), GQA 8:2 with biases and Llama 3 rope scaling
+# (llama_gqa_rope_scaling), plain Llama with linear scaling and a tied head (llama_linear_tied).
+TINY = {
+    "gpt2": (GPT2LMHeadModel, lambda: GPT2Config(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=V, n_positions=96,
+        bos_token_id=EOS_UNUSED, eos_token_id=EOS_UNUSED, pad_token_id=PAD)),
+    "qwen3_gqa_tied": (Qwen3ForCausalLM, lambda: Qwen3Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=24, intermediate_size=96, vocab_size=V, max_position_embeddings=96,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        eos_token_id=EOS_UNUSED, pad_token_id=PAD)),
+    "qwen3_mha_untied": (Qwen3ForCausalLM, lambda: Qwen3Config(
+        hidden_size=48, num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=3,
+        head_dim=16, intermediate_size=80, vocab_size=V, max_position_embeddings=96,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        eos_token_id=EOS_UNUSED, pad_token_id=PAD)),
+    "llama_gqa_rope_scaling": (LlamaForCausalLM, lambda: LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+        intermediate_size=96, vocab_size=V, max_position_embeddings=96, attention_bias=True,
+        mlp_bias=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 16},
+        bos_token_id=PAD, eos_token_id=EOS_UNUSED, pad_token_id=PAD)),
+    "llama_linear_tied": (LlamaForCausalLM, lambda: LlamaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=64, vocab_size=V, max_position_embeddings=96, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 2e4, "factor": 2.0},
+        bos_token_id=PAD, eos_token_id=EOS_UNUSED, pad_token_id=PAD)),
+}
+
+
+def build_tiny(name: str, directory) -> torch.nn.Module:
+    """A random HF model, every parameter (norm weights included, so a norm applied in the
+    wrong place shows) drawn from N(0, 0.3^2) so logits are spread and greedy is decisive."""
+    cls, make_config = TINY[name]
+    config = make_config()
+    config._attn_implementation = "eager"
+    torch.manual_seed(sorted(TINY).index(name))
+    model = cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    model.save_pretrained(directory)
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(TINY))
+def tiny(request, tmp_path_factory):
+    """(name, HF model, checkpoint directory)."""
+    directory = tmp_path_factory.mktemp(request.param)
+    return request.param, build_tiny(request.param, directory), directory
+
+
+class IdTokenizer:
+    """Prompts are token ids written as text ("5 17 3"): the tiny models have no tokenizer."""
+
+    eos_id = EOS_UNUSED
+
+    def __init__(self, eos_id: int = EOS_UNUSED):
+        self.eos_id = eos_id
+
+    def encode(self, text):
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
+def hf_logits(model, ids) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def hf_greedy(model, ids, max_new_tokens, eos_id) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=eos_id, pad_token_id=PAD)
+    return out[0, len(ids):].tolist()
+
+
+def first_difference(a, b) -> str:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"first difference at index {i}: {x} != {y}\nours: {a}\nHF:   {b}"
+    return f"lengths differ: {len(a)} != {len(b)}\nours: {a}\nHF:   {b}"
+
+
+# --- the two oracle assertions on tiny random models ----------------------------------------
+
+def test_logits_match_transformers_at_every_position(tiny):
+    name, hf, directory = tiny
+    ours = Transformer.from_pretrained(directory)
+    ids = np.random.default_rng(0).integers(0, V, size=90).tolist()
+    ref = hf_logits(hf, ids)
+    got = ours.forward(ids)
+    assert got.dtype == np.float32 and got.shape == (90, V)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5, err_msg=name)
+
+
+def test_greedy_tokens_through_s01_loop_match_hf_generate(tiny):
+    name, hf, directory = tiny
+    ours = Transformer.from_pretrained(directory)
+    prompt = [5, 17, 42, 8, 63]
+    expected = hf_greedy(hf, prompt, N_GENERATE, eos_id=EOS_UNUSED)
+    assert len(expected) == N_GENERATE  # EOS_UNUSED is not produced: all 36 tokens compared
+    engine = Engine(ours, IdTokenizer(), max_context=ours.config.max_position_embeddings)
+    result = engine.generate(" ".join(map(str, prompt)), max_tokens=N_GENERATE)
+    assert result.token_ids == expected, first_difference(result.token_ids, expected)
+    assert result.stats.stop_reason == "max_tokens"
+
+
+def test_eos_stop_matches_hf_generate(tiny):
+    """With EOS set to a token greedy decoding does produce, both stop right after it."""
+    name, hf, directory = tiny
+    ours = Transformer.from_pretrained(directory)
+    prompt = [5, 17, 42, 8, 63]
+    free_run = hf_greedy(hf, prompt, N_GENERATE, eos_id=EOS_UNUSED)
+    eos = next(t for t in free_run[3:] if t not in (PAD, EOS_UNUSED))  # a token produced later on
+    expected = hf_greedy(hf, prompt, N_GENERATE, eos_id=eos)
+    assert expected[-1] == eos and len(expected) < N_GENERATE
+    result = Engine(ours, IdTokenizer(eos), max_context=96).generate(
+        " ".join(map(str, prompt)), max_tokens=N_GENERATE)
+    assert result.token_ids == expected, first_difference(result.token_ids, expected)
+    assert result.stats.stop_reason == "eos"
+
+
+# --- size and cost from the config ----------------------------------------------------------
+
+def test_parameter_count_matches_sum_of_hf_tensor_sizes(tiny):
+    name, hf, directory = tiny
+    config = TransformerConfig.from_pretrained(directory)
+    # model.parameters() yields a tied embedding / head matrix once.
+    assert parameter_count(config) == sum(p.numel() for p in hf.parameters()), name
+
+
+@pytest.mark.parametrize("context_len", [1, 7, 40])
+def test_flops_per_token_match_torch_flop_counter_on_an_hf_decode_step(tiny, context_len):
+    """FlopCounterMode counts 2*M*N*K for every matmul HF runs in one decode step: one new
+    token after context_len - 1 cached ones, so its query meets exactly context_len keys."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    name, hf, directory = tiny
+    config = TransformerConfig.from_pretrained(directory)
+    ids = torch.arange(2, 2 + context_len).unsqueeze(0) % V
+    with torch.no_grad():
+        cache = hf(ids[:, :-1], use_cache=True).cache if context_len > 1 else None
+        counter = FlopCounterMode(display=False)
+        with counter:
+            hf(ids[:, -1:], cache=cache, use_cache=True)
+    assert flops_per_token(config, context_len) == counter.get_total_flops(), name
+
+
+def test_bytes_per_token_from_hf_parameter_sizes(tiny):
+    """Weights read once (the embedding table only one row; a tied head still reads the whole
+    table), plus K and V for every layer and position, in float32 and in bf16."""
+    name, hf, directory = tiny
+    config = TransformerConfig.from_pretrained(directory)
+    params = sum(p.numel() for p in hf.parameters())
+    c, v = config.hidden_size, config.vocab_size
+    tables = v * c
+    if name == "gpt2":
+        tables += config.max_position_embeddings * c  # learned positions: one row read
+        lookups = 2 * c
+    else:
+        lookups = c
+    head_again = v * c if config.tie_word_embeddings else 0
+    kv_per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+    for dtype_bytes in (4, 2):
+        weights = (params - tables + lookups + head_again) * dtype_bytes
+        assert bytes_per_token(config, 33, dtype_bytes) == weights + 33 * kv_per_position * dtype_bytes
+
+
+def test_cost_breakdown_closed_form_by_hand():
+    """A Llama-shaped config small enough to count on paper.
+    C=8, I=16, V=10, L=1, H=2, Hkv=1, D=4, untied head.
+    embedding 10*8 = 80; layer: q 8*8=64, k 8*4=32, v 32, o 64, mlp 3*8*16=384, norms 2*8=16
+    -> 592; final norm 8; head 80; total 760.
+    FLOPs at S=5: projections 2*192=384, attention 2*2*(2*4)*5=160, mlp 2*384=768 -> 1312;
+    head 2*8*10=160; total 1472."""
+    config = TransformerConfig(model_type="llama", vocab_size=10, hidden_size=8,
+                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                               head_dim=4, intermediate_size=16, max_position_embeddings=32,
+                               norm_eps=1e-6, tie_word_embeddings=False, rope_theta=1e4)
+    rows = {r.part: r for r in cost_breakdown(config, context_len=5)}
+    assert [r for r in rows] == ["embedding", "layer 0", "final norm", "lm head"]
+    assert (rows["layer 0"].params, rows["layer 0"].flops) == (592, 1312)
+    assert parameter_count(config) == 760
+    assert flops_per_token(config, 5) == 1472
+    # bytes (float32): embedding row 8*4=32; layer 592*4 + K,V of 4 cached positions read and
+    # 1 written: 2*4*5*4 = 160 -> 2528; final norm 32; head 80*4 = 320; total 2912.
+    assert bytes_per_token(config, 5) == 2912
+    table = format_cost_table(config, 5)
+    assert "layer 0" in table and "1,472" in table
+
+
+def test_cost_breakdown_rejects_bad_arguments():
+    config = TransformerConfig(model_type="llama", vocab_size=10, hidden_size=8,
+                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                               head_dim=4, intermediate_size=16, max_position_embeddings=32,
+                               norm_eps=1e-6, tie_word_embeddings=False, rope_theta=1e4)
+    with pytest.raises(ValueError, match="context_len must be >= 1"):
+        cost_breakdown(config, context_len=0)
+    with pytest.raises(ValueError, match="dtype_bytes must be >= 1"):
+        bytes_per_token(config, 4, dtype_bytes=0)
+
+
+# --- the building blocks against closed forms -----------------------------------------------
+
+def test_rms_norm_by_hand():
+    x = np.array([[3.0, 4.0]], dtype=np.float32)  # mean square 12.5
+    w = np.array([1.0, 2.0], dtype=np.float32)
+    expected = np.array([[3 / math.sqrt(12.5), 8 / math.sqrt(12.5)]], dtype=np.float32)
+    np.testing.assert_allclose(rms_norm(x, w, eps=0.0), expected, rtol=1e-6)
+
+
+def test_rope_rotates_pairs_by_position_times_frequency():
+    # D=4, theta=100: inv_freq = [1, 100^(-1/2)] = [1, 0.1]. Position 2 rotates pair (x0, x2)
+    # by 2 rad and pair (x1, x3) by 0.2 rad.
+    inv_freq = rope_inv_freq(4, 100.0)
+    np.testing.assert_allclose(inv_freq, [1.0, 0.1], rtol=1e-6)
+    cos, sin = rope([2], inv_freq)
+    x = np.array([[[1.0, 0.0, 0.0, 1.0]]], dtype=np.float32)  # (H=1, T=1, D=4)
+    got = apply_rope(x, cos, sin)[0, 0]
+    # (x0, x2) = (1, 0) -> (cos 2, sin 2); (x1, x3) = (0, 1) -> (-sin 0.2, cos 0.2)
+    expected = [math.cos(2), -math.sin(0.2), math.sin(2), math.cos(0.2)]
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_rope_scores_depend_only_on_distance():
+    rng = np.random.default_rng(1)
+    q, k = rng.normal(size=(1, 1, 8)).astype(np.float32), rng.normal(size=(1, 1, 8)).astype(np.float32)
+    inv_freq = rope_inv_freq(8, 10000.0)
+
+    def score(pq, pk):
+        return float(apply_rope(q, *rope([pq], inv_freq))[0, 0] @ apply_rope(k, *rope([pk], inv_freq))[0, 0])
+
+    assert score(7, 3) == pytest.approx(score(24, 20), rel=1e-5)
+
+
+def test_attention_gqa_head_sharing_and_causal_mask_by_hand():
+    """H=2 query heads share Hkv=1 key/value head. With all-zero queries the weights are
+    uniform over the visible keys, so query t outputs the mean of values 0..t."""
+    q = np.zeros((2, 3, 2), dtype=np.float32)
+    k = np.ones((1, 3, 2), dtype=np.float32)
+    v = np.array([[[0.0, 3.0], [6.0, 3.0], [3.0, 0.0]]], dtype=np.float32)
+    pos = np.arange(3)
+    out = attention(q, k, v, pos, pos)
+    expected = np.array([[0.0, 3.0], [3.0, 3.0], [3.0, 2.0]], dtype=np.float32)
+    for head in range(2):
+        np.testing.assert_allclose(out[head], expected, rtol=1e-6)
+    # A decode step: one query at position 2 against all three keys gives row 2.
+    np.testing.assert_allclose(attention(q[:, 2:], k, v, pos[2:], pos)[0], expected[2:], rtol=1e-6)
+
+
+def test_attention_rejects_bad_head_counts_and_empty_rows():
+    q = np.zeros((3, 1, 2), dtype=np.float32)
+    kv = np.zeros((2, 1, 2), dtype=np.float32)
+    with pytest.raises(ValueError, match="must be a multiple of key/value heads"):
+        attention(q, kv, kv, np.array([0]), np.array([0]))
+    with pytest.raises(ValueError, match="at least one key at or before its position"):
+        attention(q[:2], kv, kv, np.array([0]), np.array([1]))
+
+
+# --- reading checkpoints --------------------------------------------------------------------
+
+def test_read_safetensors_matches_the_safetensors_package(tmp_path):
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.float16),
+               "c": torch.randn(2, 2, 2).to(torch.bfloat16), "i": torch.arange(6).reshape(2, 3)}
+    save_torch(tensors, str(tmp_path / "t.safetensors"))
+    got = read_safetensors(tmp_path / "t.safetensors")
+    assert set(got) == set(tensors)
+    for name, t in tensors.items():
+        expected = t.float().numpy() if t.is_floating_point() else t.numpy()
+        assert got[name].dtype == expected.dtype
+        np.testing.assert_array_equal(got[name], expected)  # bf16/f16 -> f32 widening is exact
+
+
+def test_bfloat16_bits_by_hand():
+    # 0x3F80 is 1.0, 0xC000 is -2.0, 0x3EAA is 0.33203125 (0x3EAA0000 as a float32).
+    raw = np.array([0x3F80, 0xC000, 0x3EAA], dtype=np.uint16)
+    np.testing.assert_array_equal(bfloat16_to_float32(raw), [1.0, -2.0, 0.33203125])
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(tmp_path):
+    hf = build_tiny("qwen3_gqa_tied", tmp_path / "sharded")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="50KB")
+    (tmp_path / "sharded" / "model.safetensors").unlink(missing_ok=True)
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    np.testing.assert_allclose(Transformer.from_pretrained(tmp_path / "sharded").forward(ids),
+                               hf_logits(hf, ids), rtol=1e-4, atol=2e-5)
+
+
+def test_original_gpt2_tensor_names_without_prefix_load(tmp_path):
+    """The hub's openai-community/gpt2 names tensors "h.0.ln_1.weight" and stores the causal
+    mask as "h.0.attn.bias"; both are handled."""
+    hf = build_tiny("gpt2", tmp_path / "g")
+    tensors = load_state_dict(tmp_path / "g")
+    renamed = {k.removeprefix("transformer."): t for k, t in tensors.items()}
+    renamed["h.0.attn.bias"] = np.tril(np.ones((96, 96), dtype=np.float32))[None, None]
+    (tmp_path / "g" / "model.safetensors").unlink()
+    save_numpy(renamed, str(tmp_path / "g" / "model.safetensors"))
+    ids = [3, 1, 4, 1, 5]
+    np.testing.assert_allclose(Transformer.from_pretrained(tmp_path / "g").forward(ids),
+                               hf_logits(hf, ids), rtol=1e-4, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("qwen3_errors")
+    build_tiny("qwen3_gqa_tied", directory)
+    return directory
+
+
+def copy_with(qwen3_dir, tmp_path, config_changes=None, drop_tensor=None):
+    target = tmp_path / "ckpt"
+    shutil.copytree(qwen3_dir, target)
+    if config_changes:
+        cfg = json.loads((target / "config.json").read_text())
+        cfg.update(config_changes)
+        (target / "config.json").write_text(json.dumps(cfg))
+    if drop_tensor:
+        tensors = read_safetensors(target / "model.safetensors")
+        del tensors[drop_tensor]
+        save_numpy(tensors, str(target / "model.safetensors"))
+    return target
+
+
+def test_unknown_architecture_is_a_clear_error(qwen3_dir, tmp_path):
+    target = copy_with(qwen3_dir, tmp_path, {"model_type": "mamba", "architectures": ["MambaForCausalLM"]})
+    with pytest.raises(UnsupportedArchitectureError, match=r"model_type 'mamba'.*implements gpt2, llama, qwen3"):
+        Transformer.from_pretrained(target)
+
+
+def test_unsupported_features_are_clear_errors(qwen3_dir, tmp_path):
+    target = copy_with(qwen3_dir, tmp_path, {"use_sliding_window": True,
+                                             "layer_types": ["sliding_attention"] * 2})
+    with pytest.raises(UnsupportedArchitectureError, match="sliding-window attention is not supported"):
+        Transformer.from_pretrained(target)
+    with pytest.raises(UnsupportedArchitectureError, match="rope_type 'yarn' is not supported"):
+        TransformerConfig.from_hf_dict({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(UnsupportedArchitectureError, match="activation_function 'relu'"):
+        TransformerConfig.from_hf_dict({"model_type": "gpt2", "activation_function": "relu"})
+
+
+def test_missing_tensor_is_named(qwen3_dir, tmp_path):
+    target = copy_with(qwen3_dir, tmp_path, drop_tensor="model.layers.1.self_attn.k_norm.weight")
+    with pytest.raises(MissingTensorError, match=r"missing 1 tensor\(s\).*model\.layers\.1\.self_attn\.k_norm\.weight"):
+        Transformer.from_pretrained(target)
+
+
+def test_untied_config_without_lm_head_is_missing_tensor(qwen3_dir, tmp_path):
+    target = copy_with(qwen3_dir, tmp_path, {"tie_word_embeddings": False})
+    with pytest.raises(MissingTensorError, match="lm_head.weight"):
+        Transformer.from_pretrained(target)
+
+
+def test_wrong_shape_is_named(qwen3_dir, tmp_path):
+    target = copy_with(qwen3_dir, tmp_path, {"num_key_value_heads": 4})
+    with pytest.raises(CheckpointError, match=r"k_proj.weight has shape \[48, 64\], the config implies \[96, 64\]"):
+        Transformer.from_pretrained(target)
+
+
+def test_unexpected_tensor_is_an_error(qwen3_dir, tmp_path):
+    target = copy_with(qwen3_dir, tmp_path)
+    tensors = read_safetensors(target / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(96, dtype=np.float32)
+    save_numpy(tensors, str(target / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="does not account for: model.layers.0.self_attn.q_proj.bias"):
+        Transformer.from_pretrained(target)
+
+
+def test_missing_files_are_clear_errors(qwen3_dir, tmp_path):
+    target = copy_with(qwen3_dir, tmp_path)
+    (target / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors or model.safetensors.index.json"):
+        Transformer.from_pretrained(target)
+    (target / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="no config.json"):
+        Transformer.from_pretrained(target)
+    with pytest.raises(CheckpointError, match="is a file; pass the checkpoint's directory"):
+        Transformer.from_pretrained(qwen3_dir / "config.json")
+
+
+def test_hub_id_that_cannot_be_fetched_is_a_clear_error():
+    # Offline here; online, the id does not exist. Either way the hub refuses.
+    with pytest.raises(CheckpointError, match="is not a local directory and could not be fetched"):
+        Transformer.from_pretrained("llm-inference-course/no-such-model-xyz")
+
+
+def test_inconsistent_config_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"num_attention_heads \(6\) must be a multiple of num_key_value_heads \(4\)"):
+        TransformerConfig(model_type="llama", vocab_size=10, hidden_size=24, num_hidden_layers=1,
+                          num_attention_heads=6, num_key_value_heads=4, head_dim=4,
+                          intermediate_size=16, max_position_embeddings=32, norm_eps=1e-6,
+                          tie_word_embeddings=True, rope_theta=1e4)
+
+
+def test_forward_rejects_bad_input(qwen3_dir):
+    model = Transformer.from_pretrained(qwen3_dir)
+    with pytest.raises(ValueError, match="non-empty 1-D sequence"):
+        model.forward([])
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 97\)"):
+        model.forward([3, 97])
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, max_position_embeddings=96\)"):
+        model.forward([3, 4], positions=[95, 96])
+    with pytest.raises(ValueError, match="one entry per token"):
+        model.forward([3, 4], positions=[0])
+
+
+def test_explicit_positions_give_the_rows_of_a_longer_pass(qwen3_dir):
+    """Blocks split as qkv -> attention -> finish: feeding the last token alone with the cached
+    K/V of the earlier ones (what S05 will do) reproduces the last row of the full pass."""
+    model = Transformer.from_pretrained(qwen3_dir)
+    ids = [7, 3, 9, 11, 2, 5]
+    full = model.forward(ids)
+    pos = np.arange(len(ids))
+    x_all = model.embed(np.array(ids), pos)
+    x_last = x_all[-1:]
+    for block in model.blocks:
+        q_all, k_all, v_all = block.qkv(x_all, pos)
+        q, k, v = block.qkv(x_last, pos[-1:])
+        np.testing.assert_allclose(k, k_all[:, -1:], rtol=1e-5, atol=1e-6)
+        k_cat = np.concatenate([k_all[:, :-1], k], axis=1)
+        v_cat = np.concatenate([v_all[:, :-1], v], axis=1)
+        x_last = block.finish(x_last, attention(q, k_cat, v_cat, pos[-1:], pos))
+        x_all = block.forward(x_all, pos)
+    np.testing.assert_allclose(model.head(x_last)[0], full[-1], rtol=1e-4, atol=2e-5)
+
+
+# --- the bundled model ----------------------------------------------------------------------
+
+bundled = pytest.mark.skipif(not (BUNDLED_MODEL_DIR / "model.safetensors").exists(),
+                             reason="bundled model not trained yet (scripts/train_bundled_model.py)")
+
+
+@pytest.fixture(scope="module")
+def bundled_hf():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL_DIR, attn_implementation="eager",
+                                                 dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(BUNDLED_MODEL_DIR)
+
+
+@bundled
+def test_bundled_model_logits_match_transformers(bundled_hf):
+    hf, hf_tok = bundled_hf
+    model, tokenizer = load(BUNDLED_MODEL_DIR)
+    text = "ROMEO:\nBut soft, what light through yonder window breaks?\nJULIET:\n"
+    ids = tokenizer.encode(text)
+    assert ids == hf_tok(text)["input_ids"]
+    np.testing.assert_allclose(model.forward(ids), hf_logits(hf, ids), rtol=1e-4, atol=1e-4)
+
+
+@bundled
+def test_bundled_model_greedy_matches_hf_generate(bundled_hf):
+    hf, hf_tok = bundled_hf
+    model, tokenizer = load(BUNDLED_MODEL_DIR)
+    prompt = "HAMLET:\nTo be, or not to be"
+    ids = tokenizer.encode(prompt)
+    eos = hf_tok.convert_tokens_to_ids("<|endoftext|>")
+    assert tokenizer.eos_id == eos == hf.generation_config.eos_token_id == hf.config.eos_token_id
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=40, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    expected = out[0, len(ids):].tolist()
+    result = Engine(model, tokenizer, max_context=model.config.max_position_embeddings).generate(prompt, 40)
+    assert result.token_ids == expected, first_difference(result.token_ids, expected)
+    assert result.text == hf_tok.decode(expected, skip_special_tokens=True)
+
+
+@bundled
+def test_bundled_model_loads_in_transformers_without_config_warnings(caplog):
+    import warnings
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.enable_propagation()
+    try:
+        with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING"):
+            warnings.simplefilter("always")
+            AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL_DIR)
+            AutoTokenizer.from_pretrained(BUNDLED_MODEL_DIR)
+    finally:
+        hf_logging.disable_propagation()
+    assert [str(w.message) for w in caught] == []
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []
+
+
+@bundled
+def test_main_prints_completion_and_breakdown(capsys):
+    main(["--prompt", "ROMEO:\n", "--max-tokens", "8"])
+    out = capsys.readouterr().out
+    assert "--- completion ---" in out and "layer 0" in out and "lm head" in out
