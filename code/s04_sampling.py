@@ -5,7 +5,8 @@ What is new since S03
     dozen (OpenAI's and vLLM's `SamplingParams`), and each one is a small function from a row of
     logits (V,) to a row of logits (V,). This chapter writes them one by one, chains them in the
     order vLLM and Hugging Face use, and wraps them in an `Engine` that takes `SamplingParams`
-    and returns a `Completion` with `finish_reason`, optional logprobs and stats.
+    and returns a `Completion` with `finish_reason`, optional logprobs and stats (or streams
+    it, like S02's Engine: `stream` yields text deltas, `generate` joins them).
 
     The pipeline, in order (`process_logits`):
       1. min_tokens   EOS and stop_token_ids set to -inf until min_tokens tokens exist.
@@ -34,7 +35,14 @@ What is new since S03
 
     Seeds. Every request owns a `np.random.Generator` made from its seed, and a sampled token
     consumes exactly one uniform draw (greedy consumes none), so a request's tokens depend on its
-    prompt, seed and parameters only, never on what else ran before or between.
+    prompt, seed and parameters only, never on what else ran before or between. (Tiny
+    temperatures are sampled as they are, safely; vLLM instead switches to greedy below 1e-5.)
+
+    Stop rules. EOS (every EOS id of the tokenizer) unless ignore_eos, stop_token_ids, stop
+    strings (S02's `StopStringMatcher`: cut at the first one completed, across token
+    boundaries), max_tokens, a full context. min_tokens holds all of them off: EOS and stop ids
+    get probability 0 and stop strings are looked for only in text that arrives from the
+    min_tokens-th token on.
 
 What it does not handle yet
     Batches of requests (S08), logit_bias, bad-words lists, beam search, n > 1 choices, and
@@ -47,17 +55,20 @@ Run it
 Tests
     tests/test_s04_sampling.py: every processor against hand-computed vectors (each boundary of
     SamplingParams) and against `transformers`' own processors and warpers on random logits;
-    chi-square tests of sampled frequencies; seeds; logprobs; the Engine's stop rules; greedy
-    parity with the S01 loop.
+    chi-square tests of sampled frequencies; seeds; logprobs against torch; the Engine's stop
+    rules and stream == generate; greedy parity with the S01 and S02 engines, and greedy with
+    repetition penalty / min_tokens equal to HF `generate()` on a tiny Qwen3 run by S03's model.
 
 References
     A. Holtzman et al., "The Curious Case of Neural Text Degeneration" (ICLR 2020): top-p.
     A. Fan, M. Lewis, Y. Dauphin, "Hierarchical Neural Story Generation" (ACL 2018): top-k.
-    N. S. Keskar et al., "CTRL" (2019), section 4.1: the repetition penalty.
+    N. S. Keskar et al., "CTRL: A Conditional Transformer Language Model for Controllable
+    Generation" (2019): the repetition penalty ("penalized sampling").
     M. N. Nguyen et al., "Turning Up the Heat: Min-p Sampling" (2024): min-p.
     OpenAI API reference: presence_penalty / frequency_penalty (subtract alpha * [count > 0] and
     alpha * count), stop, logprobs. vLLM `SamplingParams` (names, defaults, ranges) and
-    `vllm/v1/sample/sampler.py` (order, raw logprobs). Hugging Face transformers
+    `vllm/v1/sample/sampler.py` (order, raw logprobs), and vLLM's incremental detokenizer (hold
+    back text ending in U+FFFD). Hugging Face transformers
     `generation/logits_process.py` (the oracles of the tests).
 
 Shape legend (the whole course): T tokens in this step, V vocabulary.
@@ -66,14 +77,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
 import s01_generation_loop as s01
+import s02_tokenizer as s02
 
 # ---------------------------------------------------------------------------------------------
 # SamplingParams
@@ -331,12 +342,12 @@ def apply_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
 
 def process_logits(logits: np.ndarray, params: SamplingParams,
                    prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = (),
-                   eos_id: int | None = None) -> np.ndarray:
+                   eos_ids: Sequence[int] = ()) -> np.ndarray:
     """The whole pipeline, in vLLM's order (see the module docstring for why this order).
 
     logits: the model's raw logits for the next token, (V,). prompt_ids, output_ids: the
-    request's token ids so far (penalties and min_tokens need them). eos_id: the tokenizer's
-    end-of-sequence id (suppressed by min_tokens unless params.ignore_eos).
+    request's token ids so far (penalties and min_tokens need them). eos_ids: the tokenizer's
+    end-of-sequence ids (suppressed by min_tokens unless params.ignore_eos).
     Returns float32 (V,): for temperature 0, the penalised logits (their argmax is the greedy
     token); otherwise the logits of the distribution to draw from, removed tokens at -inf.
     Raises ValueError for invalid logits or a token id outside [0, V).
@@ -344,12 +355,12 @@ def process_logits(logits: np.ndarray, params: SamplingParams,
     row = check_logits(logits)
     vocab = row.size
     for name, ids in (("prompt_ids", prompt_ids), ("output_ids", output_ids),
-                      ("stop_token_ids", params.stop_token_ids)):
+                      ("stop_token_ids", params.stop_token_ids), ("eos_ids", eos_ids)):
         if any(not 0 <= int(i) < vocab for i in ids):
             raise ValueError(f"{name} must lie in [0, V={vocab})")
     stop_ids = list(params.stop_token_ids)
-    if eos_id is not None and not params.ignore_eos:
-        stop_ids.append(eos_id)
+    if not params.ignore_eos:
+        stop_ids.extend(eos_ids)
     row = apply_min_tokens(row, len(output_ids), params.min_tokens, stop_ids)
     row = apply_repetition_penalty(row, [*prompt_ids, *output_ids], params.repetition_penalty)
     row = apply_presence_frequency_penalties(row, output_ids, params.presence_penalty,
@@ -385,9 +396,9 @@ def draw(processed: np.ndarray, params: SamplingParams, generator: np.random.Gen
 
 def sample(logits: np.ndarray, params: SamplingParams, generator: np.random.Generator,
            prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = (),
-           eos_id: int | None = None) -> int:
+           eos_ids: Sequence[int] = ()) -> int:
     """One sampling step: `process_logits` then `draw`. Arguments as there; returns a token id."""
-    return draw(process_logits(logits, params, prompt_ids, output_ids, eos_id), params, generator)
+    return draw(process_logits(logits, params, prompt_ids, output_ids, eos_ids), params, generator)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,30 +432,29 @@ def compute_logprobs(logits: np.ndarray, token_id: int, n: int) -> TokenLogprobs
 # ---------------------------------------------------------------------------------------------
 
 STOP_TOKEN = "stop_token"     # a token of SamplingParams.stop_token_ids was generated
-STOP_STRING = "stop_string"   # the output text contains one of SamplingParams.stop
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
-class Stats(s01.Stats):
-    """S01's Stats; stop_reason may also be "stop_token" or "stop_string" (finish "stop")."""
+class Stats(s02.Stats):
+    """S02's Stats; stop_reason may also be "stop_token" (finish_reason "stop")."""
 
     @property
     def finish_reason(self) -> str | None:
-        if self.stop_reason is None:
-            return None
-        return "stop" if self.stop_reason in (s01.STOP_EOS, STOP_TOKEN, STOP_STRING) else "length"
+        if self.stop_reason == STOP_TOKEN:
+            return "stop"
+        return super().finish_reason
 
 
 @dataclass
 class Completion:
-    """The result of `Engine.generate`.
+    """The result of `Engine.generate` (and the return value of `Engine.stream`).
 
-    text: the completion text: EOS, a final stop token and a stop string with everything after
-    it are not in it. token_ids: every generated id, the one that stopped generation included.
-    finish_reason: "stop" (EOS, stop token or stop string) or "length" (max_tokens or a full
-    context). matched_stop: the stop string or stop token id that ended generation, else None
-    (vLLM calls it `stop_reason`). logprobs: one TokenLogprobs per token id, or None when
-    SamplingParams.logprobs is None.
+    text: the completion text, the streamed deltas joined: EOS, a final stop token, and a stop
+    string with everything after it are not in it. token_ids: every generated id, the one that
+    stopped generation included. finish_reason: "stop" (EOS, stop token or stop string) or
+    "length" (max_tokens or a full context). matched_stop: the stop string or stop token id that
+    ended generation, else None (vLLM calls it `stop_reason`). logprobs: one TokenLogprobs per
+    token id, or None when SamplingParams.logprobs is None.
     """
 
     text: str
@@ -455,29 +465,70 @@ class Completion:
     stats: Stats
 
 
-def find_stop_string(text: str, stops: Sequence[str], new_from: int) -> tuple[int, str] | None:
-    """The earliest stop string in `text` that ends after position `new_from`.
+class TextDeltas:
+    """Token ids in, text deltas out, for any tokenizer with `decode(ids) -> str`.
 
-    Returns (start index, stop string) or None. Earliest start, not first in list order, so the
-    text cut there contains no stop string at all (vLLM takes the first in list order). Only
-    matches ending in new text count: earlier text was checked before, or was written before
-    min_tokens was reached, when stop strings do not apply.
+    S02's `StreamingDetokenizer` works on bytes and needs S02's tokenizer; this one only
+    decodes, so it also runs a checkpoint's tokenizer (S03). Each `feed` decodes all ids so far
+    (a token's text can depend on its neighbours: spaces, merged characters) and returns what
+    is new, holding back a trailing U+FFFD, which is how decoders show a character whose bytes
+    have not all arrived. Assumes, like vLLM's incremental detokenizer, that decoding more ids
+    only extends the text already shown. `flush` releases what is left.
     """
-    best: tuple[int, str] | None = None
-    for stop in stops:
-        at = text.find(stop, max(0, new_from - len(stop) + 1))
-        if at != -1 and (best is None or at < best[0]):
-            best = (at, stop)
-    return best
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def _delta(self, text: str) -> str:
+        if not text.startswith(self.shown):
+            return ""  # the decoder rewrote shown text; wait until it extends it again
+        delta, self.shown = text[len(self.shown):], text
+        return delta
+
+    def feed(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        return self._delta(self.tokenizer.decode(self.ids).rstrip("\ufffd"))
+
+    def flush(self) -> str:
+        return self._delta(self.tokenizer.decode(self.ids))
+
+
+def first_stop(text: str, stops: Sequence[str]) -> str | None:
+    """The stop string S02's `StopStringMatcher` cuts `text` at, or None.
+
+    Its rule: the stop string whose first occurrence ends first (the one a reader going
+    character by character meets first), the longer one when two end together. (vLLM checks
+    stop strings in list order instead.)
+    """
+    ends = [(i + len(s), -len(s), s) for s in stops if (i := text.find(s)) >= 0]
+    return min(ends)[2] if ends else None
+
+
+def cut_at_stop(matcher: s02.StopStringMatcher, delta: str) -> tuple[str, str | None]:
+    """Pass a text delta through S02's matcher: (text safe to show, the stop string it cut at
+    or None)."""
+    buffer = matcher.held + delta
+    shown = matcher.feed(delta)
+    return shown, (first_stop(buffer, matcher.stop) if matcher.stopped else None)
 
 
 class Engine(s01.Engine):
-    """S01's loop with `SamplingParams`: processors, stop rules, per-request seeds, logprobs.
+    """S01's loop with `SamplingParams`: processors, stop rules, per-request seeds, logprobs,
+    streaming like S02's Engine.
 
-    model, tokenizer, max_context: as in S01. logprobs_mode: "raw_logprobs" (vLLM's default:
-    log-softmax of the model's logits) or "processed_logprobs" (of the distribution sampled).
-    Stop rules after each token, in priority order: EOS (unless ignore_eos), a stop token id,
-    a stop string, max_tokens; before each pass, a full context. None fires before min_tokens.
+    model, max_context: as in S01. tokenizer: `encode`, `decode` and `eos_id` (or `eos_ids`,
+    all of which then count as EOS), for example S01's, S02's or a checkpoint's (S03).
+    logprobs_mode: "raw_logprobs" (vLLM's default: log-softmax of the model's logits) or
+    "processed_logprobs" (of the distribution the token was drawn from).
+
+    Stop rules after each token, in priority order: EOS (unless ignore_eos) and a stop token
+    id (their text is not shown), a stop string in the text (cut before it), max_tokens; before
+    each pass, a full context. Before min_tokens tokens exist, EOS and stop ids cannot be
+    sampled and stop strings are not looked for: a stop string counts only inside text that
+    arrives from the min_tokens-th token on (text shown earlier is final; so a stream never
+    has to take text back).
     """
 
     def __init__(self, model, tokenizer, max_context: int, logprobs_mode: str = "raw_logprobs"):
@@ -485,27 +536,45 @@ class Engine(s01.Engine):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES} (got {logprobs_mode!r})")
         self.logprobs_mode = logprobs_mode
+        eos_ids = getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,)
+        self.eos_ids = tuple(int(i) for i in eos_ids if i is not None)
 
     def next_logits(self, ids: list[int]) -> np.ndarray:
         """Raw logits (V,) for the token after `ids`. S05 overrides this with a KV cache."""
         return self.model.forward(ids)[-1]
 
-    def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
-        """Generate a completion of `prompt` under `params` (SamplingParams() if None).
+    def stream(self, prompt: str, params: SamplingParams | None = None) -> Iterator[str]:
+        """Generate like `generate`, yielding text deltas as soon as they are safe to show.
 
-        Raises ValueError for a bad prompt (see S01 `check_request`) or a stop token id outside
-        the vocabulary.
+        The iterator's return value (`StopIteration.value`) is the `Completion`. The request is
+        validated here, before the first token: ValueError for params that are not a
+        SamplingParams, a bad prompt (S01 `check_request`) or a stop token id outside [0, V).
         """
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams (got {type(params).__name__})")
         prompt_ids = self.check_request(prompt, params.max_tokens, params.temperature)
+        if any(i >= self.model.vocab_size for i in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must lie in [0, V={self.model.vocab_size})")
+        return self._run(prompt_ids, params)
+
+    def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
+        """Generate a completion of `prompt` under `params` (SamplingParams() if None): the
+        whole `stream`, so the two can never disagree."""
+        deltas = self.stream(prompt, params)
+        while True:
+            try:
+                next(deltas)
+            except StopIteration as end:
+                return end.value
+
+    def _run(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[str]:
         generator = np.random.default_rng(params.seed)  # this request's own random stream
-        eos_id = self.tokenizer.eos_id
-        ids, out = list(prompt_ids), []
+        ids, out, shown = list(prompt_ids), [], []
         logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
         stats = Stats(prompt_tokens=len(ids))
-        text, matched = "", None
+        detokenizer, matcher = TextDeltas(self.tokenizer), s02.StopStringMatcher(params.stop)
+        matched: str | int | None = None
         while stats.stop_reason is None:
             if len(ids) >= self.max_context:
                 stats.stop_reason = s01.STOP_CONTEXT_FULL
@@ -514,7 +583,7 @@ class Engine(s01.Engine):
             raw = self.next_logits(ids)                        # (V,)
             stats.pass_times_s.append(time.perf_counter() - start)
             stats.context_lens.append(len(ids))
-            processed = process_logits(raw, params, prompt_ids, out, eos_id)
+            processed = process_logits(raw, params, prompt_ids, out, self.eos_ids)
             token = draw(processed, params, generator)
             if logprobs is not None:
                 source = raw if self.logprobs_mode == "raw_logprobs" else processed
@@ -522,31 +591,35 @@ class Engine(s01.Engine):
             ids.append(token)
             out.append(token)
             stats.tokens_out = len(out)
-            text, stats.stop_reason, matched = self.check_stop(text, out, params)
-        return Completion(text=text, token_ids=out, finish_reason=stats.finish_reason,
-                          matched_stop=matched, logprobs=logprobs, stats=stats)
-
-    def check_stop(self, prev_text: str, out: list[int], params: SamplingParams
-                   ) -> tuple[str, str | None, str | int | None]:
-        """After token out[-1]: the output text so far, the stop reason (or None) and the
-        matched stop string or id. The text is decoded from all output ids each time (a token's
-        text can depend on its neighbours), minus a final EOS or stop token."""
-        token, eos_id = out[-1], self.tokenizer.eos_id
-        if len(out) >= params.min_tokens:
-            if token == eos_id and not params.ignore_eos:
-                return self.tokenizer.decode(out[:-1]), s01.STOP_EOS, None
+            if token in self.eos_ids and not params.ignore_eos:
+                stats.stop_reason = s01.STOP_EOS
+                break
             if token in params.stop_token_ids:
-                return self.tokenizer.decode(out[:-1]), STOP_TOKEN, token
-        text = self.tokenizer.decode(out)
-        if params.stop and len(out) >= params.min_tokens:
-            # New text starts where it first differs from the previous text (usually its end).
-            new_from = len(os.path.commonprefix([prev_text, text]))
-            found = find_stop_string(text, params.stop, new_from)
-            if found is not None:
-                return text[:found[0]], STOP_STRING, found[1]
-        if len(out) >= params.max_tokens:
-            return text, s01.STOP_MAX_TOKENS, None
-        return text, None, None
+                stats.stop_reason, matched = STOP_TOKEN, token
+                break
+            delta = detokenizer.feed(token)
+            if len(out) >= params.min_tokens:
+                delta, stop = cut_at_stop(matcher, delta)
+                if matcher.stopped:
+                    stats.stop_reason, matched = s02.STOP_STRING, stop
+            if delta:
+                shown.append(delta)
+                yield delta
+            if stats.stop_reason is None and len(out) >= params.max_tokens:
+                stats.stop_reason = s01.STOP_MAX_TOKENS
+        # The end: an unfinished character's replacement text, then text held for a stop string.
+        if not matcher.stopped:
+            delta = detokenizer.flush()
+            if len(out) >= params.min_tokens:
+                delta, stop = cut_at_stop(matcher, delta)
+                if matcher.stopped:
+                    stats.stop_reason, matched = s02.STOP_STRING, stop
+            delta += matcher.flush()
+            if delta:
+                shown.append(delta)
+                yield delta
+        return Completion(text="".join(shown), token_ids=out, finish_reason=stats.finish_reason,
+                          matched_stop=matched, logprobs=logprobs, stats=stats)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,10 +18,11 @@ from transformers.generation.logits_process import (
 )
 
 import s01_generation_loop as s01
+import s02_tokenizer as s02
 from s04_sampling import (
     Completion, Engine, SamplingParams, TokenLogprobs, apply_min_p, apply_min_tokens,
     apply_presence_frequency_penalties, apply_repetition_penalty, apply_temperature, apply_top_k,
-    apply_top_p, compute_logprobs, draw, find_stop_string, process_logits, sample,
+    apply_top_p, compute_logprobs, draw, first_stop, process_logits, sample, TextDeltas,
 )
 
 INF = np.inf
@@ -218,12 +219,12 @@ def test_presence_and_frequency_ignore_the_prompt_repetition_does_not():
 def test_min_tokens_suppresses_eos_and_stop_ids_until_reached():
     params = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[2])
     logits = f32([5, 1, 4, 3])
-    out = process_logits(logits, params, output_ids=[3], eos_id=0)
+    out = process_logits(logits, params, output_ids=[3], eos_ids=[0])
     np.testing.assert_array_equal(out, f32([-INF, 1, -INF, 3]))
-    np.testing.assert_array_equal(process_logits(logits, params, output_ids=[3, 3], eos_id=0),
+    np.testing.assert_array_equal(process_logits(logits, params, output_ids=[3, 3], eos_ids=[0]),
                                   logits)
     ignore = dataclasses.replace(params, ignore_eos=True)  # EOS is then an ordinary token
-    np.testing.assert_array_equal(process_logits(logits, ignore, output_ids=[3], eos_id=0),
+    np.testing.assert_array_equal(process_logits(logits, ignore, output_ids=[3], eos_ids=[0]),
                                   f32([5, 1, -INF, 3]))
     np.testing.assert_array_equal(apply_min_tokens(logits, 0, 1, []), logits)
 
@@ -278,7 +279,7 @@ def test_bad_history_ids_and_an_empty_choice():
     with pytest.raises(ValueError, match=r"stop_token_ids must lie in \[0, V=3\)"):
         process_logits(f32([1, 2, 3]), SamplingParams(stop_token_ids=[7]))
     with pytest.raises(ValueError, match="min_tokens ruled out every token"):
-        process_logits(f32([-INF, 0]), SamplingParams(min_tokens=1), eos_id=1)
+        process_logits(f32([-INF, 0]), SamplingParams(min_tokens=1), eos_ids=[1])
     with pytest.raises(ValueError, match="temperature must be > 0 here"):
         apply_temperature(f32([1, 2]), 0.0)
 
@@ -286,7 +287,7 @@ def test_bad_history_ids_and_an_empty_choice():
 def test_processors_do_not_edit_the_callers_array():
     logits = f32([1, 2, 3, 4])
     process_logits(logits, SamplingParams(top_k=1, top_p=0.1, min_p=0.5, presence_penalty=1,
-                                          repetition_penalty=2), [0], [1, 2], eos_id=0)
+                                          repetition_penalty=2), [0], [1, 2], eos_ids=[0])
     np.testing.assert_array_equal(logits, f32([1, 2, 3, 4]))
 
 
@@ -365,7 +366,7 @@ def test_min_tokens_matches_hf_min_new_tokens(generated):
     output = list(range(7, 7 + generated))
     params = SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[9])
     theirs = hf(MinNewTokensLengthLogitsProcessor(len(prompt), 3, [9, 2]), logits, prompt + output)
-    np.testing.assert_array_equal(process_logits(logits, params, prompt, output, eos_id=2), theirs)
+    np.testing.assert_array_equal(process_logits(logits, params, prompt, output, eos_ids=[2]), theirs)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -553,11 +554,31 @@ def test_stop_strings_do_not_fire_before_min_tokens():
     assert c.token_ids == [A, B, C, A] and c.text == "a b c " and c.matched_stop == "a"
 
 
-def test_find_stop_string_takes_the_earliest_match_in_new_text():
-    assert find_stop_string("xx ab cd", ["cd", "ab"], 0) == (3, "ab")
-    assert find_stop_string("ab cd", ["ab"], 2) is None            # ended in old text
-    assert find_stop_string("ab cd", ["b c"], 2) == (1, "b c")      # straddles old and new
-    assert find_stop_string("ab cd", ["zz"], 0) is None
+def test_first_stop_names_the_first_completed_stop_string():
+    assert first_stop("xx ab cd", ["cd", "ab"]) == "ab"     # not the first listed
+    assert first_stop("xx ab cd", ["ab", "a"]) == "a"       # "a" is complete one character earlier
+    assert first_stop("xx ab cd", ["b", "ab"]) == "ab"      # both end at "b": the longer
+    assert first_stop("xx ab cd", ["zz"]) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text("abc", max_size=12), stops=st.lists(st.text("abc", min_size=1, max_size=3),
+                                                       min_size=1, max_size=3))
+def test_first_stop_agrees_with_s02_matcher(text, stops):
+    matcher = s02.StopStringMatcher(stops)
+    shown = matcher.feed(text) + matcher.flush()
+    matched = first_stop(text, stops)
+    assert matcher.stopped == (matched is not None)
+    if matched is not None:
+        assert text.startswith(shown + matched) and matched in stops
+
+
+def test_earliest_stop_string_wins_within_one_delta():
+    # "a b c" arrives as "a", " b", " c"; both stops complete with " c" (" c" and "b c"), and
+    # the text is cut at the earlier one, listed second.
+    engine = Engine(ScriptedModel({1: A, 2: B, 3: C}), TOK, 16)
+    c = engine.generate("a", dataclasses.replace(GREEDY, stop=[" c", "b c"]))
+    assert c.text == "a " and c.matched_stop == "b c"
 
 
 def test_stop_priority_on_the_last_allowed_token():
@@ -645,3 +666,161 @@ def test_greedy_equals_the_s01_loop_on_the_bigram_model(bigram, prompt, max_toke
     assert ours.stats.stop_reason == reference.stats.stop_reason
     assert ours.finish_reason == reference.stats.finish_reason
     assert ours.stats.context_lens == reference.stats.context_lens
+
+
+# --- streaming, byte-level text, several EOS ids (S02's tokenizer) ---------------------------
+
+@pytest.fixture(scope="module")
+def bpe_bigram():
+    return s02.build_default()
+
+
+def test_text_deltas_never_split_a_character():
+    tokenizer = s02.BPETokenizer.load_hf()
+    text = "Café 😀 日本"
+    deltas = TextDeltas(tokenizer)
+    pieces = [deltas.feed(i) for i in tokenizer.encode_ordinary(text)] + [deltas.flush()]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    assert "😀" in pieces  # its four byte tokens come out as one delta
+
+
+def test_stop_string_made_of_byte_tokens():
+    tokenizer = s02.BPETokenizer.load_hf()
+    ids = tokenizer.encode_ordinary("ok 😀 no")
+    assert len(tokenizer.encode("A")) == 1
+    script = {1 + j: token for j, token in enumerate(ids)}  # after the 1-token prompt "A"
+    model = ScriptedModel(script, row=np.zeros(tokenizer.vocab_size))
+    model.vocab_size = tokenizer.vocab_size
+    c = Engine(model, tokenizer, 64).generate("A", SamplingParams(temperature=0, stop="😀"))
+    assert c.text == "ok " and c.matched_stop == "😀" and c.finish_reason == "stop"
+    assert c.token_ids == ids[:ids.index(128) + 1]  # up to the emoji's last byte token (0x80)
+
+
+@pytest.mark.parametrize("stop", [(), ("\n",), (" the", "!")])
+@pytest.mark.parametrize("prompt", ["Ham.\nTo be, or not to be", "ROMEO:"])
+def test_greedy_equals_s02_engine_with_stop_strings(bpe_bigram, prompt, stop):
+    tokenizer, model = bpe_bigram
+    reference = s02.Engine(model, tokenizer, 128).generate(prompt, 40, 0.0, stop=stop)
+    ours = Engine(model, tokenizer, 128).generate(
+        prompt, SamplingParams(temperature=0, max_tokens=40, stop=stop))
+    assert ours.token_ids == reference.token_ids and ours.text == reference.text
+    assert ours.stats.stop_reason == reference.stats.stop_reason
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.9, top_p=0.9, max_tokens=40, seed=1, stop=["\n\n", "."]),
+    SamplingParams(temperature=1.3, top_k=20, max_tokens=40, seed=2, min_tokens=10, stop=" "),
+    SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=30, stop_token_ids=[13]),
+])
+def test_stream_joined_equals_generate(bpe_bigram, params):
+    tokenizer, model = bpe_bigram
+    engine = Engine(model, tokenizer, 128)
+    deltas = engine.stream("Ham.\nTo be, or not to be", params)
+    pieces = []
+    while True:
+        try:
+            pieces.append(next(deltas))
+        except StopIteration as end:
+            streamed = end.value
+            break
+    whole = engine.generate("Ham.\nTo be, or not to be", params)
+    assert "".join(pieces) == streamed.text == whole.text
+    assert streamed.token_ids == whole.token_ids and all(pieces)
+
+
+def test_stream_validates_before_the_first_token():
+    engine = Engine(ScriptedModel(), TOK, 8)
+    with pytest.raises(ValueError, match="prompt must be a non-empty string"):
+        engine.stream("  ", GREEDY)
+    with pytest.raises(ValueError, match=r"stop_token_ids must lie in \[0, V=7\)"):
+        engine.stream("a", SamplingParams(stop_token_ids=[7]))
+
+
+class TwoEosTokenizer(s01.WordTokenizer):
+    """S01's toy tokenizer with a second end-of-sequence id ("\\n"), like Qwen3's two EOS."""
+
+    eos_ids = (0, 6)
+
+
+def test_every_eos_id_stops_and_min_tokens_suppresses_them_all():
+    tokenizer = TwoEosTokenizer(VOCAB)
+    row = [0, 0, 5, 0, 0, 0, 10]  # "\n" (the second EOS) most likely, then "a"
+    engine = Engine(ScriptedModel(row=row), tokenizer, 16)
+    c = engine.generate("a", GREEDY)
+    assert c.token_ids == [6] and c.finish_reason == "stop" and c.stats.stop_reason == "eos"
+    c = engine.generate("a", dataclasses.replace(GREEDY, min_tokens=2))
+    assert c.token_ids == [A, A, 6]
+
+
+# --- greedy with penalties and min_tokens == HF generate, on S03's NumPy transformer ---------
+
+class IdTokenizer:
+    """Prompts are token ids written as text ("5 17 3"): the tiny model has no tokenizer."""
+
+    def __init__(self, eos_id):
+        self.eos_id = eos_id
+
+    def encode(self, text):
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory):
+    """(HF Qwen3 model, S03 Transformer loaded from the same saved checkpoint), V = 97."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    import s03_transformer as s03
+    config = Qwen3Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, intermediate_size=96, vocab_size=97,
+                         max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=0,
+                         pad_token_id=1)
+    config._attn_implementation = "eager"
+    torch.manual_seed(4)
+    hf_model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in hf_model.parameters():
+            p.normal_(0.0, 0.3)  # spread logits: greedy choices are far from ties
+    directory = tmp_path_factory.mktemp("tiny_qwen3")
+    hf_model.save_pretrained(directory)
+    return hf_model, s03.Transformer.from_pretrained(directory)
+
+
+def hf_generate(model, ids, **kwargs):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             do_sample=False, pad_token_id=1, **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+PROMPT_IDS = [5, 17, 3, 42, 8]
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.5, 0.8])
+def test_greedy_with_repetition_penalty_equals_hf_generate(tiny_qwen3, penalty):
+    hf_model, model = tiny_qwen3
+    expected = hf_generate(hf_model, PROMPT_IDS, max_new_tokens=24, repetition_penalty=penalty,
+                           eos_token_id=96)
+    engine = Engine(model, IdTokenizer(eos_id=96), max_context=128)
+    ours = engine.generate(" ".join(map(str, PROMPT_IDS)),
+                           SamplingParams(temperature=0, max_tokens=24, repetition_penalty=penalty))
+    assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
+    if penalty == 1.0:  # and the S01 loop agrees
+        reference = s01.Engine(model, IdTokenizer(eos_id=96), 128).generate(
+            " ".join(map(str, PROMPT_IDS)), 24)
+        assert ours.token_ids == reference.token_ids
+
+
+def test_min_tokens_equals_hf_min_new_tokens(tiny_qwen3):
+    hf_model, model = tiny_qwen3
+    # Make the first greedy token the EOS: without min_tokens generation ends at once.
+    eos = hf_generate(hf_model, PROMPT_IDS, max_new_tokens=1, eos_token_id=96)[0]
+    engine = Engine(model, IdTokenizer(eos_id=eos), max_context=128)
+    prompt = " ".join(map(str, PROMPT_IDS))
+    assert engine.generate(prompt, SamplingParams(temperature=0)).token_ids == [eos]
+    expected = hf_generate(hf_model, PROMPT_IDS, max_new_tokens=30, min_new_tokens=6,
+                           eos_token_id=eos)
+    ours = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=30, min_tokens=6))
+    assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
+    assert ours.token_ids[-1] == eos and len(ours.token_ids) > 6 and ours.finish_reason == "stop"
