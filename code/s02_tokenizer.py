@@ -68,8 +68,10 @@ TOKENIZER_PATH = ROOT / "data" / "tokenizer.json"
 
 EOT = "<|endoftext|>"
 
-# The cl100k (GPT-4) pre-tokenization pattern in its original form, without possessive
-# quantifiers, so Python's `regex` and the Oniguruma engine inside HF `tokenizers` read it alike.
+# The cl100k (GPT-4) pre-tokenization pattern as tiktoken first published it. tiktoken now ships
+# a rewrite with possessive quantifiers (`++`, `{1,3}+`) that cuts trailing whitespace a little
+# differently but gives the same ids on cl100k (tested); we keep this form because the
+# Oniguruma engine inside HF `tokenizers` reads `{1,3}+` as "one or more groups of 1-3 digits".
 # Alternatives in order: English contractions; a word with at most one leading non-letter (its
 # space); numbers of 1-3 digits; a punctuation run with an optional leading space and trailing
 # newlines; newline runs with the spaces before them; spaces not followed by a non-space (so the
@@ -257,7 +259,12 @@ class BPETokenizer:
         by their position in the merge list, we rank a pair by the token it makes, so the list
         holds every split of every token into two tokens, grouped by the token's rank (the
         construction transformers' `TikTokenConverter` uses for cl100k).
+        Raises ValueError for a pattern Oniguruma would read differently (see SPLIT_PATTERN).
         """
+        if regex.search(r"\{\d*,?\d*\}\+", self.pattern):
+            raise ValueError("the pattern uses a possessive {m,n}+ quantifier, which HF "
+                             "tokenizers (Oniguruma) reads as a repetition; export an "
+                             "equivalent pattern without it (e.g. SPLIT_PATTERN for cl100k)")
         byte_char = bytes_to_unicode()
 
         def show(token: bytes) -> str:

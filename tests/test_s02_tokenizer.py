@@ -488,9 +488,35 @@ def test_bytes_per_token_by_hand(project):
     assert bytes_per_token(project, "the the") == 3.5
 
 
-def test_split_pattern_is_cl100k_in_its_non_possessive_form(tiktoken_cl100k):
-    # Same pieces as tiktoken's own (possessive) pattern on the sample.
-    import regex
+@pytest.fixture(scope="module")
+def cl100k_hf(tiktoken_cl100k, tmp_path_factory):
+    """cl100k ranks with SPLIT_PATTERN, exported by us and loaded by HF tokenizers."""
+    ours = BPETokenizer(dict(tiktoken_cl100k._mergeable_ranks), SPLIT_PATTERN,
+                        dict(tiktoken_cl100k._special_tokens))
+    path = tmp_path_factory.mktemp("cl100k") / "tokenizer.json"
+    ours.save_hf(path)
+    hf = Tokenizer.from_file(str(path))
+    hf.encode_special_tokens = True
+    return ours, hf
 
-    assert regex.findall(SPLIT_PATTERN, MULTILINGUAL) == \
-        regex.findall(tiktoken_cl100k._pat_str, MULTILINGUAL)
+
+def test_cl100k_exported_to_hf_gives_tiktoken_ids(cl100k_hf, tiktoken_cl100k):
+    # Exercises the merge list on 100k tokens, and shows SPLIT_PATTERN gives cl100k's ids.
+    ours, hf = cl100k_hf
+    sample = CORPUS[:200_000] + MULTILINGUAL
+    expected = tiktoken_cl100k.encode_ordinary(sample)
+    assert hf.encode(sample).ids == expected
+    assert ours.encode(sample) == expected
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=60))
+def test_cl100k_exported_to_hf_gives_tiktoken_ids_on_any_text(cl100k_hf, tiktoken_cl100k, text):
+    assert cl100k_hf[1].encode(text).ids == tiktoken_cl100k.encode_ordinary(text)
+
+
+def test_export_refuses_a_pattern_oniguruma_reads_differently(cl100k):
+    # tiktoken's own cl100k pattern has "\p{N}{1,3}+": possessive in Rust and `regex`, but
+    # "(\p{N}{1,3})+" (any run of digits) in Oniguruma, which would change the ids of numbers.
+    with pytest.raises(ValueError, match="possessive"):
+        cl100k.to_hf_json()
