@@ -50,7 +50,8 @@ What it does not handle yet
     KV cache through the `next_logits` hook).
 
 Run it
-    python code/s04_sampling.py --prompt "To be, or not to be" --max-tokens 12
+    python code/s04_sampling.py                      # one prompt, a tour of settings
+    python code/s04_sampling.py --top-p 0.9 --temperature 0.8 --stop "\n"   # your own
 
 Tests
     tests/test_s04_sampling.py: every processor against hand-computed vectors (each boundary of
@@ -633,15 +634,27 @@ DEMO_SETTINGS: list[tuple[str, dict]] = [
     ("top_k 5", dict(top_k=5)),
     ("top_p 0.5", dict(top_p=0.5)),
     ("min_p 0.2", dict(min_p=0.2)),
+    ("temperature 1.0, min_tokens 12 (no EOS before 12 tokens)", dict(min_tokens=12)),
     ("greedy, repetition_penalty 1.5", dict(temperature=0.0, repetition_penalty=1.5)),
     ("greedy, frequency_penalty 1.0", dict(temperature=0.0, frequency_penalty=1.0)),
 ]
 
 
-def load_demo_model():
-    """(tokenizer, model, name) for the demo: S01's bigram model trained on the corpus."""
-    tokenizer, model = s01.build_default()
-    return tokenizer, model, f"S01 bigram model (V = {model.vocab_size:,})"
+def load_demo_model(name_or_path: str | None = None):
+    """(model, tokenizer, description) for the demo.
+
+    A checkpoint directory or hub id if given (S03's loader); else the bundled model in
+    data/model when it has been trained; else S02's bigram model over the project tokenizer.
+    Raises S03's CheckpointError (a ValueError) for a checkpoint that cannot be loaded.
+    """
+    import s03_transformer as s03
+    if name_or_path is None and not (s03.BUNDLED_MODEL_DIR / "model.safetensors").exists():
+        tokenizer, model = s02.build_default()
+        return model, tokenizer, f"S02 bigram model (bundled model not trained yet), V = {model.vocab_size:,}"
+    model, tokenizer = s03.load(name_or_path or s03.BUNDLED_MODEL_DIR)
+    cfg = model.config
+    return model, tokenizer, (f"{name_or_path or 'bundled model'} ({cfg.model_type}, "
+                              f"{s03.parameter_count(cfg):,} parameters, V = {cfg.vocab_size:,})")
 
 
 def format_tokens(tokenizer, completion: Completion, processed: Completion) -> str:
@@ -649,7 +662,7 @@ def format_tokens(tokenizer, completion: Completion, processed: Completion) -> s
     def show(token_id: int) -> str:
         return "<eos>" if token_id == tokenizer.eos_id else repr(tokenizer.decode([token_id]))
 
-    lines = [f"    {'token':<14} {'p model':>8} {'p sampled':>10}   top-3 under the model"]
+    lines = [f"    {'token':<14} {'p model':>8} {'p sampled':>10}   top tokens under the model"]
     for raw_lp, proc_lp in zip(completion.logprobs, processed.logprobs):
         top = ", ".join(f"{show(i)} {math.exp(lp):.2f}" for i, lp in raw_lp.top_logprobs)
         piece = show(raw_lp.token_id)
@@ -660,20 +673,38 @@ def format_tokens(tokenizer, completion: Completion, processed: Completion) -> s
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Chapter 4: sampling controls.")
-    parser.add_argument("--prompt", default="Ham.\nTo be, or not to be", help="text to continue")
+    parser.add_argument("--model", default=None,
+                        help="checkpoint directory or hub id (default: the bundled model)")
+    parser.add_argument("--prompt", default="HAMLET:\nTo be, or not to be", help="text to continue")
     parser.add_argument("--max-tokens", type=int, default=12, help="tokens per completion")
     parser.add_argument("--seed", type=int, default=0, help="seed of every sampled request")
-    parser.add_argument("--max-context", type=int, default=256, help="context window in tokens")
+    parser.add_argument("--logprobs", type=int, default=3, help="top tokens shown per position")
+    knobs = parser.add_argument_group("one setting of your own instead of the tour")
+    for flag, kind in (("temperature", float), ("top-k", int), ("top-p", float), ("min-p", float),
+                       ("repetition-penalty", float), ("presence-penalty", float),
+                       ("frequency-penalty", float), ("min-tokens", int)):
+        knobs.add_argument(f"--{flag}", type=kind, default=None)
+    knobs.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     args = parser.parse_args(argv)
 
-    tokenizer, model, name = load_demo_model()
+    custom = {name: value for name, value in vars(args).items() if value is not None and name in {
+        "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+        "frequency_penalty", "min_tokens", "stop"}}
+    settings = [("your setting", custom)] if custom else DEMO_SETTINGS
+    try:
+        model, tokenizer, name = load_demo_model(args.model)
+    except ValueError as err:
+        parser.error(str(err))
     print(f"model: {name}\nprompt: {args.prompt!r}\n")
-    raw_engine = Engine(model, tokenizer, args.max_context)
-    proc_engine = Engine(model, tokenizer, args.max_context, logprobs_mode="processed_logprobs")
-    for label, knobs in DEMO_SETTINGS:
+    max_context = getattr(getattr(model, "config", None), "max_position_embeddings", 256)
+    raw_engine = Engine(model, tokenizer, max_context)
+    proc_engine = Engine(model, tokenizer, max_context, logprobs_mode="processed_logprobs")
+    for label, knobs_set in settings:
+        if not custom and "min_tokens" in knobs_set:  # the tour's min_tokens fits any --max-tokens
+            knobs_set = {**knobs_set, "min_tokens": min(knobs_set["min_tokens"], args.max_tokens)}
         try:
-            params = SamplingParams(max_tokens=args.max_tokens, seed=args.seed, logprobs=3,
-                                    **knobs)
+            params = SamplingParams(max_tokens=args.max_tokens, seed=args.seed,
+                                    logprobs=args.logprobs, **knobs_set)
             completion = raw_engine.generate(args.prompt, params)
         except ValueError as err:
             parser.error(str(err))

@@ -824,3 +824,61 @@ def test_min_tokens_equals_hf_min_new_tokens(tiny_qwen3):
     ours = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=30, min_tokens=6))
     assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
     assert ours.token_ids[-1] == eos and len(ours.token_ids) > 6 and ours.finish_reason == "stop"
+
+
+# --- the bundled model (skipped until scripts/train_bundled_model.py has written data/model) --
+
+def _bundled_dir():
+    import s03_transformer as s03
+    return s03.BUNDLED_MODEL_DIR
+
+
+bundled = pytest.mark.skipif(not (_bundled_dir() / "model.safetensors").exists(),
+                             reason="bundled model not trained yet (scripts/train_bundled_model.py)")
+
+
+@pytest.fixture(scope="module")
+def bundled_models():
+    """(HF model, S03 model, S03 tokenizer) of data/model."""
+    import s03_transformer as s03
+    from transformers import AutoModelForCausalLM
+    hf_model = AutoModelForCausalLM.from_pretrained(_bundled_dir(), attn_implementation="eager",
+                                                    dtype=torch.float32).eval()
+    model, tokenizer = s03.load(_bundled_dir())
+    return hf_model, model, tokenizer
+
+
+@bundled
+@pytest.mark.slow
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_bundled_greedy_equals_s01_loop_and_hf_generate(bundled_models, penalty):
+    hf_model, model, tokenizer = bundled_models
+    prompt = "HAMLET:\nTo be, or not to be"
+    ids = tokenizer.encode(prompt)
+    expected = hf_generate(hf_model, ids, max_new_tokens=30, repetition_penalty=penalty,
+                           eos_token_id=tokenizer.eos_id)
+    engine = Engine(model, tokenizer, max_context=model.config.max_position_embeddings)
+    ours = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=30,
+                                                  repetition_penalty=penalty))
+    assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
+    if penalty == 1.0:
+        reference = s01.Engine(model, tokenizer, model.config.max_position_embeddings).generate(
+            prompt, 30)
+        assert ours.token_ids == reference.token_ids and ours.text == reference.text
+
+
+# --- main -------------------------------------------------------------------------------------
+
+def test_main_tours_the_settings(capsys):
+    from s04_sampling import DEMO_SETTINGS, main
+    main(["--max-tokens", "2", "--logprobs", "1"])
+    out = capsys.readouterr().out
+    for label, _ in DEMO_SETTINGS:
+        assert f"[{label}] finish_reason=" in out
+
+
+def test_main_reports_a_bad_setting_by_name(capsys):
+    from s04_sampling import main
+    with pytest.raises(SystemExit):
+        main(["--top-p", "5"])
+    assert "top_p must be a number in [0, 1]" in capsys.readouterr().err
