@@ -1,0 +1,62 @@
+"""Build the course site: `python site/build.py` -> site/_build/html (open site/_build/html/index.html).
+
+Strict: every Sphinx warning is an error (-W), all of them are reported (--keep-going), and the
+environment is always rebuilt from scratch (-E), so a warning in a page that did not change is
+never hidden by an incremental build. Notebooks run once and are cached, keyed by a hash of code/
+and data/ (see site/conf.py), so a rebuild that changed only prose takes seconds.
+
+Options: --out DIR (default site/_build/html), --src DIR (the source root; default the repository
+root; the tests point it at a fixture tree), --execute {cache,force,off} (notebook execution).
+Exit status: 0 on a clean build, non-zero on any warning or error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SITE = Path(__file__).resolve().parent
+ROOT = SITE.parent
+DEFAULT_OUT = SITE / "_build" / "html"
+
+
+def sphinx_command(src: Path, out: Path) -> list[str]:
+    """The sphinx-build command line the site is built with."""
+    return [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-E", "-q",
+            "-c", str(SITE), "-d", str(out.parent / (out.name + ".doctrees")), str(src), str(out)]
+
+
+def build(src: Path = ROOT, out: Path = DEFAULT_OUT, execute: str = "cache") -> subprocess.CompletedProcess:
+    """Run the strict build in a child process and return it (stdout and stderr captured).
+
+    execute: "cache" (run notebooks when code/, data/ or their cells changed), "force" (always
+    run them) or "off" (render the outputs stored in the .ipynb files). Raises ValueError for
+    another value.
+    """
+    modes = {"cache": "cache", "force": "force", "off": "off"}
+    if execute not in modes:
+        raise ValueError(f"execute must be one of {sorted(modes)} (got {execute!r})")
+    env = dict(os.environ, COURSE_NB_EXECUTION=modes[execute], PYTHONHASHSEED="0")
+    return subprocess.run(sphinx_command(Path(src), Path(out)), cwd=str(src), env=env,
+                          capture_output=True, text=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the course site (strict, offline).")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
+    parser.add_argument("--src", type=Path, default=ROOT, help="source root (repository root)")
+    parser.add_argument("--execute", choices=["cache", "force", "off"], default="cache",
+                        help="notebook execution (default: cache)")
+    args = parser.parse_args(argv)
+    result = build(args.src.resolve(), args.out.resolve(), args.execute)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    if result.returncode == 0:
+        print(f"built {args.out.resolve() / 'index.html'}")
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+/* Course site runtime: the simulator registry and the "Check yourself" quiz widget.
+ *
+ * Simulators. A page with ```{simulator} NAME``` holds <div class="course-sim" data-sim="NAME">.
+ * The build adds three scripts to that page, in this order: this file, the simulator's own file
+ * (site/simulators/NAME/simulator.js, which calls CourseSim.register(NAME, mount)) and its data
+ * file (written at build time by site/simulators/NAME/export.py, which calls
+ * CourseSim.setData(NAME, data)). When the page has loaded, every placeholder is mounted with
+ * mount(element, data). Data travels as a script, not as fetched JSON, so the site also works
+ * when opened straight from disk (file:// pages cannot fetch).
+ *
+ * Quizzes. ```{quiz} NAME``` becomes <div class="course-quiz"> holding the quiz JSON (schema:
+ * site/ext/course_quiz.py) in a <script type="application/json">; renderQuiz turns it into radio
+ * choices, a check button, a score and an explanation that links back to its section.
+ */
+(function () {
+  "use strict";
+
+  var mounts = {};
+  var datasets = {};
+
+  function fail(root, message) {
+    console.error(message);
+    var p = document.createElement("p");
+    p.className = "course-error";
+    p.textContent = message;
+    root.appendChild(p);
+  }
+
+  window.CourseSim = {
+    register: function (name, mount) { mounts[name] = mount; },
+    setData: function (name, data) { datasets[name] = data; },
+    mountAll: function () {
+      var roots = document.querySelectorAll(".course-sim[data-sim]");
+      Array.prototype.forEach.call(roots, function (root) {
+        var name = root.getAttribute("data-sim");
+        var loading = root.querySelector(".course-sim-loading");
+        if (loading) loading.remove();
+        if (!mounts[name] || !datasets[name]) {
+          fail(root, "simulator '" + name + "' is missing its script or its data");
+          return;
+        }
+        mounts[name](root, datasets[name]);
+      });
+    }
+  };
+
+  function el(tag, attrs, text) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, attrs[k]); });
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function sectionTitle(anchor) {
+    var target = document.getElementById(anchor);
+    if (!target) return anchor;
+    var heading = target.matches("h1,h2,h3,h4") ? target : target.querySelector("h1,h2,h3,h4");
+    if (!heading) return anchor;
+    // Sphinx appends a pilcrow link to headings; keep only the heading's own text.
+    var copy = heading.cloneNode(true);
+    Array.prototype.forEach.call(copy.querySelectorAll(".headerlink"), function (a) { a.remove(); });
+    return copy.textContent.trim();
+  }
+
+  function renderQuiz(root) {
+    var quiz = JSON.parse(root.querySelector("script.course-quiz-data").textContent);
+    var form = el("form", {"class": "course-quiz-form"});
+    form.addEventListener("submit", function (e) { e.preventDefault(); });
+    quiz.questions.forEach(function (q, qi) {
+      var fs = el("fieldset", {"class": "course-quiz-question", "data-qid": q.id});
+      fs.appendChild(el("legend", {}, (qi + 1) + ". " + q.question));
+      q.choices.forEach(function (choice, ci) {
+        var id = quiz.chapter + "-" + q.id + "-" + ci;
+        var label = el("label", {"for": id, "class": "course-quiz-choice"});
+        var input = el("input", {"type": "radio", "name": quiz.chapter + "-" + q.id, "id": id,
+                                 "value": String(ci)});
+        label.appendChild(input);
+        label.appendChild(document.createTextNode(" " + choice));
+        fs.appendChild(label);
+      });
+      var feedback = el("div", {"class": "course-quiz-feedback", "hidden": "hidden",
+                                "aria-live": "polite"});
+      fs.appendChild(feedback);
+      form.appendChild(fs);
+    });
+    var check = el("button", {"type": "button", "class": "course-quiz-check"}, "Check answers");
+    var again = el("button", {"type": "button", "class": "course-quiz-reset"}, "Start again");
+    var score = el("p", {"class": "course-quiz-score", "aria-live": "polite"});
+    var bar = el("div", {"class": "course-quiz-actions"});
+    bar.appendChild(check);
+    bar.appendChild(again);
+    bar.appendChild(score);
+    form.appendChild(bar);
+
+    check.addEventListener("click", function () {
+      var right = 0;
+      quiz.questions.forEach(function (q) {
+        var fs = form.querySelector('fieldset[data-qid="' + q.id + '"]');
+        var picked = fs.querySelector("input:checked");
+        var fb = fs.querySelector(".course-quiz-feedback");
+        var ok = picked !== null && Number(picked.value) === q.answer;
+        if (ok) right += 1;
+        fs.classList.toggle("is-right", ok);
+        fs.classList.toggle("is-wrong", !ok);
+        fb.textContent = "";
+        var verdict = picked === null ? "Not answered. " : (ok ? "Right. " : "Not quite. ");
+        fb.appendChild(el("strong", {}, verdict));
+        if (!ok) {
+          fb.appendChild(document.createTextNode("The answer is \u201c" + q.choices[q.answer] +
+                                                 "\u201d. "));
+        }
+        fb.appendChild(document.createTextNode(q.explanation + " "));
+        var back = el("a", {"href": "#" + q.section, "class": "course-quiz-back"},
+                      "Back to \u201c" + sectionTitle(q.section) + "\u201d");
+        fb.appendChild(back);
+        fb.hidden = false;
+      });
+      score.textContent = "Score: " + right + " of " + quiz.questions.length;
+      score.setAttribute("data-right", String(right));
+    });
+    again.addEventListener("click", function () {
+      form.reset();
+      Array.prototype.forEach.call(form.querySelectorAll("fieldset"), function (fs) {
+        fs.classList.remove("is-right", "is-wrong");
+        var fb = fs.querySelector(".course-quiz-feedback");
+        fb.hidden = true;
+        fb.textContent = "";
+      });
+      score.textContent = "";
+      score.removeAttribute("data-right");
+    });
+    var noscript = root.querySelector(".course-quiz-nojs");
+    if (noscript) noscript.remove();
+    root.appendChild(form);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    Array.prototype.forEach.call(document.querySelectorAll(".course-quiz"), function (root) {
+      try { renderQuiz(root); } catch (err) { fail(root, "quiz failed to load: " + err); }
+    });
+    window.CourseSim.mountAll();
+  });
+})();
