@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 import s01_generation_loop as s01
 from s02_tokenizer import (
     CORPUS_PATH, EOT, ROOT, SPLIT_PATTERN, TOKENIZER_PATH, BPETokenizer, Engine, Stats,
-    StopStringMatcher, StreamingDetokenizer, bpe_merge, build_default, bytes_per_token,
+    StopStringMatcher, StreamingDetokenizer, bpe_merge, bpe_merge_heap, build_default, bytes_per_token,
     bytes_to_unicode, incomplete_utf8_tail, train_bpe, truncate_vocab,
 )
 
@@ -87,11 +87,21 @@ def test_bpe_merge_takes_lowest_rank_first():
     assert bpe_merge(b"aaa", _byte_ranks(aa=256)) == [256, ord("a")]
 
 
-@given(st.binary(max_size=12))
-def test_bpe_merge_matches_tiktoken_on_small_vocab(data):
-    ranks = _byte_ranks(ab=256, bc=257, abc=258, aa=259, ca=260, aab=261, cab=262)
+@settings(max_examples=300)
+@given(st.text(alphabet="abc", max_size=40).map(str.encode))
+def test_bpe_merge_and_heap_version_match_tiktoken_on_small_vocab(data):
+    # Many equal-rank choices ("aa" inside "aaaa...") exercise the leftmost tie-break.
+    ranks = _byte_ranks(ab=256, bc=257, abc=258, aa=259, ca=260, aab=261, cab=262, aaaa=263,
+                        aaa=264, bb=265, abab=266)
     oracle = tiktoken.Encoding("toy", pat_str=r"[\s\S]+", mergeable_ranks=ranks, special_tokens={})
-    assert bpe_merge(data, ranks) == oracle._encode_bytes(data)
+    expected = oracle._encode_bytes(data)
+    assert bpe_merge(data, ranks) == expected
+    assert bpe_merge_heap(data, ranks) == expected
+
+
+def test_long_pieces_take_the_heap_path_and_match_tiktoken(cl100k, tiktoken_cl100k):
+    text = " " * 3000 + "x" + "é" * 2000 + "1" * 999 + "!" * 3000
+    assert cl100k.encode(text) == tiktoken_cl100k.encode_ordinary(text)
 
 
 def test_train_bpe_reproduces_the_textbook_example():
