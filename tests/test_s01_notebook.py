@@ -1,0 +1,96 @@
+"""The S01 notebook runs top to bottom headless and shows what it promises.
+
+It is executed with nbclient on a temporary copy (the notebook in the repository is never
+written), with Jupyter's usual working directory, notebooks/, from which its first cell finds
+code/. The checks: no cell fails (the notebook has its own asserts, e.g. that the replayed passes
+match `Stats`), the plots and the widget are there, and the numbers it prints agree with values
+worked out here by closed form, not by the code under test.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "s01_generation_loop.ipynb"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def sum_sq(m: int) -> int:
+    return m * (m + 1) * (2 * m + 1) // 6
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    copy = tmp_path_factory.mktemp("nb") / NOTEBOOK.name
+    shutil.copy(NOTEBOOK, copy)
+    nb = nbformat.read(copy, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client.execute()  # raises CellExecutionError, with the cell and traceback, if a cell fails
+    nbformat.write(nb, copy)  # kept in the temp folder for a look after a failure
+    return nb
+
+
+def _outputs(nb):
+    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+
+
+def _text(nb) -> str:
+    return "\n".join(out.get("text", "") for out in _outputs(nb) if out.output_type == "stream")
+
+
+def test_committed_notebook_is_valid_and_has_no_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+
+
+def test_notebook_imports_the_engine_and_does_not_redefine_it():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "from s01_generation_loop import" in source
+    for name in ("Engine", "Stats", "WordTokenizer", "BigramModel", "sample", "build_default"):
+        assert not re.search(rf"^\s*(class|def) {name}\b", source, re.MULTILINE), name
+
+
+@pytest.mark.slow
+def test_notebook_runs_headless_with_no_errors(executed):
+    assert not [o for o in _outputs(executed) if o.output_type == "error"]
+
+
+@pytest.mark.slow
+def test_notebook_shows_its_plots_and_widget(executed):
+    images = [o for o in _outputs(executed) if "image/png" in o.get("data", {})]
+    assert len(images) >= 3  # counted work, measured time, temperature
+    assert any(WIDGET_MIME in o.get("data", {}) for o in _outputs(executed))
+    assert re.search(r"widget ready: \d+ passes recorded, showing pass 2", _text(executed))
+
+
+@pytest.mark.slow
+def test_notebook_prints_the_closed_form_totals_of_its_long_run(executed):
+    # Greedy from the 10-token prompt for 500 passes: contexts 10, 11, ..., 509.
+    p, k = 10, 500
+    uncached = sum_sq(p + k - 1) - sum_sq(p - 1)
+    cached = k * (2 * p + k - 1) // 2
+    assert (uncached, cached) == (44_086_750, 129_750)  # worked by hand as a check on the formula
+    text = _text(executed)
+    assert f"total over {k} passes: {uncached:,} token pairs without a cache, {cached:,} with one" in text
+    assert "row 4 == row 9: True" in text  # a bigram row depends on one token only
+
+
+@pytest.mark.slow
+def test_notebook_accounts_for_every_greedy_start_token(executed):
+    # Every ordinary token (V = 4096 minus <eos> and <unk>) either reaches EOS or enters a cycle.
+    m = re.search(r"greedy paths from ([\d,]+) start tokens: (\d+) reach <eos>, ([\d,]+) fall into a cycle",
+                  _text(executed))
+    assert m, "the greedy-cycle census line is missing"
+    starts, eos, cyc = (int(g.replace(",", "")) for g in m.groups())
+    assert starts == 4096 - 2 and eos + cyc == starts
