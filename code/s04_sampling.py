@@ -390,9 +390,11 @@ def draw(processed: np.ndarray, params: SamplingParams, generator: np.random.Gen
         return int(np.argmax(processed))
     cdf = np.cumsum(softmax(processed).astype(np.float64))   # (V,)
     u = generator.random() * cdf[-1]
-    token = int(np.searchsorted(cdf, u, side="right"))
-    # u * total can round up to total itself; fall back to the last token with mass.
-    return min(token, int(np.flatnonzero(np.diff(cdf, prepend=0.0) > 0)[-1]))
+    token = int(np.searchsorted(cdf, u, side="right"))  # the first token with cdf > u
+    # u <= 1 - 2**-53, so u * total rounds to a float below total: token < V, and
+    # cdf[token] > u >= cdf[token - 1] means the token's probability is > 0.
+    assert token < cdf.size
+    return token
 
 
 def sample(logits: np.ndarray, params: SamplingParams, generator: np.random.Generator,

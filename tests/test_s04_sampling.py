@@ -394,6 +394,23 @@ N_DRAWS = 20_000
 BASE = np.log(f32([0.4, 0.3, 0.2, 0.1]))
 
 
+def chi2_survival(x, dof):
+    """P(X > x) for X ~ chi-square with 1..5 degrees of freedom, in closed form (odd dof via
+    erfc, even dof via the Poisson sum; Abramowitz & Stegun 26.4.4-26.4.5)."""
+    if dof % 2 == 0:
+        return math.exp(-x / 2) * sum((x / 2) ** j / math.factorial(j) for j in range(dof // 2))
+    tail, term = math.erfc(math.sqrt(x / 2)), math.sqrt(2 * x / math.pi) * math.exp(-x / 2)
+    for j in range(1, (dof - 1) // 2 + 1):
+        tail += term
+        term *= x / (2 * j + 1)
+    return tail
+
+
+@pytest.mark.parametrize("dof", sorted(CHI2_CRITICAL_0_001))
+def test_the_stated_critical_values_are_the_0_001_points(dof):
+    assert chi2_survival(CHI2_CRITICAL_0_001[dof], dof) == pytest.approx(0.001, rel=1e-3)
+
+
 def chi_square(counts, expected_probs):
     """Pearson's statistic over the tokens with expected probability > 0, and its degrees of
     freedom; tokens with expected probability 0 must never be drawn (asserted)."""
