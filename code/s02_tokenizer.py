@@ -26,7 +26,7 @@ What it does not handle yet
 
 Run it
     python code/s02_tokenizer.py                 # pieces, compression table, a streamed demo
-    python scripts/train_tokenizer.py            # rebuilds data/tokenizer.json (about a minute)
+    python scripts/train_tokenizer.py            # rebuilds data/tokenizer.json (seconds)
 
 Tests
     tests/test_s02_tokenizer.py: ids equal to tiktoken (cl100k ranks) and to HF `tokenizers` and
@@ -187,12 +187,13 @@ class BPETokenizer:
         self.eos = eos
         self.id_to_bytes: dict[int, bytes] = {i: b for b, i in self.ranks.items()}
         self.id_to_bytes.update({i: s.encode("utf-8") for s, i in special_tokens.items()})
+        self._vocab_size = max(self.id_to_bytes) + 1
         self._split = regex.compile(pattern)
         self._cache: dict[str, list[int]] = {}
 
     @property
     def vocab_size(self) -> int:
-        return max(self.id_to_bytes) + 1
+        return self._vocab_size
 
     @property
     def eos_id(self) -> int | None:
@@ -234,8 +235,8 @@ class BPETokenizer:
 
         allowed_special: the special-token strings to recognise in `text` ("all" for every
         one). By default none is: "<|endoftext|>" typed by a user encodes as ordinary text
-        (`<`, `|`, `endoftext`, ...), never as the EOS id. Raises ValueError for a name that is
-        not a special token of this tokenizer.
+        (pieces "<|", "endoftext", "|>"), never as the EOS id. Raises ValueError for a name
+        that is not a special token of this tokenizer.
         """
         if isinstance(allowed_special, str):
             if allowed_special != "all":
@@ -266,7 +267,8 @@ class BPETokenizer:
         for i in ids:
             token = self.id_to_bytes.get(int(i))
             if token is None:
-                raise ValueError(f"token id {int(i)} is not in the vocabulary [0, {self.vocab_size})")
+                raise ValueError(f"token id {int(i)} is not in the vocabulary "
+                                 f"[0, {self.vocab_size})")
             out.append(token)
         return b"".join(out)
 
@@ -279,6 +281,20 @@ class BPETokenizer:
     def pieces(self, text: str) -> list[bytes]:
         """The bytes of each token of `text` (for showing how text was cut)."""
         return [self.id_to_bytes[i] for i in self.encode_ordinary(text)]
+
+    def merge_steps(self, word: str) -> list[list[bytes]]:
+        """How `bpe_merge` cuts one pre-token, step by step: the parts before each merge and
+        after the last one (for showing BPE at work; the encoder itself does not use this)."""
+        parts = [bytes([b]) for b in word.encode("utf-8")]
+        steps = [list(parts)]
+        while True:
+            pairs = [(self.ranks[p + q], i) for i, (p, q) in enumerate(zip(parts, parts[1:]))
+                     if p + q in self.ranks]
+            if not pairs:
+                return steps
+            _, i = min(pairs)                       # lowest rank, then leftmost
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+            steps.append(list(parts))
 
     # -- other vocabularies ------------------------------------------------------------------
 
@@ -346,7 +362,8 @@ class BPETokenizer:
             "model": {"type": "BPE", "dropout": None, "unk_token": None,
                       "continuing_subword_prefix": None, "end_of_word_suffix": None,
                       "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-                      "vocab": {show(b): i for b, i in sorted(self.ranks.items(), key=lambda kv: kv[1])},
+                      "vocab": {show(b): i for b, i in
+                                sorted(self.ranks.items(), key=lambda kv: kv[1])},
                       "merges": merges},
         }
 
@@ -454,7 +471,8 @@ def train_bpe(text: str, vocab_size: int, pattern: str = SPLIT_PATTERN,
                 else:
                     new_word.append(word[i])
                     i += 1
-            old_pairs, new_pairs = Counter(zip(word, word[1:])), Counter(zip(new_word, new_word[1:]))
+            old_pairs = Counter(zip(word, word[1:]))
+            new_pairs = Counter(zip(new_word, new_word[1:]))
             for pair, n in old_pairs.items():
                 pair_counts[pair] -= n * freq
                 changed.add(pair)
@@ -483,11 +501,18 @@ def truncate_vocab(tokenizer: BPETokenizer, n_ordinary: int) -> BPETokenizer:
     tokens are renumbered to follow them. Raises ValueError if n_ordinary < 256.
     """
     if n_ordinary < 256:
-        raise ValueError(f"n_ordinary must be >= 256 so every byte stays a token (got {n_ordinary})")
+        raise ValueError(f"n_ordinary must be >= 256 so every byte stays a token "
+                         f"(got {n_ordinary})")
     ranks = {b: i for b, i in tokenizer.ranks.items() if i < n_ordinary}
     specials = {s: n_ordinary + k for k, s in
                 enumerate(sorted(tokenizer.special_tokens, key=tokenizer.special_tokens.get))}
     return BPETokenizer(ranks, tokenizer.pattern, specials, eos=tokenizer.eos)
+
+
+def split_held_out(text: str, fraction: float = 0.1) -> tuple[str, str]:
+    """(train, held_out): the last `fraction` of the text held out, cut at a line break."""
+    cut = text.rfind("\n", 0, int(len(text) * (1 - fraction))) + 1
+    return text[:cut], text[cut:]
 
 
 def bytes_per_token(tokenizer: BPETokenizer, text: str) -> float:
@@ -622,6 +647,24 @@ class Stats(s01.Stats):
         return "stop" if self.stop_reason in (s01.STOP_EOS, STOP_STRING) else "length"
 
 
+class GenerationStream:
+    """An iterator of text deltas; once it is exhausted, `result` holds the `Generation`."""
+
+    def __init__(self, deltas: Iterator[str]):
+        self._deltas = deltas
+        self.result: s01.Generation | None = None
+
+    def __iter__(self) -> "GenerationStream":
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._deltas)
+        except StopIteration as end:          # the generator's return value is the result
+            self.result = end.value
+            raise StopIteration from None
+
+
 class Engine(s01.Engine):
     """S01's loop with a byte-level BPE tokenizer, streaming and stop strings.
 
@@ -643,25 +686,24 @@ class Engine(s01.Engine):
                              f"{tokenizer.vocab_size}: some ids could not be decoded")
 
     def stream(self, prompt: str, max_tokens: int, temperature: float = 0.0,
-               seed: int | None = None, stop: Sequence[str] = ()) -> Iterator[str]:
+               seed: int | None = None, stop: Sequence[str] = ()) -> GenerationStream:
         """Generate like `generate`, yielding text deltas as soon as they are safe to show.
 
-        The iterator's return value (`StopIteration.value`, or `result = yield from ...`) is the
-        finished `Generation`. The request is validated here, before the first token.
+        Iterate the returned `GenerationStream` for the deltas (non-empty strings); afterwards
+        its `result` is the finished `Generation`. The request is validated here, before the
+        first token, so a bad one raises at the call, not at the first `next`.
         """
         prompt_ids = self.check_request(prompt, max_tokens, temperature)
         matcher = StopStringMatcher(stop)   # validates the stop strings now, too
-        return self._run(prompt_ids, max_tokens, temperature, seed, matcher)
+        return GenerationStream(self._run(prompt_ids, max_tokens, temperature, seed, matcher))
 
     def generate(self, prompt: str, max_tokens: int, temperature: float = 0.0,
                  seed: int | None = None, stop: Sequence[str] = ()) -> s01.Generation:
-        """Generate to the end and return the `Generation` (text = all deltas joined)."""
-        deltas = self.stream(prompt, max_tokens, temperature, seed, stop)
-        while True:
-            try:
-                next(deltas)
-            except StopIteration as end:
-                return end.value
+        """Generate to the end and return the `Generation` (its text is the deltas joined)."""
+        stream = self.stream(prompt, max_tokens, temperature, seed, stop)
+        for _ in stream:
+            pass
+        return stream.result
 
     def _run(self, ids: list[int], max_tokens: int, temperature: float, seed: int | None,
              matcher: StopStringMatcher) -> Iterator[str]:
@@ -735,19 +777,23 @@ def show_pieces(tokenizer: BPETokenizer, text: str) -> str:
     return " ".join(shown)
 
 
-def compression_table(text: str, sizes: Sequence[int] = (257, 512, 1024, 2048, 4096, 8192)) -> list[tuple[str, int, float]]:
-    """Rows (name, vocab size, bytes/token) for BPE trained on `text` at each size (one run,
-    truncated), plus cl100k (100k tokens trained on web text, not on this corpus)."""
-    largest = train_bpe(text, max(sizes))
-    rows = [("BPE on corpus", size, bytes_per_token(truncate_vocab(largest, size - 1), text))
+def compression_table(train_text: str, test_text: str,
+                      sizes: Sequence[int] = (257, 512, 1024, 2048, 4096, 8192),
+                      ) -> list[tuple[str, int, float]]:
+    """Rows (name, vocab size V, bytes/token on test_text) for BPE trained on train_text with
+    each V (one run, truncated; 257 = the bytes alone + <|endoftext|>), plus cl100k (trained by
+    OpenAI on web text, not on this corpus)."""
+    largest = train_bpe(train_text, max(sizes))
+    rows = [("BPE on corpus", size, bytes_per_token(truncate_vocab(largest, size - 1), test_text))
             for size in sizes]
     cl100k = BPETokenizer.from_tiktoken()
-    rows.append(("cl100k (GPT-4)", cl100k.vocab_size, bytes_per_token(cl100k, text)))
+    rows.append(("cl100k (GPT-4)", cl100k.vocab_size, bytes_per_token(cl100k, test_text)))
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Chapter 2: byte-level BPE, streaming, stop strings.")
+    parser = argparse.ArgumentParser(
+        description="Chapter 2: byte-level BPE, streaming, stop strings.")
     parser.add_argument("--text", default="To be, or not to be: that is the question. Café 😀 日本",
                         help="text to tokenize and show")
     parser.add_argument("--prompt", default="Ham.\nTo be, or not to be", help="text to continue")
@@ -770,12 +816,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("\n--- one token at a time: decode alone vs StreamingDetokenizer ---")
     detokenizer = StreamingDetokenizer(tokenizer)
     for i in tokenizer.encode_ordinary("é😀"):
-        print(f"id {i:>4}  decode([id]) = {tokenizer.decode([i])!r:8}  delta = {detokenizer.feed(i)!r}")
+        print(f"id {i:>4}  decode([id]) = {tokenizer.decode([i])!r:8}  "
+              f"delta = {detokenizer.feed(i)!r}")
 
-    corpus = CORPUS_PATH.read_text(encoding="utf-8")
+    train_text, test_text = split_held_out(CORPUS_PATH.read_text(encoding="utf-8"))
     start = time.perf_counter()
-    rows = compression_table(corpus)
-    print(f"\n--- compression on {CORPUS_PATH.name} ({time.perf_counter() - start:.1f} s) ---")
+    rows = compression_table(train_text, test_text)
+    print(f"\n--- compression: trained on 90% of {CORPUS_PATH.name}, measured on the other 10% "
+          f"({time.perf_counter() - start:.1f} s) ---")
     print(f"{'tokenizer':<16} {'V':>7} {'bytes/token':>12}")
     for name, size, bpt in rows:
         print(f"{name:<16} {size:>7} {bpt:>12.3f}")
@@ -783,14 +831,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     engine = Engine(model, tokenizer, max_context=args.max_context)
     print(f"\n--- streaming {args.prompt!r}, stop={stop} (deltas separated by '|') ---")
     try:
-        deltas = engine.stream(args.prompt, args.max_tokens, args.temperature, args.seed, stop)
-        while True:
-            print(next(deltas), end="|", flush=True)
-    except StopIteration as end:
-        result = end.value
+        stream = engine.stream(args.prompt, args.max_tokens, args.temperature, args.seed, stop)
     except ValueError as err:
         parser.error(str(err))
-    s = result.stats
+    for delta in stream:
+        print(delta, end="|", flush=True)
+    s = stream.result.stats
     print(f"\n--- {s.tokens_out} tokens, stop_reason={s.stop_reason}, "
           f"finish_reason={s.finish_reason} ---")
 

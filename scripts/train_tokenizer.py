@@ -34,17 +34,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "code"))
 
-from s02_tokenizer import EOT, BPETokenizer, bytes_per_token, train_bpe, truncate_vocab  # noqa: E402
+from s02_tokenizer import (  # noqa: E402
+    EOT, BPETokenizer, bytes_per_token, split_held_out, train_bpe, truncate_vocab,
+)
 
 VOCAB_SIZE = 2048          # 2047 byte-level tokens + <|endoftext|> (id 2047)
 SWEEP = (257, 512, 1024, 2048, 4096, 8192)   # 257: the bytes alone + <|endoftext|>
 RARE = 10                  # "rare": fewer than this many occurrences in the training text
-
-
-def split_held_out(text: str, fraction: float = 0.1) -> tuple[str, str]:
-    """(train, held_out): the last `fraction` of the text, cut at a line break."""
-    cut = text.rfind("\n", 0, int(len(text) * (1 - fraction))) + 1
-    return text[:cut], text[cut:]
 
 
 def sweep(text: str, sizes=SWEEP) -> list[tuple[int, float, float, int]]:
@@ -95,7 +91,8 @@ def main(argv=None) -> None:
     rows = sweep(text)
     print(f"sweep (trained on 90% of {args.corpus.name}, measured on the last 10%), "
           f"{time.perf_counter() - start:.1f} s")
-    print(f"{'vocab':>6} {'bytes/token':>12} {'tokens/kB':>10} {'merged tokens seen <' + str(RARE) + 'x':>24}")
+    rare_header = f"merged tokens seen <{RARE}x"
+    print(f"{'vocab':>6} {'bytes/token':>12} {'tokens/kB':>10} {rare_header:>24}")
     for size, bpt, per_kb, rare in rows:
         print(f"{size:>6} {bpt:>12.3f} {per_kb:>10.1f} {rare:>24}")
 

@@ -113,6 +113,13 @@ def test_train_bpe_reproduces_the_textbook_example():
     assert tok.encode("aaabdaaabac") == [258, ord("d"), 258, ord("a"), ord("c")]
 
 
+def test_merge_steps_by_hand():
+    tok = train_bpe("aaabdaaabac", vocab_size=260)      # aa=256, ab=257, aaab=258
+    assert tok.merge_steps("aaab") == [
+        [b"a", b"a", b"a", b"b"], [b"aa", b"a", b"b"], [b"aa", b"ab"], [b"aaab"]]
+    assert tok.merge_steps("d") == [[b"d"]]
+
+
 def test_train_bpe_is_greedy_so_truncation_equals_a_shorter_run():
     text = CORPUS[:50_000]
     short, long = train_bpe(text, 400), train_bpe(text, 600)
@@ -381,13 +388,9 @@ class ScriptedModel:
         return logits
 
 
-def drain(iterator):
-    deltas = []
-    while True:
-        try:
-            deltas.append(next(iterator))
-        except StopIteration as end:
-            return deltas, end.value
+def drain(stream):
+    deltas = list(stream)
+    return deltas, stream.result
 
 
 PROMPTS = ["Ham.\nTo be, or not to be", "KING.\nWhat", "O Romeo, Romeo"]
