@@ -14,13 +14,15 @@ What is new since S01
     Generation now streams: `StreamingDetokenizer` turns ids into text deltas without ever
     showing half a character, `StopStringMatcher` cuts the output at a stop string even when it
     is spread over several tokens, and this chapter's `Engine` offers a blocking `generate` and
-    a streaming `stream` whose joined deltas are always the blocking text.
+    a streaming `stream` (a `GenerationStream` of deltas) whose joined deltas are always the
+    blocking text, with finish_reason "stop" for EOS or a stop string and "length" otherwise.
 
 What it does not handle yet
     Normalisation (NFC/NFKC), which some tokenizers apply first; SentencePiece-style models
     (Llama 2, T5) that work on characters with byte fallback; BPE dropout; and speed: the encoder
-    is pure Python with a cache per pre-token, one to two orders of magnitude slower than the
-    Rust in tiktoken and `tokenizers` (benchmarks/bench_s02_tokenizer.py measures it). Loading a
+    is pure Python. Its cache per pre-token keeps it within about 2x of tiktoken's Rust on text
+    that repeats its words (the corpus), but where words do not repeat it is 10-15x slower
+    (benchmarks/bench_s02_tokenizer.py measures both). Loading a
     Hugging Face file assumes ranks follow token ids, which holds for the files written here and
     for GPT-2/cl100k-style byte-level BPE, not for every tokenizer.json in the wild.
 
@@ -807,6 +809,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     stop = args.stop if args.stop is not None else ["\n"]
 
     tokenizer, model = build_default()
+    engine = Engine(model, tokenizer, max_context=args.max_context)
+    try:  # validate the request now; the stream itself is lazy and runs at the end
+        stream = engine.stream(args.prompt, args.max_tokens, args.temperature, args.seed, stop)
+    except ValueError as err:
+        parser.error(str(err))
     print(f"project tokenizer: {TOKENIZER_PATH.relative_to(ROOT)}, V = {tokenizer.vocab_size}, "
           f"eos_id = {tokenizer.eos_id}")
     print(f"\n--- {len(tokenizer.encode_ordinary(args.text))} tokens for "
@@ -828,12 +835,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, size, bpt in rows:
         print(f"{name:<16} {size:>7} {bpt:>12.3f}")
 
-    engine = Engine(model, tokenizer, max_context=args.max_context)
     print(f"\n--- streaming {args.prompt!r}, stop={stop} (deltas separated by '|') ---")
-    try:
-        stream = engine.stream(args.prompt, args.max_tokens, args.temperature, args.seed, stop)
-    except ValueError as err:
-        parser.error(str(err))
     for delta in stream:
         print(delta, end="|", flush=True)
     s = stream.result.stats

@@ -206,7 +206,7 @@ def test_project_ids_equal_hf_tokenizers_on_multilingual(project, hf_project):
 
 
 def test_transformers_autotokenizer_loads_the_data_dir(project):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     hf = AutoTokenizer.from_pretrained(str(ROOT / "data"))
     assert hf.eos_token == EOT and hf.eos_token_id == project.eos_id
@@ -214,6 +214,8 @@ def test_transformers_autotokenizer_loads_the_data_dir(project):
     ids = hf.encode(sample, add_special_tokens=True)
     assert ids == project.encode(sample, allowed_special="all")
     assert hf.decode(ids) == project.decode(ids) == sample
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_PATH), eos_token=EOT)
+    assert fast.encode(sample) == ids and fast.eos_token_id == 2047
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
