@@ -124,9 +124,9 @@ class SamplingParams:
     max_tokens          int >= 1. Most tokens to generate (vLLM's default, 16).
     min_tokens          int in [0, max_tokens]. EOS and stop_token_ids cannot be sampled, and no
                         stop rule fires, before this many tokens exist.
-    stop                stop strings (a str or a sequence of non-empty str): generation ends
-                        when the output text contains one; the text is cut before it.
-    stop_token_ids      token ids (ints >= 0) that end generation like EOS does.
+    stop                stop strings (a str or a sequence of non-empty str; None = none):
+                        generation ends when the output text contains one, cut before it.
+    stop_token_ids      token ids (ints >= 0; None = none) that end generation like EOS.
     ignore_eos          keep generating after EOS (EOS becomes an ordinary token).
     seed                None (fresh entropy) or an int >= 0 for a reproducible request.
     logprobs            None, or n in [0, 20]: return the sampled token's logprob and the n
@@ -175,11 +175,14 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}] "
                              f"(got {self.min_tokens!r})")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        if stop is None or not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"stop must be a str or a sequence of non-empty str (got {self.stop!r})")
+        stop = () if stop is None else stop
+        if not hasattr(stop, "__iter__") or not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a str or a sequence of non-empty str "
+                             f"(got {self.stop!r})")
         object.__setattr__(self, "stop", tuple(stop))
-        ids = self.stop_token_ids if self.stop_token_ids is not None else [None]
-        if isinstance(ids, (str, bytes)) or not all(_is_int(i) and i >= 0 for i in ids):
+        ids = () if self.stop_token_ids is None else self.stop_token_ids
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__") \
+                or not all(_is_int(i) and i >= 0 for i in ids):
             raise ValueError(f"stop_token_ids must be a sequence of ints >= 0 "
                              f"(got {self.stop_token_ids!r})")
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
@@ -537,7 +540,8 @@ class Engine(s01.Engine):
     def __init__(self, model, tokenizer, max_context: int, logprobs_mode: str = "raw_logprobs"):
         super().__init__(model, tokenizer, max_context)
         if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES} (got {logprobs_mode!r})")
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES} "
+                             f"(got {logprobs_mode!r})")
         self.logprobs_mode = logprobs_mode
         eos_ids = getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,)
         self.eos_ids = tuple(int(i) for i in eos_ids if i is not None)
@@ -652,7 +656,8 @@ def load_demo_model(name_or_path: str | None = None):
     import s03_transformer as s03
     if name_or_path is None and not (s03.BUNDLED_MODEL_DIR / "model.safetensors").exists():
         tokenizer, model = s02.build_default()
-        return model, tokenizer, f"S02 bigram model (bundled model not trained yet), V = {model.vocab_size:,}"
+        return model, tokenizer, (f"S02 bigram model (bundled model not trained yet), "
+                                  f"V = {model.vocab_size:,}")
     model, tokenizer = s03.load(name_or_path or s03.BUNDLED_MODEL_DIR)
     cfg = model.config
     return model, tokenizer, (f"{name_or_path or 'bundled model'} ({cfg.model_type}, "

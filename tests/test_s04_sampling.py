@@ -51,6 +51,8 @@ def test_params_are_frozen_and_normalised():
     p = SamplingParams(stop="\n", stop_token_ids=[3, 4])
     assert p.stop == ("\n",) and p.stop_token_ids == (3, 4)
     assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    none = SamplingParams(stop=None, stop_token_ids=None)  # what a JSON null arrives as
+    assert none.stop == () and none.stop_token_ids == ()
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.temperature = 0.5
     hash(p)  # frozen and made of tuples: usable as a dict key
@@ -81,6 +83,9 @@ def test_params_are_frozen_and_normalised():
     (dict(stop=[1]), r"stop must be a str or a sequence of non-empty str"),
     (dict(stop_token_ids=[-1]), r"stop_token_ids must be a sequence of ints >= 0"),
     (dict(stop_token_ids="ab"), r"stop_token_ids must be a sequence of ints >= 0"),
+    (dict(stop_token_ids=5), r"stop_token_ids must be a sequence of ints >= 0"),
+    (dict(stop_token_ids=0), r"stop_token_ids must be a sequence of ints >= 0"),
+    (dict(stop=0), r"stop must be a str or a sequence of non-empty str"),
     (dict(ignore_eos="yes"), r"ignore_eos must be a bool"),
     (dict(seed=-1), r"seed must be None or an int >= 0"),
     (dict(seed=1.5), r"seed must be None or an int >= 0"),
@@ -295,7 +300,8 @@ finite_logits = st.lists(st.floats(-50, 50, width=32), min_size=1, max_size=40)
 
 
 @settings(max_examples=150, deadline=None)
-@given(values=finite_logits, n_inf=st.integers(0, 5), temperature=st.sampled_from([1e-6, 0.3, 1.0, 7.0]),
+@given(values=finite_logits, n_inf=st.integers(0, 5),
+       temperature=st.sampled_from([1e-6, 0.3, 1.0, 7.0]),
        top_k=st.integers(-1, 45), top_p=st.sampled_from([0.0, 1e-6, 0.3, 0.9, 1.0]),
        min_p=st.sampled_from([0.0, 1e-6, 0.5, 1.0]), seed=st.integers(0, 2**32))
 def test_pipeline_is_finite_keeps_the_argmax_and_never_draws_a_removed_token(
@@ -325,7 +331,8 @@ def random_logits(seed, vocab=1000, scale=3.0):
 @pytest.mark.parametrize("temperature", [1e-3, 0.3, 1.0, 2.5])
 def test_temperature_matches_hf(seed, temperature):
     logits = random_logits(seed)
-    ours, theirs = apply_temperature(logits, temperature), hf(TemperatureLogitsWarper(temperature), logits)
+    ours = apply_temperature(logits, temperature)
+    theirs = hf(TemperatureLogitsWarper(temperature), logits)
     # Ours is theirs shifted by -max (same softmax); compare with both shifted to a max of 0.
     np.testing.assert_allclose(ours, theirs - theirs.max(), rtol=1e-5, atol=1e-5 / temperature)
 
@@ -366,7 +373,8 @@ def test_min_tokens_matches_hf_min_new_tokens(generated):
     output = list(range(7, 7 + generated))
     params = SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[9])
     theirs = hf(MinNewTokensLengthLogitsProcessor(len(prompt), 3, [9, 2]), logits, prompt + output)
-    np.testing.assert_array_equal(process_logits(logits, params, prompt, output, eos_ids=[2]), theirs)
+    ours = process_logits(logits, params, prompt, output, eos_ids=[2])
+    np.testing.assert_array_equal(ours, theirs)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -531,7 +539,8 @@ def test_completion_fields_and_a_plain_greedy_run():
     engine = Engine(ScriptedModel({1: B, 2: C, 3: TOK.eos_id}), TOK, 16)
     c = engine.generate("a", GREEDY)
     assert isinstance(c, Completion)
-    assert (c.token_ids, c.text, c.finish_reason, c.matched_stop) == ([B, C, 0], "b c", "stop", None)
+    assert (c.token_ids, c.text, c.finish_reason) == ([B, C, 0], "b c", "stop")
+    assert c.matched_stop is None
     assert c.logprobs is None and c.stats.stop_reason == "eos" and c.stats.passes == 3
 
 
@@ -806,8 +815,8 @@ def tiny_qwen3(tmp_path_factory):
 
 def hf_generate(model, ids, **kwargs):
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             do_sample=False, pad_token_id=1, **kwargs)
+        out = model.generate(torch.tensor([ids]), do_sample=False, pad_token_id=1,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long), **kwargs)
     return out[0, len(ids):].tolist()
 
 
@@ -851,7 +860,8 @@ def _bundled_dir():
 
 
 bundled = pytest.mark.skipif(not (_bundled_dir() / "model.safetensors").exists(),
-                             reason="bundled model not trained yet (scripts/train_bundled_model.py)")
+                             reason="bundled model not trained yet "
+                                    "(scripts/train_bundled_model.py)")
 
 
 @pytest.fixture(scope="module")
