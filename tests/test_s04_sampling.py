@@ -1,8 +1,11 @@
 """Tests for chapter S04: SamplingParams, the processors, sampling, seeds, logprobs, the Engine.
 
-Oracles: hand-computed vectors (every boundary of SamplingParams), Hugging Face transformers'
-own logits processors and warpers on random logits, closed-form distributions checked with a
-chi-square statistic, and the S01 loop for greedy parity.
+Oracles: hand-computed vectors (every boundary of SamplingParams); Hugging Face transformers'
+own logits processors and warpers on random logits, and its `generate()` (greedy with
+repetition penalty / min_new_tokens) on a tiny random Qwen3 and on the bundled model; torch's
+log_softmax for logprobs; closed-form distributions checked with a chi-square statistic whose
+critical values are checked against closed forms too; S02's stop-string matcher; and the S01
+and S02 engines for greedy parity.
 """
 import dataclasses
 import math
