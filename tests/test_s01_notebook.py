@@ -94,3 +94,14 @@ def test_notebook_accounts_for_every_greedy_start_token(executed):
     assert m, "the greedy-cycle census line is missing"
     starts, eos, cyc = (int(g.replace(",", "")) for g in m.groups())
     assert starts == 4096 - 2 and eos + cyc == starts
+
+
+@pytest.mark.slow
+def test_first_cell_finds_the_code_from_the_repository_root_too():
+    # Jupyter started at the repository root (not in notebooks/) must work as well.
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    probe = nbformat.v4.new_notebook(cells=[first], metadata=nb.metadata)
+    nbclient.NotebookClient(probe, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT)}}).execute()
+    assert f"repository root: {ROOT}" in _text(probe)
