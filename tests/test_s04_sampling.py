@@ -713,6 +713,16 @@ def test_text_deltas_never_split_a_character():
     assert "😀" in pieces  # its four byte tokens come out as one delta
 
 
+def test_text_deltas_with_a_checkpoint_tokenizer_read_by_hf_tokenizers():
+    import s03_transformer as s03
+    tokenizer = s03.CheckpointTokenizer(s03.ROOT / "data" / "tokenizer.json", eos_ids=[2047])
+    text = "Où est 😀? 日本語 — fin."
+    ids = tokenizer.encode(text)
+    deltas = TextDeltas(tokenizer)
+    pieces = [deltas.feed(i) for i in ids] + [deltas.flush()]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+
+
 def test_stop_string_made_of_byte_tokens():
     tokenizer = s02.BPETokenizer.load_hf()
     ids = tokenizer.encode_ordinary("ok 😀 no")
