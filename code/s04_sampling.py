@@ -527,7 +527,8 @@ class Engine(s01.Engine):
     model, max_context: as in S01. tokenizer: `encode`, `decode` and `eos_id` (or `eos_ids`,
     all of which then count as EOS), for example S01's, S02's or a checkpoint's (S03).
     logprobs_mode: "raw_logprobs" (vLLM's default: log-softmax of the model's logits) or
-    "processed_logprobs" (of the distribution the token was drawn from).
+    "processed_logprobs" (of the distribution the token was drawn from; for greedy requests,
+    of the logits after min_tokens and penalties, whose argmax was taken).
 
     Stop rules after each token, in priority order: EOS (unless ignore_eos) and a stop token
     id (their text is not shown), a stop string in the text (cut before it), max_tokens; before
