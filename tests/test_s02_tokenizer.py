@@ -461,6 +461,14 @@ def test_held_back_text_is_released_when_the_budget_ends(project):
     assert "".join(deltas) == "a\n" and result.stats.finish_reason == "length"
 
 
+def test_held_back_text_is_released_at_eos(project):
+    script = project.encode("a\n") + [project.eos_id]
+    engine = Engine(ScriptedModel(script, 1), project, max_context=99)
+    deltas, result = drain(engine.stream("x", max_tokens=10, stop=["\n\n"]))
+    assert deltas == ["a", "\n"] and result.stats.stop_reason == "eos"
+    assert result.stats.finish_reason == "stop"
+
+
 def test_eos_and_context_full_finish_reasons(project):
     engine = Engine(ScriptedModel([ord("a"), project.eos_id], 1), project, max_context=99)
     result = engine.generate("x", 10)
