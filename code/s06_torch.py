@@ -1,0 +1,907 @@
+"""S06, PyTorch and CUDA: the same model on an accelerator, and what a step costs.
+
+What is new since S05
+    The arithmetic moves from NumPy to PyTorch, so it can run on a GPU. `TorchTransformer` is
+    S03's transformer (both families: Qwen3 / Llama and GPT-2) written again as a
+    `torch.nn.Module`, loaded from the same checkpoints by the same S03 loader (NumPy arrays in,
+    tensors on the device out). `KVCache` is S05's cache, allocated once, on the device, for the
+    whole context window: a decode step writes one position in place instead of growing an
+    array. `Engine` keeps S04's interface (`SamplingParams` in, `Completion` out, `stream`),
+    with one change that matters on a GPU: the logits never leave the device. The S04 logits
+    processors are ported to torch (`process_logits`, `draw`), so per generated token exactly one
+    number crosses from the device to the host: the chosen token id (`.item()`), which the host
+    needs to check the stop rules and to print text. A (V,) row of float32 logits would be
+    600 KB per token for a 150k vocabulary, plus a synchronisation the GPU would wait on.
+
+    Choices the learner makes (`main`, and the keyword arguments of `load`):
+    --device cuda|cpu and --dtype float32|bfloat16|float16 (default CUDA with bfloat16 when a
+    GPU is there, else CPU with float32), --attention manual|sdpa (the hand-written attention of
+    S03, or PyTorch's fused `scaled_dot_product_attention`). Everything runs under
+    `torch.inference_mode()`.
+
+    Two ways a step is made cheaper than a line-by-line port of S03, both about launches (each
+    torch call is one or more kernel launches, a few microseconds of host time each): q, k and
+    v come from one fused projection (one matmul instead of three), and so do the MLP's gate
+    and up projections; the LM head runs on the last position only when that is all the
+    sampler needs. The norms and the softmax compute in float32 whatever the weights' dtype, as
+    Hugging Face does, so bfloat16 loses precision only where the weights and activations are
+    stored, not in the reductions.
+
+What must match S04, and what cannot
+    Greedy decoding is bit-for-bit the same rule (argmax, lowest id on a tie) applied after the
+    same min_tokens and penalty steps, so in float32 on the CPU greedy tokens equal the NumPy
+    engines' and `transformers`' (tests). Seeded sampling uses a `torch.Generator` on the
+    device instead of NumPy's generator, so a seed gives *different* tokens than S04 (and a
+    CUDA generator gives different numbers than a CPU one); a seed still makes a request
+    reproducible on the same device. Given the same uniform number u, `draw` picks the same
+    token as S04's `draw` (tests feed NumPy's u to both), and the filters keep the same token
+    sets, except when a float32 softmax sum lands within rounding of a top_p boundary.
+
+What it does not handle yet
+    One request at a time (S08 batches), a cache as long as the model's context window
+    allocated per engine (S12 pages it), one Python call per operation per step (S16 captures a
+    step in a CUDA graph), one device (S18 shards a model over several).
+
+Run it
+    python code/s06_torch.py                                   # bundled model, default device
+    python code/s06_torch.py --device cpu --dtype bfloat16 --attention sdpa --max-tokens 80
+    python benchmarks/bench_s06_torch.py                       # vs transformers generate()
+
+Tests
+    tests/test_s06_torch.py: logits allclose to S03 / `transformers` and greedy tokens equal to
+    the S01 loop, the S05 engine and `transformers` `generate()` on S03's tiny random models
+    (GPT-2, Qwen3, Llama), both attentions; the same on the bundled model; every torch logits
+    processor against S04's on the same rows; `draw` against S04 with shared uniforms; the
+    Engine's stop rules and stream == generate; bfloat16 on the CPU within stated tolerances;
+    CUDA tests (marker `gpu`) that skip without a GPU.
+
+References
+    PyTorch documentation: `torch.nn.functional.scaled_dot_product_attention` (enable_gqa),
+    `torch.inference_mode`, "CUDA semantics" (asynchronous execution, synchronisation).
+    Hugging Face transformers v5 modeling_qwen3.py / modeling_llama.py / modeling_gpt2.py
+    (float32 norms and softmax under bf16, cos/sin cast to the activations' dtype) and
+    `GenerationMixin` (LM head on the last position: `logits_to_keep`). vLLM's fused
+    `QKVParallelLinear` and `MergedColumnParallelLinear` for the fused projections, and its
+    v1 sampler (the processor order, kept from S04). Dao et al., "FlashAttention" (2022), for
+    why a fused attention kernel avoids writing the (H, T, S) scores to memory.
+
+Shape legend (the whole course): B batch, T tokens in this step, S key/value length, H query
+heads, Hkv key/value heads, D head dim, V vocabulary, L layers; C hidden size, I MLP size.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import s01_generation_loop as s01
+import s02_tokenizer as s02
+import s03_transformer as s03
+import s04_sampling as s04
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ATTENTION_IMPLS = ("manual", "sdpa")
+
+
+# ---------------------------------------------------------------------------------------------
+# Device and dtype
+# ---------------------------------------------------------------------------------------------
+
+def resolve_device_dtype(device: str | None = None, dtype: str | None = None
+                         ) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype to run on: the learner's choice, or the best default.
+
+    device: "cuda", "cuda:N", "cpu" or None (CUDA when `torch.cuda.is_available()`, else CPU).
+    dtype: "float32", "bfloat16", "float16" or None (bfloat16 on CUDA: half the bytes of
+    float32 per weight and the range of float32, so no overflow; float32 on the CPU, where
+    bfloat16 matmuls are often slower than float32 ones).
+    Raises ValueError for an unknown name, or for CUDA when no CUDA device is there.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(device, str) or not (device == "cpu" or device == "cuda"
+                                           or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (got {device!r})")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} needs a CUDA device, and torch finds none "
+                         "(use --device cpu)")
+    torch_device = torch.device(device)
+    if dtype is None:
+        dtype = "bfloat16" if torch_device.type == "cuda" else "float32"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+    return torch_device, DTYPES[dtype]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until the device has finished all queued work (CUDA); a no-op on the CPU, where
+    every torch call returns only when its work is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks as functions of tensors (S03's, in torch)
+# ---------------------------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis, computed in float32 and returned in x's dtype.
+
+    x: (..., N) any float dtype; weight: (N,). The mean of squares of a bfloat16 vector summed
+    in bfloat16 would lose digits, so, like HF's Qwen3RMSNorm, the reduction runs in float32
+    and the result is cast back before the weight multiplies it.
+    """
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+               ) -> torch.Tensor:
+    """LayerNorm over the last axis in float32, returned in x's dtype. x: (..., N)."""
+    return F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), eps).to(x.dtype)
+
+
+def rope_tables(config: s03.TransformerConfig, device: torch.device, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every RoPE angle for positions 0 .. max_position_embeddings - 1.
+
+    Computed once in float32 from S03's `rope_inv_freq` (same speeds, same scaling), then cast
+    to the activations' dtype as HF does. Returns cos, sin: (max_position_embeddings, D) on the
+    device; a step at positions p..p+T-1 slices rows p..p+T-1 (a view, no new memory).
+    """
+    inv_freq = torch.from_numpy(s03.rope_inv_freq(config.head_dim, config.rope_theta,
+                                                  config.rope_scaling))
+    positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+    angles = positions[:, None] * inv_freq[None, :]        # (P, D/2), float32
+    angles = torch.cat([angles, angles], dim=-1)          # (P, D), rotate-half layout
+    return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each (x[i], x[i + D/2]) pair by its angle (S03 `apply_rope`, rotate-half pairing).
+    x: (H, T, D); cos, sin: (T, D). Returns (H, T, D) in x's dtype."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # (H, T, D)
+    return x * cos + rotated * sin
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, scale: float,
+              impl: str = "manual") -> torch.Tensor:
+    """Causal grouped-query attention of T queries against S keys and values.
+
+    q: (H, T, D) at absolute positions q_start .. q_start + T - 1; k, v: (Hkv, S, D) at
+    positions 0 .. S - 1 (the cache), S = q_start + T. Query t sees key s when s <= q_start + t;
+    a decode step (T = 1) sees every key, so it needs no mask at all. Query head h reads key
+    head h // (H / Hkv), HF's repeat_kv order.
+    impl "manual": S03's computation, scores in the activations' dtype, softmax in float32 (as
+    HF's eager attention). impl "sdpa": `torch.nn.functional.scaled_dot_product_attention`,
+    which may run a fused kernel (flash or memory-efficient) that never stores the (H, T, S)
+    scores. Returns (H, T, D). Raises ValueError for an unknown impl or inconsistent shapes.
+    """
+    n_heads, t_len, head_dim = q.shape
+    n_kv_heads, s_len, _ = k.shape
+    if n_heads % n_kv_heads or s_len != q_start + t_len:
+        raise ValueError(f"attention needs H % Hkv == 0 and S == q_start + T (got H={n_heads}, "
+                         f"Hkv={n_kv_heads}, S={s_len}, q_start={q_start}, T={t_len})")
+    causal = None
+    if t_len > 1:  # (T, S): True where the key is visible
+        causal = (torch.arange(s_len, device=q.device)[None, :]
+                  <= torch.arange(q_start, q_start + t_len, device=q.device)[:, None])
+    if impl == "sdpa":
+        out = F.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=causal, scale=scale,
+            enable_gqa=n_heads != n_kv_heads)                        # (1, H, T, D)
+        return out[0]
+    if impl != "manual":
+        raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS} (got {impl!r})")
+    group = n_heads // n_kv_heads
+    q_grouped = q.reshape(n_kv_heads, group, t_len, head_dim)              # (Hkv, H/Hkv, T, D)
+    scores = (q_grouped @ k[:, None].transpose(-1, -2)) * scale           # (Hkv, H/Hkv, T, S)
+    if causal is not None:
+        scores = scores.masked_fill(~causal, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = probs @ v[:, None]                                              # (Hkv, H/Hkv, T, D)
+    return out.reshape(n_heads, t_len, head_dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# The KV cache, preallocated on the device
+# ---------------------------------------------------------------------------------------------
+
+class KVCache:
+    """Keys and values of every layer for one sequence, allocated once on the device.
+
+    k, v: (L, Hkv, max_len, D) tensors in the model's dtype. `length` is the number of
+    positions written (a host-side int: the host always knows how long the sequence is, so
+    reading it never waits for the device). A step of T tokens writes positions length ..
+    length + T - 1 of every layer in place (`write`) and reads positions 0 .. length + T - 1
+    (views of the same memory, no copy), then `advance(T)`. Nothing is allocated per step.
+    Bytes: 2 L Hkv max_len D x dtype size (`nbytes`).
+    """
+
+    def __init__(self, config: s03.TransformerConfig, max_len: int, device: torch.device,
+                 dtype: torch.dtype):
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"max_len must be an int >= 1 (got {max_len!r})")
+        shape = (config.num_hidden_layers, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def reset(self) -> None:
+        """Forget the sequence (the memory is kept and overwritten by the next one)."""
+        self.length = 0
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new tokens' k, v (Hkv, T, D) of `layer` at positions length .. length+T-1
+        and return every key and value so far, (Hkv, length + T, D) views.
+        Raises ValueError when the new tokens do not fit."""
+        start, end = self.length, self.length + k.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"KV cache is full: {self.length} + {k.shape[1]} positions exceed "
+                             f"max_len {self.max_len}")
+        self.k[layer, :, start:end] = k
+        self.v[layer, :, start:end] = v
+        return self.k[layer, :, :end], self.v[layer, :, :end]
+
+    def advance(self, n_tokens: int) -> None:
+        """Count n_tokens more positions as written (after every layer wrote them)."""
+        self.length += n_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# The model as torch modules
+# ---------------------------------------------------------------------------------------------
+
+def _param(array: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype
+           ) -> nn.Parameter:
+    tensor = torch.as_tensor(array).to(device=device, dtype=dtype)
+    return nn.Parameter(tensor.contiguous(), requires_grad=False)
+
+
+class Qwen3Block(nn.Module):
+    """S03's Qwen3 / Llama layer in torch, with fused projections.
+
+    qkv_proj: (H D + 2 Hkv D, C), q_proj, k_proj and v_proj stacked row-wise, so one matmul
+    makes q, k and v; gate_up_proj: (2 I, C), gate_proj over up_proj. Split after the matmul,
+    the numbers are the three (two) separate products. Same qkv -> attention -> finish split.
+    """
+
+    def __init__(self, config: s03.TransformerConfig, w: Mapping[str, np.ndarray],
+                 device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.config = config
+        cat = np.concatenate
+        self.input_norm = _param(w["input_layernorm.weight"], device, dtype)
+        self.post_attention_norm = _param(w["post_attention_layernorm.weight"], device, dtype)
+        self.qkv_proj = _param(cat([w[f"self_attn.{n}_proj.weight"] for n in "qkv"]), device, dtype)
+        self.qkv_bias = (_param(cat([w[f"self_attn.{n}_proj.bias"] for n in "qkv"]), device, dtype)
+                         if config.attention_bias else None)
+        self.o_proj = _param(w["self_attn.o_proj.weight"], device, dtype)
+        self.o_bias = _param(w["self_attn.o_proj.bias"], device, dtype) if config.attention_bias else None
+        if config.qk_norm:
+            self.q_norm = _param(w["self_attn.q_norm.weight"], device, dtype)
+            self.k_norm = _param(w["self_attn.k_norm.weight"], device, dtype)
+        self.gate_up_proj = _param(cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]),
+                                   device, dtype)
+        self.gate_up_bias = (_param(cat([w["mlp.gate_proj.bias"], w["mlp.up_proj.bias"]]), device, dtype)
+                             if config.mlp_bias else None)
+        self.down_proj = _param(w["mlp.down_proj.weight"], device, dtype)
+        self.down_bias = _param(w["mlp.down_proj.bias"], device, dtype) if config.mlp_bias else None
+        self.q_size = config.num_attention_heads * config.head_dim
+        self.kv_size = config.num_key_value_heads * config.head_dim
+        self.scale = config.head_dim ** -0.5
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (T, C); cos, sin: (T, D) of the tokens' positions.
+        Returns q (H, T, D), k (Hkv, T, D) rotated, v (Hkv, T, D)."""
+        cfg = self.config
+        t_len = x.shape[0]
+        h = rms_norm(x, self.input_norm, cfg.norm_eps)
+        fused = F.linear(h, self.qkv_proj, self.qkv_bias)                    # (T, (H+2Hkv) D)
+        q, k, v = fused.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t_len, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)   # (H, T, D)
+        k = k.view(t_len, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)   # (Hkv, T, D)
+        v = v.view(t_len, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)   # (Hkv, T, D)
+        if cfg.qk_norm:
+            q = rms_norm(q, self.q_norm, cfg.norm_eps)
+            k = rms_norm(k, self.k_norm, cfg.norm_eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual, MLP, residual. x: (T, C); attn: (H, T, D). Returns (T, C)."""
+        t_len = x.shape[0]
+        h = x + F.linear(attn.transpose(0, 1).reshape(t_len, -1), self.o_proj, self.o_bias)
+        m = rms_norm(h, self.post_attention_norm, self.config.norm_eps)
+        gate, up = F.linear(m, self.gate_up_proj, self.gate_up_bias).chunk(2, dim=-1)  # (T, I) each
+        return h + F.linear(F.silu(gate) * up, self.down_proj, self.down_bias)
+
+
+class GPT2Block(nn.Module):
+    """S03's GPT-2 layer in torch. GPT-2 stores its weights input-major, (in, out); they are
+    transposed once here to torch's (out, in) so every product is `F.linear`."""
+
+    def __init__(self, config: s03.TransformerConfig, w: Mapping[str, np.ndarray],
+                 device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.config = config
+        p = lambda name: _param(w[name], device, dtype)            # noqa: E731
+        pt = lambda name: _param(w[name].T, device, dtype)         # noqa: E731
+        self.ln_1, self.ln_1_bias = p("ln_1.weight"), p("ln_1.bias")
+        self.ln_2, self.ln_2_bias = p("ln_2.weight"), p("ln_2.bias")
+        self.c_attn, self.c_attn_bias = pt("attn.c_attn.weight"), p("attn.c_attn.bias")  # (3C, C)
+        self.c_proj, self.c_proj_bias = pt("attn.c_proj.weight"), p("attn.c_proj.bias")  # (C, C)
+        self.c_fc, self.c_fc_bias = pt("mlp.c_fc.weight"), p("mlp.c_fc.bias")            # (I, C)
+        self.mlp_proj, self.mlp_proj_bias = pt("mlp.c_proj.weight"), p("mlp.c_proj.bias")  # (C, I)
+        self.scale = config.head_dim ** -0.5 if config.scale_attn_weights else 1.0
+
+    def qkv(self, x: torch.Tensor, cos=None, sin=None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (H, T, D) from x (T, C); GPT-2 has no rotation (cos, sin are ignored)."""
+        cfg = self.config
+        t_len = x.shape[0]
+        h = layer_norm(x, self.ln_1, self.ln_1_bias, cfg.norm_eps)
+        fused = F.linear(h, self.c_attn, self.c_attn_bias)                 # (T, 3C)
+        heads = fused.view(t_len, 3, cfg.num_attention_heads, cfg.head_dim)
+        q, k, v = heads.permute(1, 2, 0, 3).unbind(0)                      # (H, T, D) each
+        return q, k, v
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual, MLP, residual. x: (T, C); attn: (H, T, D). Returns (T, C)."""
+        t_len = x.shape[0]
+        h = x + F.linear(attn.transpose(0, 1).reshape(t_len, -1), self.c_proj, self.c_proj_bias)
+        m = layer_norm(h, self.ln_2, self.ln_2_bias, self.config.norm_eps)
+        inner = F.gelu(F.linear(m, self.c_fc, self.c_fc_bias), approximate="tanh")
+        return h + F.linear(inner, self.mlp_proj, self.mlp_proj_bias)
+
+
+class TorchTransformer(nn.Module):
+    """S03's decoder-only transformer (Qwen3, Llama or GPT-2) as a torch module on a device.
+
+    Build it from S03's `TransformerConfig` and a state dict of NumPy arrays or tensors with HF
+    names (checked by S03's `check_state_dict`), or with `TorchTransformer.from_pretrained`.
+    Three entry points:
+    - `forward(token_ids)`: S01's model contract, logits float32 (T, V) as a NumPy array,
+      recomputing everything (no cache), so S01's loop runs it unchanged.
+    - `prefill(token_ids, cache)`: the prompt in one pass, filling the cache; returns the last
+      position's logits, float32 (V,), a device tensor.
+    - `decode(token, cache)`: one token (a (1,) device tensor, typically the sampler's output,
+      so it never visits the host) at position cache.length; logits float32 (V,) on the device.
+    attention: "manual" or "sdpa" (see `attention`).
+    """
+
+    def __init__(self, config: s03.TransformerConfig, state_dict: Mapping[str, np.ndarray],
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 attention: str = "manual"):
+        super().__init__()
+        if attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention must be one of {ATTENTION_IMPLS} (got {attention!r})")
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype must be one of torch.{', torch.'.join(DTYPES)} (got {dtype})")
+        self.config, self.device, self.dtype = config, torch.device(device), dtype
+        self.attention_impl = attention
+        w = s03.check_state_dict(config, {k: (t.detach().cpu().float().numpy()
+                                              if isinstance(t, torch.Tensor) else t)
+                                          for k, t in state_dict.items()})
+        dev = self.device
+        if config.model_type == "gpt2":
+            self.embed_tokens = _param(w["transformer.wte.weight"], dev, dtype)       # (V, C)
+            self.embed_positions = _param(w["transformer.wpe.weight"], dev, dtype)    # (P, C)
+            self.blocks = nn.ModuleList(GPT2Block(config, s03._strip(w, f"transformer.h.{i}."), dev, dtype)
+                                        for i in range(config.num_hidden_layers))
+            self.final_norm = _param(w["transformer.ln_f.weight"], dev, dtype)
+            self.final_norm_bias = _param(w["transformer.ln_f.bias"], dev, dtype)
+            self.cos = self.sin = None
+        else:
+            self.embed_tokens = _param(w["model.embed_tokens.weight"], dev, dtype)    # (V, C)
+            self.embed_positions = None
+            self.blocks = nn.ModuleList(Qwen3Block(config, s03._strip(w, f"model.layers.{i}."), dev, dtype)
+                                        for i in range(config.num_hidden_layers))
+            self.final_norm = _param(w["model.norm.weight"], dev, dtype)
+            self.final_norm_bias = None
+            self.cos, self.sin = rope_tables(config, dev, dtype)
+        # A tied head is the embedding Parameter itself: one tensor in memory, counted once.
+        self.lm_head = (self.embed_tokens if config.tie_word_embeddings
+                        else _param(w["lm_head.weight"], dev, dtype))
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32, attention: str = "manual"
+                        ) -> "TorchTransformer":
+        """Load a checkpoint directory or hub id with S03's loader (config.json and safetensors
+        read into NumPy float32, then copied to the device in `dtype`). Raises S03's
+        CheckpointError, UnsupportedArchitectureError."""
+        checkpoint_dir = s03.resolve_checkpoint(name_or_path)
+        config = s03.TransformerConfig.from_pretrained(checkpoint_dir)
+        return cls(config, s03.load_state_dict(checkpoint_dir), device, dtype, attention)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """A KVCache for this model on its device, for up to max_len positions (default: the
+        model's max_position_embeddings). Raises ValueError for max_len beyond it."""
+        limit = self.config.max_position_embeddings
+        max_len = limit if max_len is None else max_len
+        if max_len > limit:
+            raise ValueError(f"max_len ({max_len}) must be <= max_position_embeddings ({limit})")
+        return KVCache(self.config, max_len, self.device, self.dtype)
+
+    def run(self, token_ids: torch.Tensor, start: int, cache: KVCache | None,
+            last_only: bool) -> torch.Tensor:
+        """The forward pass on the device: T tokens at positions start .. start + T - 1.
+
+        token_ids: int64 (T,) on the device. With a cache, the step's keys and values are
+        written into it and attention reads everything cached (the caller advances it); without
+        one, the tokens attend only to each other (start must then be 0). last_only: put only
+        the last position through the LM head (what sampling needs; for a prompt of T tokens
+        it saves (T - 1) x V x C multiply-adds). Returns float32 (T, V), or (1, V).
+        """
+        cfg = self.config
+        t_len = token_ids.shape[0]
+        x = F.embedding(token_ids, self.embed_tokens)                       # (T, C)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions[start:start + t_len]
+            cos = sin = None
+        else:
+            cos, sin = self.cos[start:start + t_len], self.sin[start:start + t_len]  # (T, D)
+        for layer, block in enumerate(self.blocks):
+            q, k, v = block.qkv(x, cos, sin)
+            if cache is not None:
+                k, v = cache.write(layer, k, v)                              # (Hkv, S, D)
+            x = block.finish(x, attention(q, k, v, start, block.scale, self.attention_impl))
+        if last_only:
+            x = x[-1:]
+        if cfg.model_type == "gpt2":
+            x = layer_norm(x, self.final_norm, self.final_norm_bias, cfg.norm_eps)
+        else:
+            x = rms_norm(x, self.final_norm, cfg.norm_eps)
+        return F.linear(x, self.lm_head).float()                             # (T, V) float32
+
+    def _check_ids(self, token_ids: Sequence[int]) -> torch.Tensor:
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError("forward needs a non-empty 1-D sequence of token ids")
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
+        if ids.size > self.config.max_position_embeddings:
+            raise ValueError(f"{ids.size} tokens exceed max_position_embeddings "
+                             f"({self.config.max_position_embeddings})")
+        return torch.from_numpy(ids).to(self.device)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int]) -> np.ndarray:
+        """S01's contract: logits float32 (T, V), a NumPy array on the host, for every position,
+        recomputing everything. Raises ValueError for an empty sequence, an id outside [0, V)
+        or more than max_position_embeddings tokens."""
+        return self.run(self._check_ids(token_ids), 0, None, last_only=False).cpu().numpy()
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: Sequence[int], cache: KVCache) -> torch.Tensor:
+        """Run the prompt (T ids) into an empty cache; logits float32 (V,) of its last position,
+        on the device. Raises ValueError as `forward`, or when the cache is not empty or too
+        short."""
+        if cache.length:
+            raise ValueError(f"prefill needs an empty cache (it holds {cache.length} positions; "
+                             "call cache.reset())")
+        ids = self._check_ids(token_ids)
+        logits = self.run(ids, 0, cache, last_only=True)
+        cache.advance(ids.shape[0])
+        return logits[0]
+
+    @torch.inference_mode()
+    def decode(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token, int64 (1,) on the device, at position cache.length; logits float32 (V,)
+        on the device. Not validated on the host on purpose: checking the id would mean
+        reading it from the device (it comes from `draw`, which only returns valid ids)."""
+        logits = self.run(token, cache.length, cache, last_only=True)
+        cache.advance(1)
+        return logits[0]
+
+
+def load(name_or_path: str | Path = s03.BUNDLED_MODEL_DIR, device: str | None = None,
+         dtype: str | None = None, attention: str = "manual"
+         ) -> tuple[TorchTransformer, s03.CheckpointTokenizer]:
+    """Model (on the chosen device and dtype, see `resolve_device_dtype`) and tokenizer of a
+    checkpoint directory or hub id. Raises ValueError (CheckpointError included)."""
+    torch_device, torch_dtype = resolve_device_dtype(device, dtype)
+    checkpoint_dir = s03.resolve_checkpoint(name_or_path)
+    model = TorchTransformer.from_pretrained(checkpoint_dir, torch_device, torch_dtype, attention)
+    return model, s03.CheckpointTokenizer.from_pretrained(checkpoint_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling on the device: S04's processors in torch
+# ---------------------------------------------------------------------------------------------
+# Each function maps float32 logits (V,) on the device to new logits (V,), as its S04 namesake
+# does for a NumPy row; the request's history lives on the device too (`DeviceSampler`), so no
+# step needs anything from the host except Python ints and floats it already has.
+
+def apply_min_tokens(logits: torch.Tensor, num_output_tokens: int, min_tokens: int,
+                     stop_ids: torch.Tensor) -> torch.Tensor:
+    """S04 `apply_min_tokens`: stop_ids (int64 (N,), on the device) to -inf while fewer than
+    min_tokens tokens exist."""
+    if num_output_tokens >= min_tokens or stop_ids.numel() == 0:
+        return logits
+    return logits.index_fill(0, stop_ids, float("-inf"))
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float
+                             ) -> torch.Tensor:
+    """S04 `apply_repetition_penalty` with the history as a mask: seen is bool (V,), True for
+    every id in the prompt or the output. Positive logits of seen ids are divided by penalty,
+    negative ones multiplied."""
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def apply_presence_frequency_penalties(logits: torch.Tensor, counts: torch.Tensor,
+                                       presence_penalty: float, frequency_penalty: float
+                                       ) -> torch.Tensor:
+    """S04 `apply_presence_frequency_penalties` with the history as counts: float32 (V,), how
+    often each id occurs in the output. Subtracts frequency * count + presence * (count > 0)."""
+    if presence_penalty == 0 and frequency_penalty == 0:
+        return logits
+    return logits - (frequency_penalty * counts + presence_penalty * (counts > 0).float())
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """S04 `apply_temperature`: (logits - max) / T, T > 0."""
+    return (logits - logits.max()) / temperature
+
+
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """S04 `apply_min_p`: drop ids with logit - max < log(min_p), compared in float64."""
+    if min_p == 0:
+        return logits
+    gap = logits.double() - logits.max().double()
+    return logits.masked_fill(gap < math.log(min_p), float("-inf"))
+
+
+def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """S04 `apply_top_k`: keep the top_k largest logits (ties with the k-th all kept)."""
+    if top_k <= 0 or top_k >= logits.numel():
+        return logits
+    kth_largest = torch.topk(logits, top_k).values[-1]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """S04 `apply_top_p`: keep the most likely ids until their mass reaches top_p (the one that
+    crosses it kept, ties ordered by lowest id: a stable descending sort), sums in float64."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True, stable=True)   # (V,)
+    probs = torch.softmax(sorted_logits, dim=-1).double()
+    mass_before = torch.cumsum(probs, dim=-1) - probs                          # exclusive sums
+    drop = mass_before >= top_p
+    drop[0] = False
+    return logits.index_fill(0, order[drop], float("-inf"))
+
+
+def draw(processed: torch.Tensor, params: s04.SamplingParams, u: torch.Tensor | None
+         ) -> torch.Tensor:
+    """S04 `draw` on the device. Returns the token id as an int64 (1,) device tensor.
+
+    Greedy: argmax, lowest id on a tie (torch.argmax returns the first maximum, as NumPy
+    does); u is not used. Otherwise inverse-CDF with the uniform u (a float64 scalar tensor in
+    [0, 1)): the id whose interval of the float64 cumulative distribution contains u x total,
+    never an id of probability 0 (if u x total rounds up to total, the last id with mass).
+    """
+    if params.greedy:
+        return torch.argmax(processed).view(1)
+    cdf = torch.cumsum(torch.softmax(processed, dim=-1).double(), dim=-1)    # (V,)
+    total = cdf[-1]
+    token = torch.searchsorted(cdf, (u * total).view(1), right=True)        # (1,)
+    last_with_mass = (cdf < total).sum().view(1)   # cdf reaches total at the last id with mass
+    return torch.minimum(token, last_with_mass)
+
+
+class DeviceSampler:
+    """One request's sampling state on the device, and S04's pipeline over it.
+
+    seen: bool (V,), the ids of prompt and output (repetition penalty); counts: float32 (V,),
+    occurrences in the output (presence / frequency penalties); stop_ids: int64 (N,), EOS and
+    stop_token_ids (min_tokens). `update(token)` adds the token, still on the device, to the
+    history. generator: a `torch.Generator` on the device seeded with params.seed (fresh
+    entropy for None); each sampled token consumes exactly one uniform number, greedy none.
+    Only the state a request's parameters use is kept up to date.
+    """
+
+    def __init__(self, params: s04.SamplingParams, prompt_ids: Sequence[int],
+                 eos_ids: Sequence[int], vocab_size: int, device: torch.device):
+        self.params = params
+        self.device = device
+        stop = list(params.stop_token_ids) + ([] if params.ignore_eos else list(eos_ids))
+        self.stop_ids = torch.tensor(stop, dtype=torch.int64, device=device)
+        self.seen = self.counts = None
+        if params.repetition_penalty != 1.0:
+            self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            self.seen[torch.tensor(list(prompt_ids), dtype=torch.int64, device=device)] = True
+        if params.presence_penalty != 0 or params.frequency_penalty != 0:
+            self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self.generator = None
+        if not params.greedy:
+            self.generator = torch.Generator(device=device)
+            if params.seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(params.seed)
+        self._one = torch.ones(1, dtype=torch.float32, device=device)
+
+    def process(self, logits: torch.Tensor, num_output_tokens: int) -> torch.Tensor:
+        """S04 `process_logits` on the device, same order: min_tokens, repetition, presence and
+        frequency penalties, then (sampling only) temperature, min_p, top_k, top_p.
+        logits: float32 (V,). Returns float32 (V,)."""
+        p = self.params
+        row = apply_min_tokens(logits, num_output_tokens, p.min_tokens, self.stop_ids)
+        if self.seen is not None:
+            row = apply_repetition_penalty(row, self.seen, p.repetition_penalty)
+        if self.counts is not None:
+            row = apply_presence_frequency_penalties(row, self.counts, p.presence_penalty,
+                                                     p.frequency_penalty)
+        if p.greedy:
+            return row
+        row = apply_temperature(row, p.temperature)
+        row = apply_min_p(row, p.min_p)
+        row = apply_top_k(row, p.top_k)
+        return apply_top_p(row, p.top_p)
+
+    def sample(self, logits: torch.Tensor, num_output_tokens: int) -> torch.Tensor:
+        """Process and draw: the next token as an int64 (1,) device tensor, or -1 when
+        min_tokens ruled out every token (the host sees it with the id and raises)."""
+        processed = self.process(logits, num_output_tokens)
+        u = None
+        if self.generator is not None:
+            u = torch.rand((), generator=self.generator, device=self.device, dtype=torch.float64)
+        token = draw(processed, self.params, u)
+        if num_output_tokens < self.params.min_tokens:
+            # Only min_tokens can remove every finite logit; flag it without a host round trip.
+            token = torch.where(processed.max() > float("-inf"), token, -1)
+        return token
+
+    def update(self, token: torch.Tensor) -> None:
+        """Add the sampled token (int64 (1,), on the device) to the request's history."""
+        if self.seen is not None:
+            self.seen[token] = True
+        if self.counts is not None:
+            self.counts.index_add_(0, token, self._one)
+
+
+def compute_logprobs(logits: torch.Tensor, token_id: int, n: int) -> s04.TokenLogprobs:
+    """S04 `compute_logprobs` on the device: log-softmax of logits (V,), the token's value and
+    the n largest (stable order: lowest id first on a tie). Only n + 1 numbers come to the host."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = torch.sort(logp, descending=True, stable=True)
+    top = torch.cat([logp[token_id].view(1), values[:n]]).tolist()
+    top_ids = ids[:n].tolist()
+    return s04.TokenLogprobs(token_id=int(token_id), logprob=float(top[0]),
+                             top_logprobs=tuple(zip(top_ids, top[1:])))
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine: S04's interface, the model and the sampler on the device
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Stats(s04.Stats):
+    """S04's Stats plus where each step's time went.
+
+    pass_times_s[i]: seconds in the model (prefill for i = 0, then one decode per step).
+    step_times_s[i]: seconds of the whole step i: the model, the sampler, the `.item()` that
+    brings the token id to the host, the stop checks and detokenisation. Their difference is
+    everything that is not the model. On CUDA the model's kernels run asynchronously: unless
+    the Engine was built with sync_timing=True (which waits for the device after every model
+    call, at a small cost), pass_times_s holds only the time to *launch* them, and the wait for
+    the device lands in the `.item()`, that is in the rest of the step.
+    """
+
+    step_times_s: list[float] = field(default_factory=list)
+
+
+class Engine(s04.Engine):
+    """S04's Engine (SamplingParams in, Completion out, `stream`) on a `TorchTransformer`.
+
+    Per request: the preallocated `KVCache` is reset, the prompt is prefilled in one pass,
+    then each step samples on the device (`DeviceSampler`), brings the one token id to the host
+    (`.item()`), applies S04's stop rules in S04's order, and decodes the token, which never
+    left the device, at the next position. Stop rules and finish reasons are S04's; greedy
+    tokens equal S04's / S05's on the same model (float32).
+
+    model: a TorchTransformer. tokenizer: as S04. max_context: positions in the cache (default
+    and maximum: the model's max_position_embeddings). logprobs_mode: as S04. sync_timing:
+    wait for the device after every model call, so pass_times_s is the model's real time.
+    Raises ValueError for a model that is not a TorchTransformer or a max_context beyond the
+    model's.
+    """
+
+    def __init__(self, model: TorchTransformer, tokenizer, max_context: int | None = None,
+                 logprobs_mode: str = "raw_logprobs", sync_timing: bool = False):
+        if not isinstance(model, TorchTransformer):
+            raise ValueError(f"model must be a TorchTransformer (got {type(model).__name__})")
+        limit = model.config.max_position_embeddings
+        max_context = limit if max_context is None else max_context
+        super().__init__(model, tokenizer, max_context, logprobs_mode)
+        if self.max_context > limit:
+            raise ValueError(f"max_context ({self.max_context}) must be <= the model's "
+                             f"max_position_embeddings ({limit})")
+        self.cache = model.new_cache(self.max_context)
+        self.sync_timing = sync_timing
+
+    def next_logits(self, ids: list[int]) -> np.ndarray:
+        """S04's hook (raw logits (V,) for the token after ids), without the cache; `_run` does
+        not use it: it keeps the logits on the device."""
+        return self.model.forward(ids)[-1]
+
+    def _model_step(self, ids: list[int], token: torch.Tensor | None) -> torch.Tensor:
+        if token is None:
+            self.cache.reset()
+            logits = self.model.prefill(ids, self.cache)
+        else:
+            logits = self.model.decode(token, self.cache)
+        if self.sync_timing:
+            synchronize(self.model.device)
+        return logits
+
+    @torch.inference_mode()
+    def _run(self, prompt_ids: list[int], params: s04.SamplingParams) -> Iterator[str]:
+        sampler = DeviceSampler(params, prompt_ids, self.eos_ids, self.model.vocab_size,
+                                self.model.device)
+        ids, out, shown = list(prompt_ids), [], []
+        logprobs: list[s04.TokenLogprobs] | None = [] if params.logprobs is not None else None
+        stats = Stats(prompt_tokens=len(ids))
+        detokenizer, matcher = s04.TextDeltas(self.tokenizer), s02.StopStringMatcher(params.stop)
+        matched: str | int | None = None
+        token_dev: torch.Tensor | None = None     # the last sampled token, on the device
+        while stats.stop_reason is None:
+            if len(ids) >= self.max_context:
+                stats.stop_reason = s01.STOP_CONTEXT_FULL
+                break
+            start = time.perf_counter()
+            raw = self._model_step(ids, token_dev)                 # (V,) float32, on the device
+            model_done = time.perf_counter()
+            stats.context_lens.append(len(ids))
+            token_dev = sampler.sample(raw, len(out))              # (1,) int64, on the device
+            token = token_dev.item()                               # the one device -> host copy
+            if token < 0:
+                raise ValueError("min_tokens ruled out every token: the model gave only EOS or "
+                                 "stop ids a finite logit")
+            sampler.update(token_dev)
+            if logprobs is not None:
+                source = raw if self.logprobs_mode == "raw_logprobs" else sampler.process(raw, len(out))
+                logprobs.append(compute_logprobs(source, token, params.logprobs))
+            ids.append(token)
+            out.append(token)
+            stats.tokens_out = len(out)
+            if token in self.eos_ids and not params.ignore_eos:
+                stats.stop_reason = s01.STOP_EOS
+            elif token in params.stop_token_ids:
+                stats.stop_reason, matched = s04.STOP_TOKEN, token
+            else:
+                delta = detokenizer.feed(token)
+                if len(out) >= params.min_tokens:
+                    delta, stop = s04.cut_at_stop(matcher, delta)
+                    if matcher.stopped:
+                        stats.stop_reason, matched = s02.STOP_STRING, stop
+                if stats.stop_reason is None and len(out) >= params.max_tokens:
+                    stats.stop_reason = s01.STOP_MAX_TOKENS
+            stats.pass_times_s.append(model_done - start)
+            stats.step_times_s.append(time.perf_counter() - start)
+            if stats.stop_reason in (s01.STOP_EOS, s04.STOP_TOKEN):
+                break
+            if delta:
+                shown.append(delta)
+                yield delta
+        if not matcher.stopped:  # as S04: an unfinished character, then text held for a stop
+            delta = detokenizer.flush()
+            if len(out) >= params.min_tokens:
+                delta, stop = s04.cut_at_stop(matcher, delta)
+                if matcher.stopped:
+                    stats.stop_reason, matched = s02.STOP_STRING, stop
+            delta += matcher.flush()
+            if delta:
+                shown.append(delta)
+                yield delta
+        return s04.Completion(text="".join(shown), token_ids=out,
+                              finish_reason=stats.finish_reason, matched_stop=matched,
+                              logprobs=logprobs, stats=stats)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a step's time goes
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Mean seconds per decode step (prefill excluded), split in two: `model_s` (the forward
+    pass) and `other_s` (sampling, the token's trip to the host, stop checks, detokenising;
+    on CUDA without sync_timing also the wait for the device). tokens_per_s counts every
+    generated token over the whole request, prefill included."""
+
+    model_s: float
+    other_s: float
+    tokens_per_s: float
+
+    @classmethod
+    def from_stats(cls, stats: Stats) -> "StepTimes":
+        """Raises ValueError when the request made fewer than two steps (no decode step)."""
+        if len(stats.step_times_s) < 2:
+            raise ValueError("step times need at least two steps (a prefill and a decode)")
+        model = float(np.mean(stats.pass_times_s[1:]))
+        step = float(np.mean(stats.step_times_s[1:]))
+        return cls(model_s=model, other_s=step - model,
+                   tokens_per_s=stats.tokens_out / sum(stats.step_times_s))
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Chapter 6: the transformer in PyTorch, on CUDA or the CPU.")
+    parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
+                        help="checkpoint directory or hub id (default: the bundled model)")
+    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
+    parser.add_argument("--dtype", default=None, choices=list(DTYPES),
+                        help="default: bfloat16 on CUDA, float32 on the CPU")
+    parser.add_argument("--attention", default="manual", choices=ATTENTION_IMPLS)
+    parser.add_argument("--prompt", default="Romeo.\n", help="text to continue")
+    parser.add_argument("--max-tokens", type=int, default=60)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sync-timing", action="store_true",
+                        help="wait for the device after each model call (true model time on CUDA)")
+    args = parser.parse_args(argv)
+
+    try:
+        model, tokenizer = load(args.model, args.device, args.dtype, args.attention)
+        params = s04.SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                                    max_tokens=args.max_tokens, seed=args.seed)
+        engine = Engine(model, tokenizer, sync_timing=args.sync_timing)
+        completion = engine.generate(args.prompt, params)
+    except ValueError as err:
+        parser.error(str(err))
+    cfg = model.config
+    print(f"{cfg.model_type}, {s03.parameter_count(cfg):,} parameters on {model.device} in "
+          f"{str(model.dtype).removeprefix('torch.')}, attention {model.attention_impl}, KV cache "
+          f"{engine.cache.nbytes / 2**20:.1f} MiB preallocated for {engine.max_context} positions")
+    print("--- prompt ---\n" + args.prompt)
+    print("--- completion ---\n" + completion.text)
+    stats = completion.stats
+    print(f"--- {stats.tokens_out} tokens, finish_reason={completion.finish_reason} ---")
+    if len(stats.step_times_s) >= 2:
+        t = StepTimes.from_stats(stats)
+        step = t.model_s + t.other_s
+        print(f"prefill of {stats.prompt_tokens} tokens: {stats.step_times_s[0] * 1e3:.2f} ms; "
+              f"decode step: {step * 1e3:.2f} ms = model {t.model_s * 1e3:.2f} ms "
+              f"({t.model_s / step:.0%}) + everything else {t.other_s * 1e3:.2f} ms; "
+              f"{t.tokens_per_s:.1f} tokens/s")
+        if model.device.type == "cuda" and not args.sync_timing:
+            print("(CUDA runs asynchronously: without --sync-timing the model time is the time to "
+                  "launch its kernels, and the wait for them is counted in 'everything else')")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
