@@ -229,7 +229,8 @@ def speeches(text: str) -> list[str]:
     return [block.strip("\n") for block in re.split(r"\n\s*\n", text) if block.strip()]
 
 
-def build_default(max_vocab: int = 4096, corpus_path: Path = CORPUS_PATH) -> tuple[WordTokenizer, BigramModel]:
+def build_default(max_vocab: int = 4096,
+                  corpus_path: Path = CORPUS_PATH) -> tuple[WordTokenizer, BigramModel]:
     """Train the chapter's tokenizer and bigram model on the bundled corpus (about a second)."""
     if not corpus_path.exists():
         raise FileNotFoundError(f"corpus not found at {corpus_path}; run scripts/build_corpus.py")
@@ -252,8 +253,8 @@ def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> 
 
     logits: float (V,). temperature 0 is greedy: the argmax (the lowest id on a tie). Otherwise
     the token is drawn from softmax(logits / temperature): below 1 sharpens the distribution,
-    above 1 flattens it. Each draw consumes exactly one `rng.random()`. Raises ValueError for a negative or non-finite temperature, or a row
-    with no finite logit.
+    above 1 flattens it. Each draw consumes exactly one `rng.random()`. Raises ValueError for a
+    negative or non-finite temperature, or a row with no finite logit.
     """
     if not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (got {temperature})")
@@ -357,14 +358,15 @@ class Engine:
         """
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) \
+                or max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1 (got {max_tokens!r})")
         if not isinstance(temperature, (int, float, np.floating)) or not np.isfinite(temperature) \
                 or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (got {temperature!r})")
         prompt_ids = list(self.tokenizer.encode(prompt))
         if not prompt_ids:
-            raise ValueError("prompt must contain at least one token (got only whitespace or nothing)")
+            raise ValueError("prompt must contain at least one token")
         if len(prompt_ids) > self.max_context:
             raise ValueError(
                 f"prompt is {len(prompt_ids)} tokens but max_context is {self.max_context}; "
@@ -433,8 +435,10 @@ def cost_table(stats: Stats) -> list[tuple[int, int, int, int, float]]:
 def format_cost_table(stats: Stats, max_rows: int = 12) -> str:
     """The cost table as text; long runs show the first and last passes with '...' between."""
     rows = cost_table(stats)
-    lines = [f"{'pass':>5} {'context n':>10} {'no cache n^2':>13} {'cache n':>8} {'cumulative ratio':>17}"]
-    shown = rows if len(rows) <= max_rows else rows[: max_rows // 2] + [None] + rows[-max_rows // 2:]
+    lines = [f"{'pass':>5} {'context n':>10} {'no cache n^2':>13} {'cache n':>8} "
+             f"{'cumulative ratio':>17}"]
+    half = max_rows // 2
+    shown = rows if len(rows) <= max_rows else rows[:half] + [None] + rows[-half:]
     for row in shown:
         if row is None:
             lines.append(f"{'...':>5}")
@@ -442,13 +446,14 @@ def format_cost_table(stats: Stats, max_rows: int = 12) -> str:
         i, n, uncached, cached, ratio = row
         lines.append(f"{i:>5} {n:>10} {uncached:>13,} {cached:>8,} {ratio:>16.1f}x")
     lines.append(
-        f"total over {stats.passes} passes: {stats.attention_work_uncached:,} token pairs without a "
-        f"cache, {stats.attention_work_cached:,} with one")
+        f"total over {stats.passes} passes: {stats.attention_work_uncached:,} token pairs "
+        f"without a cache, {stats.attention_work_cached:,} with one")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Chapter 1: the generation loop on a bigram model.")
+    parser = argparse.ArgumentParser(
+        description="Chapter 1: the generation loop on a bigram model.")
     parser.add_argument("--prompt", default="Ham.\nTo be, or not to be", help="text to continue")
     parser.add_argument("--max-tokens", type=int, default=60, help="most tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
