@@ -20,8 +20,8 @@ What is new since S01
 What it does not handle yet
     Normalisation (NFC/NFKC), which some tokenizers apply first; SentencePiece-style models
     (Llama 2, T5) that work on characters with byte fallback; BPE dropout; and speed: the encoder
-    is pure Python. Its cache per pre-token keeps it within about 2x of tiktoken's Rust on text
-    that repeats its words (the corpus), but where words do not repeat it is 10-15x slower
+    is pure Python. Its cache per pre-token keeps it within 2-3x of tiktoken's Rust on text
+    that repeats its words (the corpus), but where words do not repeat it is 10-20x slower
     (benchmarks/bench_s02_tokenizer.py measures both). Loading a
     Hugging Face file assumes ranks follow token ids, which holds for the files written here and
     for GPT-2/cl100k-style byte-level BPE, not for every tokenizer.json in the wild.
