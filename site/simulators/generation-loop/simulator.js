@@ -270,7 +270,7 @@
     var cost = make("div", "gl-cost");
     var costLegend = make("p", "gl-cost-legend");
     var snippet = make("pre", "gl-snippet");
-    [status, error, ctxTitle, context, completion, distTitle, lastPick, dist, costTitle, cost,
+    [status, lastPick, error, ctxTitle, context, completion, distTitle, dist, costTitle, cost,
      costLegend, snippet].forEach(function (n) { ui.appendChild(n); });
 
     var run = null, timer = null;

@@ -1,0 +1,386 @@
+"""The built site in a real browser: Playwright driving Debian's Chromium (/usr/bin/chromium).
+
+- Every page loads with no console error and no request leaving the machine (the site is served
+  on 127.0.0.1; any other host fails the test, and is blocked so nothing waits on the network).
+- Math is typeset by the site's own MathJax.
+- The S01 simulator, stepped through its buttons, shows the tokens, text, stop reason and
+  per-pass costs that `Engine.generate` produces for the same prompt, seed and temperature on
+  the same V = 512 model (the engine is the oracle, run here in Python), and its top-k bars are
+  numpy's softmax of the model's row.
+- The quiz scores a right and a wrong answer and links each explanation back to its section.
+Screenshots of the S01 page go to artifacts/ (git-ignored).
+
+Skipped, with the reason, when Playwright or /usr/bin/chromium is missing (.ci/run installs
+Debian's chromium; Playwright's own browser download does not work offline).
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import re
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+playwright_api = pytest.importorskip("playwright.sync_api",
+                                     reason="Playwright is not installed (pip install playwright)")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+pytest.importorskip("sphinx", reason="the site needs sphinx")
+pytest.importorskip("myst_nb", reason="the site needs myst-nb")
+
+from site_testing import ROOT, built, fixture_quiz  # noqa: E402
+
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def sites():
+    """Both builds, served over HTTP on 127.0.0.1 (one server per build)."""
+    servers, roots = [], {}
+    for name in ("repo", "fixture"):
+        result, out = built(name)
+        assert result.returncode == 0, f"strict build of {name} failed:\n{result.stderr}"
+        handler = functools.partial(QuietHandler, directory=str(out))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        roots[name] = (f"http://127.0.0.1:{server.server_address[1]}", out)
+    yield roots
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    profile = tempfile.mkdtemp(prefix="course-chromium-")
+    with playwright_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900})
+        yield context
+        context.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+class Watched:
+    """A page with every console message, page error and request recorded."""
+
+    def __init__(self, context, base: str):
+        self.page = context.new_page()
+        self.base_host = urlparse(base).netloc
+        self.console, self.errors, self.requests, self.blocked = [], [], [], []
+        self.page.on("console", lambda m: self.console.append((m.type, m.text)))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.route("**/*", self._route)
+
+    def _route(self, route):
+        url = route.request.url
+        parsed = urlparse(url)
+        if parsed.scheme in ("data", "blob", "about") or parsed.netloc == self.base_host:
+            route.continue_()
+        else:
+            self.blocked.append(url)
+            route.abort()
+
+    def problems(self) -> list[str]:
+        out = [f"console {kind}: {text}" for kind, text in self.console if kind == "error"]
+        out += [f"page error: {e}" for e in self.errors]
+        out += [f"request off the machine: {u}" for u in self.blocked]
+        return out
+
+    def close(self):
+        self.page.close()
+
+
+def html_pages(out: Path) -> list[str]:
+    skip = {"genindex.html", "search.html"}
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*.html")
+                  if p.name not in skip and "_static" not in p.parts)
+
+
+@pytest.mark.parametrize("which", ["repo", "fixture"])
+def test_every_page_loads_offline_without_errors(sites, browser, which):
+    base, out = sites[which]
+    pages = html_pages(out) + ["search.html?q=token"]
+    assert len(pages) >= 3
+    failures = {}
+    for rel in pages:
+        watched = Watched(browser, base)
+        watched.page.goto(f"{base}/{rel}", wait_until="load")
+        if watched.page.locator("span.math, div.math").count():
+            watched.page.wait_for_selector("mjx-container", timeout=15_000)
+        watched.page.wait_for_timeout(150)
+        if watched.problems():
+            failures[rel] = watched.problems()
+        watched.close()
+    assert not failures, json.dumps(failures, indent=1)
+
+
+# --------------------------------------------------------------------------------------------
+# The S01 simulator against the engine
+# --------------------------------------------------------------------------------------------
+
+def simulator_pages(sites):
+    """(base URL, page path) of every built page that embeds the generation-loop simulator."""
+    found = []
+    for name in ("repo", "fixture"):
+        base, out = sites[name]
+        for rel in html_pages(out):
+            if 'data-sim="generation-loop"' in (out / rel).read_text():
+                found.append((base, rel))
+    return found
+
+
+@pytest.fixture(scope="module")
+def engine_512():
+    from s01_generation_loop import build_default
+    return build_default(max_vocab=512)
+
+
+CASES = [
+    # prompt, max_tokens, temperature, seed, max_context
+    ("Ham.\nTo be, or not to be", 40, 0.0, 42, 256),       # greedy: runs to the budget
+    ("Ham.\nTo be, or not to be", 40, 0.8, 42, 256),       # the page's default: ends on eos
+    ("QUEEN.\nGood night, sweet lord", 25, 1.3, 1, 256),   # a temperature no trace uses
+    ("O, what a noble mind", 60, 0.55, 0, 14),             # context_full before the budget
+    ("Thou  art\tZanzibar's   (fair) o'er-\nthe «sea»!", 30, 2.0, 3, 256),  # <unk>, odd spacing
+    ("KING.\nMy lord", 12, 0.95, 2, 5),                    # prompt of exactly max_context
+]
+
+
+def drive(page, prompt, max_tokens, temperature, seed, max_context):
+    page.fill(".gl-prompt", prompt)
+    page.fill(".gl-max-tokens", str(max_tokens))
+    page.fill(".gl-max-context", str(max_context))
+    page.select_option(".gl-seed", str(seed))
+    page.fill(".gl-temperature", str(temperature))
+    page.click(".gl-reset")
+    steps = 0
+    while page.locator(".gl-step").is_enabled():
+        page.click(".gl-step")
+        steps += 1
+        assert steps <= max_context, "the simulator did not stop"
+    return steps
+
+
+def read_simulator(page) -> dict:
+    return page.evaluate("""() => {
+      const q = (s) => document.querySelector(s);
+      const all = (s) => Array.from(document.querySelectorAll(s));
+      return {
+        context: all(".gl-context .gl-tok").map(e => Number(e.dataset.id)),
+        text: q(".gl-completion").hidden ? "" : q(".gl-completion").textContent,
+        stop: q(".gl-stat-stop_reason").textContent,
+        finish: q(".gl-stat-finish_reason").textContent,
+        passes: Number(q(".gl-stat-passes").textContent),
+        lens: all(".gl-cost-pass").map(e => Number(e.dataset.n)),
+        uncached: all(".gl-cost-pass .gl-cost-uncached").map(e => Number(e.dataset.work)),
+        cached: all(".gl-cost-pass .gl-cost-cached").map(e => Number(e.dataset.work)),
+        totalUncached: q(".gl-total-uncached") ? q(".gl-total-uncached").textContent : null,
+        totalCached: q(".gl-total-cached") ? q(".gl-total-cached").textContent : null,
+        error: q(".gl-error").hidden ? null : q(".gl-error").textContent,
+      };
+    }""")
+
+
+def test_simulator_steps_match_the_engine(sites, browser, engine_512):
+    from s01_generation_loop import Engine
+    tokenizer, model = engine_512
+    pages = simulator_pages(sites)
+    assert pages, "no built page embeds the generation-loop simulator"
+    for i, (base, rel) in enumerate(pages):
+        watched = Watched(browser, base)
+        page = watched.page
+        page.goto(f"{base}/{rel}")
+        page.wait_for_selector(".gl-step")
+        # On load the page replays the engine's exported traces; 0 means it agreed with all.
+        assert page.evaluate("document.querySelector('.course-sim').glSim.mismatches") == 0
+        # Stepping is the slow part; the first page (the real S01 page once it exists) gets all
+        # the cases, the others one.
+        for prompt, max_tokens, temperature, seed, max_context in (CASES if i == 0 else CASES[1:2]):
+            engine = Engine(model, tokenizer, max_context=max_context)
+            gen = engine.generate(prompt, max_tokens, temperature=temperature, seed=seed)
+            steps = drive(page, prompt, max_tokens, temperature, seed, max_context)
+            got = read_simulator(page)
+            case = f"{rel}: {prompt!r} T={temperature} seed={seed} ctx={max_context}"
+            assert got["error"] is None, case
+            assert steps == gen.stats.passes, case
+            assert got["context"] == tokenizer.encode(prompt) + gen.token_ids, case
+            assert got["text"] == gen.text, case
+            assert got["stop"] == gen.stats.stop_reason, case
+            assert got["finish"] == gen.stats.finish_reason, case
+            assert got["passes"] == gen.stats.passes, case
+            assert got["lens"] == gen.stats.context_lens, case
+            assert got["uncached"] == [n * n for n in gen.stats.context_lens], case
+            assert got["cached"] == gen.stats.context_lens, case
+            if gen.stats.passes:
+                assert got["totalUncached"] == f"{gen.stats.attention_work_uncached:,}", case
+                assert got["totalCached"] == f"{gen.stats.attention_work_cached:,}", case
+        assert not watched.problems(), watched.problems()
+        watched.close()
+
+
+def test_run_button_ends_where_stepping_ends(sites, browser, engine_512):
+    from s01_generation_loop import Engine
+    tokenizer, model = engine_512
+    base, rel = simulator_pages(sites)[0]
+    watched = Watched(browser, base)
+    page = watched.page
+    page.goto(f"{base}/{rel}")
+    page.wait_for_selector(".gl-run")
+    page.fill(".gl-prompt", "O, what a noble mind")
+    page.fill(".gl-temperature", "0.8")
+    page.select_option(".gl-seed", "0")
+    page.fill(".gl-max-tokens", "30")
+    page.click(".gl-reset")
+    page.click(".gl-run")
+    page.wait_for_function("document.querySelector('.gl-stat-stop_reason').textContent !== '\u2014'",
+                           timeout=20_000)
+    gen = Engine(model, tokenizer, max_context=256).generate("O, what a noble mind", 30, 0.8, 0)
+    got = read_simulator(page)
+    assert got["context"] == tokenizer.encode("O, what a noble mind") + gen.token_ids
+    assert got["stop"] == gen.stats.stop_reason and got["lens"] == gen.stats.context_lens
+    assert not watched.problems(), watched.problems()
+    watched.close()
+
+
+def test_simulator_rejects_a_prompt_longer_than_the_context(sites, browser):
+    base, rel = simulator_pages(sites)[0]
+    watched = Watched(browser, base)
+    page = watched.page
+    page.goto(f"{base}/{rel}")
+    page.wait_for_selector(".gl-step")
+    page.fill(".gl-prompt", "Ham.\nTo be, or not to be")
+    page.fill(".gl-max-context", "4")
+    page.click(".gl-reset")
+    # Engine.check_request's message, word for word.
+    assert page.inner_text(".gl-error") == ("prompt is 10 tokens but max_context is 4; shorten the "
+                                            "prompt (it is never truncated silently)")
+    assert page.locator(".gl-step").is_disabled()
+    watched.close()
+
+
+def softmax(row: np.ndarray, temperature: float) -> np.ndarray:
+    z = row.astype(np.float64) / temperature
+    w = np.exp(z - z.max())
+    return w / w.sum()
+
+
+def test_distribution_bars_are_the_softmax_of_the_row(sites, browser, engine_512):
+    tokenizer, model = engine_512
+    base, rel = simulator_pages(sites)[0]
+    watched = Watched(browser, base)
+    page = watched.page
+    page.goto(f"{base}/{rel}")
+    page.wait_for_selector(".gl-step")
+    page.fill(".gl-prompt", "QUEEN.\nGood night, sweet lord")
+    page.click(".gl-reset")
+    last = tokenizer.encode("QUEEN.\nGood night, sweet lord")[-1]
+    for temperature in (0.3, 1.0, 1.7):
+        page.fill(".gl-temperature", str(temperature))
+        bars = page.evaluate("""() => Array.from(document.querySelectorAll('.gl-bar-row'))
+                                .map(e => [Number(e.dataset.id), Number(e.dataset.p)])""")
+        p = softmax(model.logits_table[last], temperature)
+        order = sorted(range(len(p)), key=lambda i: (-p[i], i))[:10]
+        assert [b[0] for b in bars] == order
+        np.testing.assert_allclose([b[1] for b in bars], p[order], rtol=1e-12)
+    watched.close()
+
+
+def test_screenshots_of_the_s01_page(sites, browser):
+    base, out = sites["repo"]
+    rel = "chapters/s01-generation-loop.html"
+    if not (out / rel).exists():
+        pytest.skip("chapters/s01-generation-loop.md is not written yet")
+    ARTIFACTS.mkdir(exist_ok=True)
+    watched = Watched(browser, base)
+    page = watched.page
+    page.goto(f"{base}/{rel}")
+    page.wait_for_selector("mjx-container")
+    page.screenshot(path=str(ARTIFACTS / "site-s01-page.png"), full_page=True)
+    if page.locator(".course-sim").count():
+        page.fill(".gl-temperature", "0.8")
+        page.select_option(".gl-seed", "42")
+        page.click(".gl-reset")
+        for _ in range(18):
+            page.click(".gl-step")
+        page.locator(".course-sim").screenshot(path=str(ARTIFACTS / "site-s01-simulator.png"))
+    if page.locator(".course-quiz").count():
+        page.locator(".course-quiz input[type=radio]").first.check()
+        page.click(".course-quiz-check")
+        page.locator(".course-quiz").screenshot(path=str(ARTIFACTS / "site-s01-quiz.png"))
+    assert not watched.problems(), watched.problems()
+    watched.close()
+    assert (ARTIFACTS / "site-s01-page.png").stat().st_size > 10_000
+
+
+# --------------------------------------------------------------------------------------------
+# The quiz
+# --------------------------------------------------------------------------------------------
+
+def quiz_pages(sites):
+    found = []
+    for name in ("repo", "fixture"):
+        base, out = sites[name]
+        for rel in html_pages(out):
+            m = re.search(r'<script type="application/json" class="course-quiz-data">(.*?)</script>',
+                          (out / rel).read_text(), flags=re.S)
+            if m:
+                found.append((base, rel, json.loads(m.group(1))))
+    return found
+
+
+def test_quiz_scores_a_right_and_a_wrong_answer(sites, browser):
+    pages = quiz_pages(sites)
+    assert any(q == fixture_quiz() for _, _, q in pages), "the fixture quiz was not rendered"
+    for base, rel, quiz in pages:
+        watched = Watched(browser, base)
+        page = watched.page
+        page.goto(f"{base}/{rel}")
+        page.wait_for_selector(".course-quiz-check")
+        first, second = quiz["questions"][0], quiz["questions"][1]
+        wrong = (second["answer"] + 1) % len(second["choices"])
+        page.check(f"#{quiz['chapter']}-{first['id']}-{first['answer']}")
+        page.check(f"#{quiz['chapter']}-{second['id']}-{wrong}")
+        page.click(".course-quiz-check")
+        total = len(quiz["questions"])
+        assert page.inner_text(".course-quiz-score") == f"Score: 1 of {total}"
+        right_box = page.locator(f'fieldset[data-qid="{first["id"]}"]')
+        wrong_box = page.locator(f'fieldset[data-qid="{second["id"]}"]')
+        assert "is-right" in right_box.get_attribute("class")
+        assert "is-wrong" in wrong_box.get_attribute("class")
+        assert second["choices"][second["answer"]] in wrong_box.inner_text()
+        for q in (first, second):
+            box = page.locator(f'fieldset[data-qid="{q["id"]}"]')
+            assert q["explanation"] in box.inner_text()
+            link = box.locator("a.course-quiz-back")
+            assert link.get_attribute("href") == f"#{q['section']}"
+            assert page.locator(f"[id='{q['section']}']").count() == 1
+        # Every question answered right scores full marks; "Start again" clears.
+        page.click(".course-quiz-reset")
+        assert page.inner_text(".course-quiz-score") == ""
+        for q in quiz["questions"]:
+            page.check(f"#{quiz['chapter']}-{q['id']}-{q['answer']}")
+        page.click(".course-quiz-check")
+        assert page.inner_text(".course-quiz-score") == f"Score: {total} of {total}"
+        assert not watched.problems(), watched.problems()
+        watched.close()
