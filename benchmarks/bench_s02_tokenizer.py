@@ -76,14 +76,16 @@ def main(argv=None) -> None:
         return ids
 
     ref_project = add("tiktoken (Rust), project vocab", lambda: tik_project.encode_ordinary(text))
-    add("ours (Python), project, cold cache", lambda: fresh(project).encode_ordinary(text), ref_project)
+    add("ours (Python), project, cold cache", lambda: fresh(project).encode_ordinary(text),
+        ref_project)
     project.encode_ordinary(text)
     add("ours (Python), project, warm cache", lambda: project.encode_ordinary(text), ref_project)
     add("HF tokenizers (Rust), whole text", lambda: hf.encode(text).ids, ref_project)
     add("HF tokenizers (Rust), batch of lines",
         lambda: [i for enc in hf.encode_batch(lines) for i in enc.ids], None)
     ref_cl100k = add("tiktoken (Rust), cl100k", lambda: tik_cl100k.encode_ordinary(text))
-    add("ours (Python), cl100k, cold cache", lambda: fresh(cl100k).encode_ordinary(text), ref_cl100k)
+    add("ours (Python), cl100k, cold cache", lambda: fresh(cl100k).encode_ordinary(text),
+        ref_cl100k)
     cl100k.encode_ordinary(text)
     add("ours (Python), cl100k, warm cache", lambda: cl100k.encode_ordinary(text), ref_cl100k)
     add("regex split only (no merging)", lambda: regex.findall(project.pattern, text))
@@ -102,10 +104,12 @@ def main(argv=None) -> None:
     fresh_mb = len(fresh_text.encode()) / 1e6
     rows = []
     ref = add("tiktoken (Rust), project vocab", lambda: tik_project.encode_ordinary(fresh_text))
-    add("ours (Python), project, cold cache", lambda: fresh(project).encode_ordinary(fresh_text), ref)
+    add("ours (Python), project, cold cache",
+        lambda: fresh(project).encode_ordinary(fresh_text), ref)
     add("HF tokenizers (Rust), whole text", lambda: hf.encode(fresh_text).ids, ref)
     ref = add("tiktoken (Rust), cl100k", lambda: tik_cl100k.encode_ordinary(fresh_text))
-    add("ours (Python), cl100k, cold cache", lambda: fresh(cl100k).encode_ordinary(fresh_text), ref)
+    add("ours (Python), cl100k, cold cache",
+        lambda: fresh(cl100k).encode_ordinary(fresh_text), ref)
     print(f"\nencode {fresh_mb:.2f} MB of random lowercase words (no word repeats: no cache hits)")
     print_rows(rows, fresh_mb)
 

@@ -492,7 +492,8 @@ def train_bpe(text: str, vocab_size: int, pattern: str = SPLIT_PATTERN,
             else:
                 del pair_counts[pair]
     specials = {s: n_ordinary + k for k, s in enumerate(special_tokens)}
-    return BPETokenizer(ranks, pattern, specials, eos=special_tokens[0] if special_tokens else None)
+    eos = special_tokens[0] if special_tokens else None
+    return BPETokenizer(ranks, pattern, specials, eos=eos)
 
 
 def truncate_vocab(tokenizer: BPETokenizer, n_ordinary: int) -> BPETokenizer:

@@ -16,8 +16,8 @@ from tokenizers import Tokenizer
 import s01_generation_loop as s01
 from s02_tokenizer import (
     CORPUS_PATH, EOT, ROOT, SPLIT_PATTERN, TOKENIZER_PATH, BPETokenizer, Engine, Stats,
-    StopStringMatcher, StreamingDetokenizer, bpe_merge, bpe_merge_heap, build_default, bytes_per_token,
-    bytes_to_unicode, incomplete_utf8_tail, train_bpe, truncate_vocab,
+    StopStringMatcher, StreamingDetokenizer, bpe_merge, bpe_merge_heap, build_default,
+    bytes_per_token, bytes_to_unicode, incomplete_utf8_tail, train_bpe, truncate_vocab,
 )
 
 # Emoji (a ZWJ family, a skin tone, a flag), CJK, combining marks, Arabic, Devanagari, runs of
@@ -108,7 +108,8 @@ def test_train_bpe_reproduces_the_textbook_example():
     # Wikipedia's BPE example: "aaabdaaabac" -> aa (4 times), then ab and (aa, a) tie at 2 and
     # the smaller byte pair (b"a", b"b") wins, then (aa, ab) -> "aaab": "XdXac".
     tok = train_bpe("aaabdaaabac", vocab_size=260)
-    assert {b: i for b, i in tok.ranks.items() if i >= 256} == {b"aa": 256, b"ab": 257, b"aaab": 258}
+    merged = {b: i for b, i in tok.ranks.items() if i >= 256}
+    assert merged == {b"aa": 256, b"ab": 257, b"aaab": 258}
     assert tok.special_tokens == {EOT: 259} and tok.eos_id == 259 and tok.vocab_size == 260
     assert tok.encode("aaabdaaabac") == [258, ord("d"), 258, ord("a"), ord("c")]
 
@@ -197,7 +198,8 @@ def test_project_ids_equal_hf_tokenizers_on_corpus(project, hf_project):
 def test_project_ids_equal_hf_tokenizers_on_multilingual(project, hf_project):
     # HF always recognises added tokens; our default is "not allowed", HF's
     # encode_special_tokens=True is the same policy.
-    assert project.encode(MULTILINGUAL, allowed_special="all") == hf_project.encode(MULTILINGUAL).ids
+    expected = hf_project.encode(MULTILINGUAL).ids
+    assert project.encode(MULTILINGUAL, allowed_special="all") == expected
     plain = Tokenizer.from_file(str(TOKENIZER_PATH))
     plain.encode_special_tokens = True
     assert project.encode(MULTILINGUAL) == plain.encode(MULTILINGUAL).ids
@@ -236,7 +238,8 @@ def test_cl100k_ids_equal_tiktoken_on_corpus(cl100k, tiktoken_cl100k):
 
 
 def test_cl100k_ids_equal_tiktoken_on_multilingual(cl100k, tiktoken_cl100k):
-    assert cl100k.encode(MULTILINGUAL) == tiktoken_cl100k.encode(MULTILINGUAL, disallowed_special=())
+    expected = tiktoken_cl100k.encode(MULTILINGUAL, disallowed_special=())
+    assert cl100k.encode(MULTILINGUAL) == expected
     assert cl100k.encode(MULTILINGUAL, allowed_special="all") == \
         tiktoken_cl100k.encode(MULTILINGUAL, allowed_special="all")
     assert cl100k.encode(MULTILINGUAL, allowed_special={EOT}) == \
@@ -402,7 +405,7 @@ PROMPTS = ["Ham.\nTo be, or not to be", "KING.\nWhat", "O Romeo, Romeo"]
 @pytest.mark.parametrize("temperature, seed", [(0.0, None), (0.8, 0), (1.2, 7)])
 def test_engine_equals_s01_loop_without_stop_strings(default, prompt, temperature, seed):
     tokenizer, model = default
-    reference = s01.Engine(model, tokenizer, max_context=64).generate(prompt, 40, temperature, seed)
+    reference = s01.Engine(model, tokenizer, 64).generate(prompt, 40, temperature, seed)
     result = Engine(model, tokenizer, max_context=64).generate(prompt, 40, temperature, seed)
     assert result.token_ids == reference.token_ids
     assert result.text == reference.text
