@@ -588,11 +588,14 @@ class StopStringMatcher:
     independent of how the text was split into tokens or deltas.
     `flush()` at the end of generation releases the held-back text when no stop string came.
 
-    Raises ValueError for a stop string that is empty or not a str.
+    stop: a list of stop strings, one string, or None (none). Raises ValueError for a stop
+    string that is empty or not a str.
     """
 
-    def __init__(self, stop: Sequence[str] = ()):
-        if isinstance(stop, str):
+    def __init__(self, stop: Sequence[str] | str | None = ()):
+        if stop is None:             # JSON null from an API request: no stop strings
+            stop = ()
+        elif isinstance(stop, str):
             stop = [stop]
         for s in stop:
             if not isinstance(s, str) or not s:

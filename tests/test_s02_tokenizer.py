@@ -359,6 +359,11 @@ def test_stop_completed_first_wins_whatever_the_split():
     assert run_matcher(["b", "ab"], ["xab"]) == (["x"], "", True)
 
 
+def test_stop_accepts_one_string_or_none():
+    assert run_matcher("b", ["abc"]) == (["a"], "", True)
+    assert run_matcher(None, ["abc"]) == (["abc"], "", False)
+
+
 def test_stop_strings_must_be_non_empty():
     with pytest.raises(ValueError, match="non-empty strings"):
         StopStringMatcher([""])
