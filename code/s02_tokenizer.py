@@ -264,20 +264,16 @@ class BPETokenizer:
         return ids
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        """Ids -> the raw bytes they stand for. Raises ValueError for an id with no token."""
-        out = []
-        for i in ids:
-            token = self.id_to_bytes.get(int(i))
-            if token is None:
-                raise ValueError(f"token id {int(i)} is not in the vocabulary "
-                                 f"[0, {self.vocab_size})")
-            out.append(token)
-        return b"".join(out)
+        """Ids -> the raw bytes they stand for. An id with no token (negative, past the
+        vocabulary, or a padded embedding row of a checkpoint) contributes the UTF-8 bytes of
+        U+FFFD, so decoding never raises; `encode` never produces such an id."""
+        replacement = "\ufffd".encode("utf-8")
+        return b"".join(self.id_to_bytes.get(int(i), replacement) for i in ids)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Ids -> text. Never raises for ids of this vocabulary, whatever their order: bytes that
-        are not valid UTF-8 (half of an emoji, say) become U+FFFD (errors="replace"). Special
-        tokens decode to their text. Raises ValueError only for an id outside the vocabulary."""
+        """Ids -> text. Never raises, whatever the ids and their order: bytes that are not valid
+        UTF-8 (half of an emoji, say) become U+FFFD (errors="replace"), and so does an id with no
+        token (see `decode_bytes`). Special tokens decode to their text."""
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def pieces(self, text: str) -> list[bytes]:

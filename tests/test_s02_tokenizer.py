@@ -169,10 +169,12 @@ def test_encode_and_decode_reject_bad_input(project):
         project.encode("x", allowed_special={"<|nope|>"})
     with pytest.raises(ValueError, match="must be 'all' or a collection"):
         project.encode("x", allowed_special="none")
-    with pytest.raises(ValueError, match="not in the vocabulary"):
-        project.decode([2048])
-    with pytest.raises(ValueError, match="not in the vocabulary"):
-        project.decode([-1])
+
+
+def test_decode_of_ids_without_a_token_never_raises(project):
+    a = project.encode("a")
+    assert project.decode([2048]) == "\ufffd" and project.decode([-1]) == "\ufffd"
+    assert project.decode(a + [10**9] + a) == "a\ufffda"
 
 
 def test_decode_of_broken_utf8_replaces_and_never_raises(project):
