@@ -35,10 +35,9 @@ def build(src: Path = ROOT, out: Path = DEFAULT_OUT, execute: str = "cache") -> 
     run them) or "off" (render the outputs stored in the .ipynb files). Raises ValueError for
     another value.
     """
-    modes = {"cache": "cache", "force": "force", "off": "off"}
-    if execute not in modes:
-        raise ValueError(f"execute must be one of {sorted(modes)} (got {execute!r})")
-    env = dict(os.environ, COURSE_NB_EXECUTION=modes[execute], PYTHONHASHSEED="0")
+    if execute not in ("cache", "force", "off"):
+        raise ValueError(f"execute must be 'cache', 'force' or 'off' (got {execute!r})")
+    env = dict(os.environ, COURSE_NB_EXECUTION=execute, PYTHONHASHSEED="0")
     return subprocess.run(sphinx_command(Path(src), Path(out)), cwd=str(src), env=env,
                           capture_output=True, text=True)
 

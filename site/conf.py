@@ -6,6 +6,7 @@ the chapters and the notebooks are read (include_patterns below).
 """
 import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -44,8 +45,18 @@ def _code_hash(root: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _cache_path(root: Path) -> str:
+    caches = SITE / "_build" / ".jupyter_cache"
+    current = caches / _code_hash(root)
+    if caches.is_dir():  # outputs of older code are never used again
+        for old in caches.iterdir():
+            if old != current and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+    return str(current)
+
+
 nb_execution_mode = os.environ.get("COURSE_NB_EXECUTION", "cache")
-nb_execution_cache_path = str(SITE / "_build" / ".jupyter_cache" / _code_hash(SITE.parent))
+nb_execution_cache_path = _cache_path(SITE.parent)
 nb_execution_timeout = 120
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True

@@ -191,6 +191,11 @@ def build_tree(tmp_path, **kwargs):
     return site_module("build").build(src, tmp_path / "html")
 
 
+def test_build_rejects_an_unknown_execution_mode():
+    with pytest.raises(ValueError, match="execute must be 'cache', 'force' or 'off'"):
+        site_module("build").build(ROOT, ROOT / "site" / "_build" / "unused", execute="always")
+
+
 def test_quiz_section_must_be_an_anchor_on_the_page(tmp_path):
     quiz = fixture_quiz()
     quiz["questions"][2]["section"] = "no-such-section"

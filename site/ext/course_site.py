@@ -149,10 +149,14 @@ def load_exporter(name: str):
     return module
 
 
-def write_simulators(app: Sphinx, exception) -> None:
-    """Export each used simulator's data from code/ and copy its script into _static/course/sim."""
-    if exception is not None or app.builder.format != "html":
-        return
+def write_simulators(app: Sphinx, env) -> list[str]:
+    """Export each used simulator's data from code/ and copy its script into _static/course/sim.
+
+    Runs after reading and before pages are written, so the `?v=` checksums in the pages are
+    those of the files they load (a browser never keeps stale data under an unchanged URL).
+    """
+    if app.builder.format != "html":
+        return []
     used = sorted(set().union(*getattr(app.env, "course_simulators", {}).values()))
     out = Path(app.outdir) / "_static" / "course" / "sim"
     out.mkdir(parents=True, exist_ok=True)
@@ -164,6 +168,7 @@ def write_simulators(app: Sphinx, exception) -> None:
             f"CourseSim.setData({json.dumps(name)}, {text});\n", encoding="utf-8")
         shutil.copyfile(SIMULATORS_DIR / name / "simulator.js", out / f"{name}.js")
         logger.info(f"simulator {name}: {len(text):,} bytes of data")
+    return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,14 +180,14 @@ def mathjax_source() -> Path:
     return Path(mathjax.__file__).resolve().parent / "static" / "mathjax" / "es5"
 
 
-def copy_mathjax(app: Sphinx, exception) -> None:
-    if exception is not None or app.builder.format != "html":
-        return
+def copy_mathjax(app: Sphinx, env) -> list[str]:
+    if app.builder.format != "html":
+        return []
     src = mathjax_source()
     dst = Path(app.outdir) / "_static" / "mathjax"
     stamp = dst / ".copied-from"
     if stamp.exists() and stamp.read_text() == str(src):
-        return
+        return []
     for part in MATHJAX_FILES:
         source = src / part
         if source.is_dir():
@@ -192,6 +197,7 @@ def copy_mathjax(app: Sphinx, exception) -> None:
             shutil.copyfile(source, dst / part)
     shutil.copyfile(src.parent / "LICENSE", dst / "LICENSE")
     stamp.write_text(str(src))
+    return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,8 +267,8 @@ def setup(app: Sphinx) -> dict:
     app.connect("env-merge-info", merge_info)
     app.connect("doctree-read", check_quiz_sections)
     app.connect("html-page-context", add_page_assets)
-    app.connect("build-finished", write_simulators)
-    app.connect("build-finished", copy_mathjax)
+    app.connect("env-updated", write_simulators)
+    app.connect("env-updated", copy_mathjax)
     app.add_css_file("course.css")
     app.add_js_file("course.js")
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
