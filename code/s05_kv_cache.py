@@ -175,3 +175,375 @@ class KVCache:
         self.v[layer, :, start:end] = v
         self.layer_lens[layer] = end
         return self.k[layer, :, :end], self.v[layer, :, :end]  # (Hkv, S, D) views
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefill and decode: S03's transformer, step by step against the cache
+# ---------------------------------------------------------------------------------------------
+
+class CachedTransformer:
+    """S03's `Transformer` run incrementally: each step computes only the new tokens.
+
+    A step takes T new token ids, places them at the next T absolute positions, and in every
+    layer computes their q, k, v (S03's `block.qkv`, RoPE at the absolute positions), appends k
+    and v to the cache, lets the T queries attend to all S = cached + T keys (S03's `attention`,
+    causal by position, GQA by head groups) and finishes the layer (`block.finish`). Exactly the
+    arithmetic of S03's forward for these rows, minus the rows already done.
+
+    model: a loaded S03 `Transformer` (Qwen3, Llama or GPT-2). max_seq_len: the cache size in
+    positions, default the model's max_position_embeddings; the cache is allocated here, once.
+    Raises ValueError when max_seq_len is not in [1, max_position_embeddings].
+    """
+
+    def __init__(self, model: Transformer, max_seq_len: int | None = None):
+        cfg = model.config
+        limit = cfg.max_position_embeddings
+        max_seq_len = limit if max_seq_len is None else max_seq_len
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)) \
+                or not 1 <= max_seq_len <= limit:
+            raise ValueError(f"max_seq_len must be an integer in [1, max_position_embeddings="
+                             f"{limit}] (got {max_seq_len!r})")
+        self.model = model
+        self.cache = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, int(max_seq_len),
+                             cfg.head_dim)
+
+    @property
+    def config(self) -> TransformerConfig:
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def step(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Run T new tokens after the cached ones; append their K/V. Returns hidden (T, C).
+
+        token_ids: T >= 1 ids in [0, V). Their positions are num_cached .. num_cached + T - 1.
+        Raises ValueError (before anything is computed or written) when the T tokens do not fit
+        in the cache, or for ids S03's `check_positions` rejects.
+        """
+        start, t_len = self.cache.num_cached, len(token_ids)
+        if start + t_len > self.cache.max_seq_len:
+            raise ValueError(f"KV cache is full: it holds {start} of {self.cache.max_seq_len} "
+                             f"positions and cannot take {t_len} more")
+        ids, positions = self.model.check_positions(token_ids, np.arange(start, start + t_len))
+        x = self.model.embed(ids, positions)                             # (T, C)
+        for layer, block in enumerate(self.model.blocks):
+            q, k, v = block.qkv(x, positions)        # q (H, T, D); k, v (Hkv, T, D), RoPE'd
+            keys, values = self.cache.append(layer, k, v)                # (Hkv, S, D) each
+            scale = block.attention_scale() if hasattr(block, "attention_scale") else None
+            # Looked up on the module at call time, so count_work() can wrap it.
+            attn = s03.attention(q, keys, values, positions, np.arange(keys.shape[1]), scale)
+            x = block.finish(x, attn)                                    # (T, C)
+        return x
+
+    def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """Start a sequence: run the whole prompt in one step, fill the cache, and return the
+        logits of the token after the prompt, float32 (V,).
+
+        Only the last position goes through the LM head: the other rows' logits would only be
+        thrown away (the S01 loop computed all T of them). Resets the cache first.
+        Raises ValueError for an empty prompt or one longer than the cache (max_seq_len).
+        """
+        if len(prompt_ids) == 0:
+            raise ValueError("prefill needs at least one prompt token")
+        if len(prompt_ids) > self.cache.max_seq_len:
+            raise ValueError(f"prompt is {len(prompt_ids)} tokens but the KV cache holds "
+                             f"{self.cache.max_seq_len} positions (max_seq_len)")
+        self.cache.reset()
+        hidden = self.step(prompt_ids)                                  # (T, C)
+        return self.model.head(hidden[-1:])[0].astype(np.float32, copy=False)  # (V,)
+
+    def decode(self, token_id: int) -> np.ndarray:
+        """Run one new token at position num_cached against the cache; return the logits of
+        the token after it, float32 (V,). The S01 loop's `forward(ids)[-1]`, for 1 row of work
+        instead of len(ids). Raises ValueError when nothing was prefilled or the cache is full.
+        """
+        if self.cache.num_cached == 0:
+            raise ValueError("decode needs a prefilled cache: call prefill(prompt_ids) first")
+        hidden = self.step([token_id])                                  # (1, C)
+        return self.model.head(hidden)[0].astype(np.float32, copy=False)  # (V,)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine: S04's, with next_logits answered from the cache
+# ---------------------------------------------------------------------------------------------
+
+class Engine(s04.Engine):
+    """S04's engine (SamplingParams, stop rules, streaming, logprobs) on a KV cache.
+
+    model: an S03 `Transformer`; tokenizer, max_context, logprobs_mode: as in S04. The cache is
+    allocated for max_context positions, so a full context stops the request (S04's
+    "context_full" check, finish_reason "length") before the cache could overflow; a prompt
+    longer than max_context is a ValueError (S01's check_request). Raises ValueError when
+    max_context exceeds the model's max_position_embeddings.
+
+    Only `next_logits` changes. The loop still hands it the whole id list; the engine keeps the
+    ids whose K/V are cached and runs only what is new: one token -> `decode`, anything else
+    (a new request) -> `prefill`. So the cache is right by construction: it always holds
+    exactly the positions of `cached_ids`.
+    """
+
+    def __init__(self, model: Transformer, tokenizer, max_context: int,
+                 logprobs_mode: str = "raw_logprobs"):
+        super().__init__(model, tokenizer, max_context, logprobs_mode)
+        self.runner = CachedTransformer(model, max_seq_len=self.max_context)
+        self.cached_ids: list[int] = []
+
+    def next_logits(self, ids: list[int]) -> np.ndarray:
+        """Raw logits (V,) for the token after `ids`, computing only the positions not cached."""
+        n = len(self.cached_ids)
+        if 0 < n == len(ids) - 1 and ids[:n] == self.cached_ids:
+            logits = self.runner.decode(ids[-1])     # the usual step: one new token
+            self.cached_ids.append(ids[-1])
+        else:
+            logits = self.runner.prefill(ids)        # a new sequence
+            self.cached_ids = list(ids)
+        return logits
+
+
+# ---------------------------------------------------------------------------------------------
+# Counted work: multiply-adds and K/V bytes, by instrument and by formula
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Work:
+    """Work of one or more forward steps.
+
+    weight_macs: multiply-adds of products with a weight matrix (projections, MLP, LM head).
+    attention_macs: multiply-adds of q k^T and probs v (the causal mask is applied after the
+    product, so masked pairs are computed too, as in S03 and in HF's eager attention).
+    kv_bytes_read: bytes of the keys and values attention read (K and V, every layer).
+    One multiply-add is 2 FLOPs.
+    """
+
+    weight_macs: int = 0
+    attention_macs: int = 0
+    kv_bytes_read: int = 0
+
+    @property
+    def macs(self) -> int:
+        return self.weight_macs + self.attention_macs
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(self.weight_macs + other.weight_macs,
+                    self.attention_macs + other.attention_macs,
+                    self.kv_bytes_read + other.kv_bytes_read)
+
+
+def matmul_macs(a_shape: Sequence[int], b_shape: Sequence[int]) -> int:
+    """Multiply-adds of np.matmul on arrays of these shapes: (..., M, K) @ (..., K, N) costs
+    batch x M x K x N, batch the product of the broadcast leading dimensions. A 1-D operand
+    counts as one row (a) or one column (b), as matmul treats it."""
+    a_shape = (1, *a_shape) if len(a_shape) == 1 else tuple(a_shape)
+    b_shape = (*b_shape, 1) if len(b_shape) == 1 else tuple(b_shape)
+    batch = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    return math.prod(batch) * a_shape[-2] * a_shape[-1] * b_shape[-1]
+
+
+class CountingArray(np.ndarray):
+    """A view of an array that adds to a `Work` counter every matrix product it enters.
+
+    NumPy routes `a @ b` through the ufunc np.matmul, which hands control to
+    `__array_ufunc__` of a subclass operand: the product is counted, then computed on plain
+    arrays, so results are ordinary arrays and nothing downstream is slowed or counted twice.
+    Views (`.T`, slices, reshapes) of a CountingArray keep counting into the same counter.
+    """
+
+    work: Work | None = None
+
+    def __array_finalize__(self, obj) -> None:
+        self.work = getattr(obj, "work", None)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = tuple(x.view(np.ndarray) if isinstance(x, CountingArray) else x for x in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(o.view(np.ndarray) if isinstance(o, CountingArray) else o
+                                  for o in kwargs["out"])
+        if ufunc is np.matmul and method == "__call__" and self.work is not None:
+            macs = matmul_macs(np.shape(plain[0]), np.shape(plain[1]))
+            if any(isinstance(x, KVArray) for x in inputs[:2]):
+                self.work.attention_macs += macs
+            else:
+                self.work.weight_macs += macs
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+
+class KVArray(CountingArray):
+    """A CountingArray holding keys or values: its products count as attention work."""
+
+
+def _counting(array: np.ndarray | None, work: Work, kind: type = CountingArray):
+    if array is None:
+        return None
+    view = array.view(kind)
+    view.work = work
+    return view
+
+
+@contextmanager
+def count_work(model: Transformer) -> Iterator[Work]:
+    """Count the work of every forward pass of `model` run inside the `with` block.
+
+    Yields a `Work` that grows as the model runs, whether through S03's uncached
+    `forward` (the S01 loop) or through `CachedTransformer` (this chapter's engine). How: the
+    model's weights are swapped for `CountingArray` views (same memory, no copy), and S03's
+    `attention` is wrapped to add the bytes of the K and V it is given and to tag them as
+    `KVArray`, so its two products count as attention. Everything is restored on exit, even
+    after an error. Not thread-safe (it patches a module function); for tests and notebooks.
+    """
+    work = Work()
+    saved_arrays = (model.embed_tokens, model.embed_positions, model.final_norm, model.lm_head)
+    saved_block_weights = [block.w for block in model.blocks]
+    original_attention = s03.attention
+
+    def counted_attention(q, k, v, *args, **kwargs):
+        work.kv_bytes_read += k.nbytes + v.nbytes   # (Hkv, S, D) each: what this step reads
+        return original_attention(q, _counting(k, work, KVArray), _counting(v, work, KVArray),
+                                  *args, **kwargs)
+
+    try:
+        model.embed_tokens = _counting(model.embed_tokens, work)
+        model.embed_positions = _counting(model.embed_positions, work)
+        model.final_norm = tuple(_counting(a, work) for a in model.final_norm)
+        model.lm_head = _counting(saved_arrays[3], work)
+        for block in model.blocks:
+            block.w = {name: _counting(a, work) for name, a in block.w.items()}
+        s03.attention = counted_attention
+        yield work
+    finally:
+        s03.attention = original_attention
+        model.embed_tokens, model.embed_positions, model.final_norm, model.lm_head = saved_arrays
+        for block, weights in zip(model.blocks, saved_block_weights):
+            block.w = weights
+
+
+def step_work(config: TransformerConfig, new_tokens: int, context_len: int, logit_rows: int,
+              dtype_bytes: int = 4) -> Work:
+    """Closed-form work of one forward step: T = new_tokens tokens through every layer, their
+    queries against S = context_len keys (the T new included), and the LM head on logit_rows
+    rows.
+
+    Per token per layer the weights cost C (H + 2 Hkv) D (q, k, v) + H D C (o) + 3 C I (SwiGLU;
+    2 C I for GPT-2's MLP) multiply-adds; attention costs 2 H D T S (scores and weighted sum)
+    and reads 2 Hkv D S values; the head costs C V per row. Raises ValueError unless
+    1 <= new_tokens <= context_len and 0 <= logit_rows <= new_tokens.
+    """
+    if not 1 <= new_tokens <= context_len:
+        raise ValueError(f"need 1 <= new_tokens <= context_len (got {new_tokens}, {context_len})")
+    if not 0 <= logit_rows <= new_tokens:
+        raise ValueError(f"need 0 <= logit_rows <= new_tokens (got {logit_rows}, {new_tokens})")
+    cfg = config
+    c, d, h, hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    mlp_mats = 2 if cfg.model_type == "gpt2" else 3
+    per_token_layer = c * (h + 2 * hkv) * d + h * d * c + mlp_mats * c * cfg.intermediate_size
+    layers = cfg.num_hidden_layers
+    return Work(weight_macs=layers * new_tokens * per_token_layer + logit_rows * c * cfg.vocab_size,
+                attention_macs=layers * 2 * h * d * new_tokens * context_len,
+                kv_bytes_read=layers * 2 * hkv * d * context_len * dtype_bytes)
+
+
+def generation_work(config: TransformerConfig, prompt_len: int, passes: int, cached: bool,
+                    dtype_bytes: int = 4) -> list[Work]:
+    """Closed-form work of each pass of a generation of `passes` passes after a prompt of
+    `prompt_len` tokens. Pass i reads a context of n = prompt_len + i tokens.
+
+    Uncached (the S01 loop): every pass runs all n tokens and the head on all n rows, so the
+    weight work grows like n and attention like n^2 per pass. Cached: pass 0 is the prefill
+    (n tokens, head on 1 row), every later pass a decode (1 token against n keys).
+    Raises ValueError for prompt_len < 1 or passes < 0.
+    """
+    if prompt_len < 1 or passes < 0:
+        raise ValueError(f"need prompt_len >= 1 and passes >= 0 (got {prompt_len}, {passes})")
+    work = []
+    for i in range(passes):
+        n = prompt_len + i
+        if not cached:
+            work.append(step_work(config, n, n, n, dtype_bytes))
+        elif i == 0:
+            work.append(step_work(config, n, n, 1, dtype_bytes))
+        else:
+            work.append(step_work(config, 1, n, 1, dtype_bytes))
+    return work
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost comparison and main
+# ---------------------------------------------------------------------------------------------
+
+def format_work_table(config: TransformerConfig, prompt_len: int, passes: int,
+                      max_rows: int = 8) -> str:
+    """Closed-form work per pass and in total, the S01 loop (no cache) next to this engine,
+    as aligned text. Shows the first pass, a few evenly spaced ones and the last."""
+    uncached = generation_work(config, prompt_len, passes, cached=False)
+    cached = generation_work(config, prompt_len, passes, cached=True)
+    shown = sorted({0, passes - 1, *np.linspace(0, passes - 1, max_rows).astype(int).tolist()})
+    lines = [f"{'pass':>5} {'context n':>10} {'MACs, no cache':>16} {'MACs, cache':>14} "
+             f"{'ratio':>7} {'K/V bytes read (both)':>22}"]
+    for i in shown if passes else []:
+        u, c = uncached[i], cached[i]
+        lines.append(f"{i + 1:>5} {prompt_len + i:>10} {u.macs:>16,} {c.macs:>14,} "
+                     f"{u.macs / c.macs:>6.1f}x {c.kv_bytes_read:>22,}")
+    total_u, total_c = sum(uncached, Work()), sum(cached, Work())
+    if passes:
+        lines.append(f"{'total':>5} {'':>10} {total_u.macs:>16,} {total_c.macs:>14,} "
+                     f"{total_u.macs / total_c.macs:>6.1f}x {total_c.kv_bytes_read:>22,}")
+    lines.append("(pass 1 is the prefill; MACs = multiply-adds of all matmuls; both engines read "
+                 "the same K/V per pass, the loop without a cache recomputes it first)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Chapter 5: generation with a KV cache, and what it saves.")
+    parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
+                        help="checkpoint directory or Hugging Face hub id (default: bundled model)")
+    parser.add_argument("--prompt", default="ROMEO.\n", help="text to continue")
+    parser.add_argument("--max-tokens", type=int, default=100, help="most tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling")
+    parser.add_argument("--max-context", type=int, default=None,
+                        help="cache size in tokens (default: the model's context, at most 2048)")
+    parser.add_argument("--no-compare", action="store_true",
+                        help="skip the run without a cache (it can be slow on long outputs)")
+    args = parser.parse_args(argv)
+
+    try:
+        model, tokenizer = s03.load(args.model)
+    except s03.CheckpointError as err:
+        parser.error(f"{err} (the bundled model is written by scripts/train_bundled_model.py)")
+    cfg = model.config
+    max_context = args.max_context or min(cfg.max_position_embeddings, 2048)
+    try:
+        params = s04.SamplingParams(temperature=args.temperature, seed=args.seed,
+                                    max_tokens=args.max_tokens)
+        engine = Engine(model, tokenizer, max_context)
+        start = time.perf_counter()
+        completion = engine.generate(args.prompt, params)
+        cached_s = time.perf_counter() - start
+    except ValueError as err:
+        parser.error(str(err))
+    s = completion.stats
+    print(f"{args.model}: {cfg.model_type}, L={cfg.num_hidden_layers}, H={cfg.num_attention_heads}, "
+          f"Hkv={cfg.num_key_value_heads}, D={cfg.head_dim}, V={cfg.vocab_size}")
+    print(f"KV cache: {kv_cache_bytes(cfg, 1):,} bytes per token (float32), "
+          f"{engine.runner.cache.nbytes:,} bytes reserved for {max_context} tokens, "
+          f"{kv_cache_bytes(cfg, engine.runner.cache.num_cached):,} used")
+    print("--- prompt ---\n" + args.prompt)
+    print("--- completion ---\n" + completion.text)
+    print(f"--- {s.tokens_out} tokens, finish_reason={completion.finish_reason}, "
+          f"{s.passes} passes (1 prefill of {s.prompt_tokens} tokens, {max(s.passes - 1, 0)} "
+          f"decodes) ---\n")
+    if not args.no_compare:
+        start = time.perf_counter()
+        reference = s04.Engine(model, tokenizer, max_context).generate(args.prompt, params)
+        uncached_s = time.perf_counter() - start
+        same = "the same tokens" if reference.token_ids == completion.token_ids else \
+            "DIFFERENT tokens (a bug: please report it)"
+        print(f"wall time: {cached_s:.2f} s with the cache, {uncached_s:.2f} s without "
+              f"({uncached_s / cached_s:.1f}x), {same}\n")
+    print(format_work_table(cfg, s.prompt_tokens, s.passes))
+
+
+if __name__ == "__main__":
+    main()

@@ -5,11 +5,44 @@ Oracles: HF `transformers` (decode logits at every step against a full forward, 
 tokens with a fixed seed), and closed-form counts of multiply-adds and K/V bytes worked out by
 hand in this file (never taken from the module under test).
 """
+import json
+import shutil
+
 import numpy as np
 import pytest
+import torch
 
-from s03_transformer import TransformerConfig
-from s05_kv_cache import KVCache, kv_cache_bytes
+import s03_transformer as s03
+import s04_sampling as s04
+from s01_generation_loop import Engine as LoopEngine
+from s03_transformer import Transformer, TransformerConfig
+from s05_kv_cache import (
+    CachedTransformer, CountingArray, Engine, KVCache, Work, count_work, generation_work,
+    kv_cache_bytes, main, matmul_macs, step_work,
+)
+# The tiny random HF models of S03's tests and their helpers: one definition for both chapters.
+from test_s03_transformer import (
+    EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny, first_difference, hf_greedy, hf_logits,
+)
+
+CONTEXT = 96       # max_position_embeddings of every tiny model
+N_GENERATE = 36
+
+
+def greedy(max_tokens=N_GENERATE, **kwargs) -> s04.SamplingParams:
+    return s04.SamplingParams(temperature=0.0, max_tokens=max_tokens, **kwargs)
+
+
+def prompt_text(ids) -> str:
+    return " ".join(map(str, ids))
+
+
+@pytest.fixture(scope="module", params=sorted(TINY))
+def tiny(request, tmp_path_factory):
+    """(name, HF model, our S03 Transformer loaded from its checkpoint)."""
+    directory = tmp_path_factory.mktemp(request.param)
+    hf = build_tiny(request.param, directory)
+    return request.param, hf, Transformer.from_pretrained(directory)
 
 
 # --- the cache itself -----------------------------------------------------------------------
@@ -99,3 +132,334 @@ def test_cache_nbytes_is_what_it_reserves():
     cache = KVCache(3, 2, 10, 4)                       # float32
     assert cache.nbytes == 2 * 3 * 2 * 10 * 4 * 4      # 1,920 bytes
     assert KVCache(3, 2, 10, 4, dtype=np.float16).nbytes == 960
+
+
+# --- prefill and decode against HF and the uncached forward ---------------------------------
+
+@pytest.mark.parametrize("prompt_len", [1, 37])
+def test_decode_logits_match_hf_and_the_uncached_forward_at_every_step(tiny, prompt_len):
+    """Prefill prompt_len tokens, then decode the rest of a 90-token sequence one at a time:
+    the row returned at position t equals HF's (and S03's) logits row t of a full forward."""
+    name, hf, model = tiny
+    ids = np.random.default_rng(1).integers(0, V, size=90).tolist()
+    runner = CachedTransformer(model)
+    rows = [runner.prefill(ids[:prompt_len])] + [runner.decode(t) for t in ids[prompt_len:-1]]
+    got = np.stack(rows)                                     # (90 - prompt_len, V)
+    assert got.dtype == np.float32 and got.shape == (90 - prompt_len, V)
+    assert runner.cache.num_cached == 89
+    np.testing.assert_allclose(got, hf_logits(hf, ids)[prompt_len - 1:-1], rtol=1e-4, atol=2e-5,
+                               err_msg=name)
+    np.testing.assert_allclose(got, model.forward(ids)[prompt_len - 1:-1], rtol=1e-4, atol=2e-5,
+                               err_msg=name)
+
+
+def test_prefill_starts_over_and_decode_needs_a_prefill(tiny):
+    name, hf, model = tiny
+    runner = CachedTransformer(model, max_seq_len=10)
+    with pytest.raises(ValueError, match="decode needs a prefilled cache"):
+        runner.decode(3)
+    runner.prefill([4, 5, 6])
+    again = runner.prefill([7, 8])           # a new sequence: nothing of [4, 5, 6] remains
+    assert runner.cache.num_cached == 2
+    np.testing.assert_allclose(again, hf_logits(hf, [7, 8])[-1], rtol=1e-4, atol=2e-5)
+
+
+def test_prompt_too_long_and_a_full_cache_are_errors_that_write_nothing(tiny):
+    name, hf, model = tiny
+    runner = CachedTransformer(model, max_seq_len=6)
+    with pytest.raises(ValueError, match="prefill needs at least one prompt token"):
+        runner.prefill([])
+    with pytest.raises(ValueError, match=r"prompt is 7 tokens but the KV cache holds 6 "
+                                         r"positions \(max_seq_len\)"):
+        runner.prefill([1] * 7)
+    runner.prefill([1, 2, 3, 4, 5])
+    runner.decode(6)                          # fills the 6th and last position
+    before = (runner.cache.k.copy(), runner.cache.v.copy())
+    with pytest.raises(ValueError, match="KV cache is full: it holds 6 of 6 positions and "
+                                         "cannot take 1 more"):
+        runner.decode(7)
+    assert runner.cache.num_cached == 6 and runner.cache.layer_lens == [6] * len(model.blocks)
+    np.testing.assert_array_equal(runner.cache.k, before[0])
+    np.testing.assert_array_equal(runner.cache.v, before[1])
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 97\)"):
+        CachedTransformer(model).prefill([1, V])
+
+
+def test_cache_size_must_fit_the_models_positions(tiny):
+    name, hf, model = tiny
+    with pytest.raises(ValueError, match=r"max_seq_len must be an integer in "
+                                         r"\[1, max_position_embeddings=96\]"):
+        CachedTransformer(model, max_seq_len=97)
+    with pytest.raises(ValueError, match="max_seq_len must be an integer"):
+        Engine(model, IdTokenizer(), max_context=CONTEXT + 1)
+    runner = CachedTransformer(model)
+    cfg = model.config
+    assert runner.cache.k.shape == (cfg.num_hidden_layers, cfg.num_key_value_heads, CONTEXT,
+                                    cfg.head_dim)
+
+
+# --- the engine: greedy parity with the S01 loop and HF generate ----------------------------
+
+@pytest.mark.parametrize("prompt_len", [1, 60, 90, 95])
+def test_greedy_tokens_equal_s01_loop_and_hf_generate(tiny, prompt_len):
+    """Prompts from one token to one short of the context: 90 and 95 hit the context limit
+    (6 and 1 new tokens, finish_reason "length" from a full context). The prompt is the first
+    random one after which HF's greedy run does not produce EOS_UNUSED, so every step compares."""
+    name, hf, model = tiny
+    new = min(N_GENERATE, CONTEXT - prompt_len)
+    for seed in range(20):
+        prompt = np.random.default_rng([prompt_len, seed]).integers(2, V, size=prompt_len).tolist()
+        expected = hf_greedy(hf, prompt, new, eos_id=EOS_UNUSED)
+        if len(expected) == new:
+            break
+    assert len(expected) == new, "no prompt without an early EOS found"
+    loop = LoopEngine(model, IdTokenizer(), CONTEXT).generate(prompt_text(prompt), N_GENERATE)
+    ours = Engine(model, IdTokenizer(), CONTEXT).generate(prompt_text(prompt), greedy())
+    assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
+    assert ours.token_ids == loop.token_ids, first_difference(ours.token_ids, loop.token_ids)
+    assert ours.stats.stop_reason == loop.stats.stop_reason == (
+        "max_tokens" if new == N_GENERATE else "context_full")
+    assert ours.finish_reason == "length"
+    assert ours.stats.context_lens == loop.stats.context_lens
+
+
+def test_eos_stop_equals_hf_generate(tiny):
+    name, hf, model = tiny
+    prompt = [5, 17, 42, 8, 63]
+    free_run = hf_greedy(hf, prompt, N_GENERATE, eos_id=EOS_UNUSED)
+    eos = next(t for t in free_run[3:] if t not in (PAD, EOS_UNUSED))
+    expected = hf_greedy(hf, prompt, N_GENERATE, eos_id=eos)
+    ours = Engine(model, IdTokenizer(eos), CONTEXT).generate(prompt_text(prompt), greedy())
+    assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
+    assert ours.stats.stop_reason == "eos" and ours.finish_reason == "stop"
+
+
+def test_context_boundaries(tiny):
+    name, hf, model = tiny
+    engine = Engine(model, IdTokenizer(), CONTEXT)
+    full = engine.generate(prompt_text([3] * CONTEXT), greedy())
+    assert full.token_ids == [] and full.stats.stop_reason == "context_full"
+    assert full.finish_reason == "length" and full.stats.passes == 0
+    with pytest.raises(ValueError, match="prompt is 97 tokens but max_context is 96"):
+        engine.generate(prompt_text([3] * (CONTEXT + 1)), greedy())
+    small = Engine(model, IdTokenizer(), max_context=8)       # a cache smaller than the model's
+    out = small.generate(prompt_text([3, 4, 5]), greedy(ignore_eos=True))
+    assert len(out.token_ids) == 5 and out.stats.stop_reason == "context_full"
+    assert small.runner.cache.num_cached == 7  # the 8th token was sampled, never run
+
+
+# --- sampling: the cache changes speed, not meaning -----------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampled_tokens_and_logprobs_equal_s04_engine(tiny, seed):
+    name, hf, model = tiny
+    params = s04.SamplingParams(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1,
+                                max_tokens=30, seed=seed, logprobs=2)
+    prompt = prompt_text([5, 17, 42, 8, 63])
+    reference = s04.Engine(model, IdTokenizer(), CONTEXT).generate(prompt, params)
+    ours = Engine(model, IdTokenizer(), CONTEXT).generate(prompt, params)
+    assert ours.token_ids == reference.token_ids, first_difference(ours.token_ids,
+                                                                   reference.token_ids)
+    np.testing.assert_allclose([lp.logprob for lp in ours.logprobs],
+                               [lp.logprob for lp in reference.logprobs], rtol=1e-4, atol=1e-5)
+
+
+def test_interleaved_streams_on_one_engine_each_equal_their_solo_run():
+    """Two requests streamed alternately share one cache: whenever the ids handed to
+    next_logits are not the cached ones plus one, the engine prefills again, so neither request
+    can read the other's keys."""
+    directory = build_tiny_dir("qwen3_gqa_tied")
+    model = Transformer.from_pretrained(directory)
+    engine = Engine(model, IdTokenizer(), CONTEXT)
+    prompts = [prompt_text([5, 17, 42]), prompt_text([9, 9, 1, 60])]
+    solo = [engine.generate(p, greedy(12)).token_ids for p in prompts]
+    streams = [engine.stream(p, greedy(12)) for p in prompts]
+    results = [None, None]
+    while any(r is None for r in results):
+        for i, stream in enumerate(streams):
+            if results[i] is None:
+                try:
+                    next(stream)
+                except StopIteration as end:
+                    results[i] = end.value.token_ids
+    assert results == solo
+
+
+_DIRS = {}
+
+
+def build_tiny_dir(name):
+    import tempfile
+    if name not in _DIRS:
+        _DIRS[name] = tempfile.mkdtemp(prefix=f"s05_{name}_")
+        build_tiny(name, _DIRS[name])
+    return _DIRS[name]
+
+
+# --- counted work: quadratic vs linear, by counting --------------------------------------------
+
+def by_hand(cfg, new_tokens, context_len, logit_rows):
+    """The closed form, written out here: per token per layer the q, k, v, o projections
+    (C H D + 2 C Hkv D + H D C) and the MLP (3 C I, or 2 C I for GPT-2); the head C V per
+    logits row; attention 2 H D per query-key pair; K and V reads 2 Hkv D x 4 bytes per key."""
+    c, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    h, hkv, layers, vocab = (cfg.num_attention_heads, cfg.num_key_value_heads,
+                             cfg.num_hidden_layers, cfg.vocab_size)
+    per_token = c * h * d + 2 * c * hkv * d + h * d * c + (2 if cfg.model_type == "gpt2" else 3) * c * i
+    return (layers * new_tokens * per_token + logit_rows * c * vocab,
+            layers * 2 * h * d * new_tokens * context_len,
+            layers * 2 * hkv * d * context_len * 4)
+
+
+def as_tuple(work: Work):
+    return work.weight_macs, work.attention_macs, work.kv_bytes_read
+
+
+def test_matmul_counting_by_hand():
+    work = Work()
+    a = np.ones((3, 4), np.float32).view(CountingArray)
+    a.work = work
+    b = np.ones((4, 5), np.float32)
+    np.testing.assert_array_equal(a @ b, np.full((3, 5), 4.0))
+    assert work.weight_macs == 3 * 4 * 5                    # 60
+    out = np.ones((2, 3, 4), np.float32) @ a.T[:, :3].T.T   # (2, 3, 4) @ (4, 3): 2*3*4*3 = 72
+    assert work.weight_macs == 60 + 72 and type(out) is np.ndarray
+    assert matmul_macs((4,), (4, 6)) == 24 and matmul_macs((7, 1, 2, 3), (5, 3, 8)) == 7 * 5 * 2 * 3 * 8
+
+
+def test_one_prefill_and_one_decode_counted_by_hand():
+    """llama_linear_tied: C=32, L=2, H=Hkv=4, D=8, I=64, V=97. One decode at context 6:
+    weights 2 x (32*32 + 2*32*32 + 32*32 + 3*32*64) + 32*97 = 2 x 10,240 + 3,104 = 23,584;
+    attention 2 layers x 2 x 4 heads x 8 x 1 query x 6 keys = 768; K/V 2 x 2 x 4 x 8 x 6 x 4 B
+    = 3,072 bytes. The prefill of those 5 tokens: 5 x 20,480 + 3,104 = 105,504; 2*2*4*8*5*5 =
+    3,200; 2*2*4*8*5*4 = 2,560."""
+    model = Transformer.from_pretrained(build_tiny_dir("llama_linear_tied"))
+    runner = CachedTransformer(model)
+    with count_work(model) as prefill:
+        runner.prefill([1, 2, 3, 4, 5])
+    with count_work(model) as decode:
+        runner.decode(6)
+    assert as_tuple(prefill) == (105_504, 3_200, 2_560)
+    assert as_tuple(decode) == (23_584, 768, 3_072)
+    assert as_tuple(step_work(model.config, 1, 6, 1)) == (23_584, 768, 3_072)
+    # the instrument is gone afterwards: plain weights, S03's own attention
+    assert type(model.lm_head) is np.ndarray and s03.attention.__name__ == "attention"
+    assert all(type(w) is np.ndarray for block in model.blocks for w in block.w.values())
+
+
+@pytest.mark.parametrize("prompt_len, max_tokens", [(1, 20), (12, 30)])
+def test_counted_work_equals_closed_forms_for_both_engines(tiny, prompt_len, max_tokens):
+    """The S01 loop (S03's forward on the whole context every pass) against the cached
+    engine, counted while they run: per pass n = prompt_len + i tokens of context, the loop does
+    n tokens of weight work and n^2 query-key pairs, the cache 1 token and n pairs (after a
+    prefill of prompt_len tokens and prompt_len^2 pairs). Both read K and V of n positions."""
+    name, hf, model = tiny
+    cfg = model.config
+    prompt = prompt_text(np.arange(2, 2 + prompt_len) % V)
+    with count_work(model) as loop_work:
+        loop = LoopEngine(model, IdTokenizer(), CONTEXT).generate(prompt, max_tokens)
+    with count_work(model) as cached_work:
+        cached = Engine(model, IdTokenizer(), CONTEXT).generate(prompt, greedy(max_tokens))
+    assert loop.token_ids == cached.token_ids and loop.stats.passes == max_tokens
+    contexts = [prompt_len + i for i in range(max_tokens)]
+    expected_loop = np.sum([by_hand(cfg, n, n, n) for n in contexts], axis=0)
+    expected_cached = np.sum([by_hand(cfg, prompt_len, prompt_len, 1)]
+                             + [by_hand(cfg, 1, n, 1) for n in contexts[1:]], axis=0)
+    assert as_tuple(loop_work) == tuple(expected_loop), name
+    assert as_tuple(cached_work) == tuple(expected_cached), name
+    assert as_tuple(sum(generation_work(cfg, prompt_len, max_tokens, cached=False), Work())) \
+        == tuple(expected_loop)
+    assert as_tuple(sum(generation_work(cfg, prompt_len, max_tokens, cached=True), Work())) \
+        == tuple(expected_cached)
+
+
+def test_quadratic_vs_linear_attention_pairs_from_the_counts():
+    """From a 1-token prompt over m passes the loop scores sum(n^2) = m(m+1)(2m+1)/6 query-key
+    pairs per head and layer, the cache sum(n) = m(m+1)/2: 2,870 vs 210 for m = 20."""
+    model = Transformer.from_pretrained(build_tiny_dir("qwen3_gqa_tied"))
+    cfg = model.config
+    per_pair = cfg.num_hidden_layers * 2 * cfg.num_attention_heads * cfg.head_dim
+    with count_work(model) as loop_work:
+        LoopEngine(model, IdTokenizer(), CONTEXT).generate("7", 20)
+    with count_work(model) as cached_work:
+        Engine(model, IdTokenizer(), CONTEXT).generate("7", greedy(20))
+    assert loop_work.attention_macs == 2_870 * per_pair
+    assert cached_work.attention_macs == 210 * per_pair
+
+
+def test_closed_form_arguments_are_checked():
+    cfg = TransformerConfig.from_pretrained(build_tiny_dir("gpt2"))
+    with pytest.raises(ValueError, match="need 1 <= new_tokens <= context_len"):
+        step_work(cfg, 5, 4, 1)
+    with pytest.raises(ValueError, match="need 0 <= logit_rows <= new_tokens"):
+        step_work(cfg, 2, 4, 3)
+    with pytest.raises(ValueError, match="need prompt_len >= 1 and passes >= 0"):
+        generation_work(cfg, 0, 3, cached=True)
+
+
+# --- the bundled model (skipped until scripts/train_bundled_model.py has written data/model) --
+
+bundled = pytest.mark.skipif(not (s03.BUNDLED_MODEL_DIR / "model.safetensors").exists(),
+                             reason="bundled model not trained yet (scripts/train_bundled_model.py)")
+
+
+@bundled
+@pytest.mark.slow
+def test_bundled_greedy_equals_s01_loop_and_hf_generate():
+    """A short prompt and a corpus prompt 12 tokens short of the context window."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(s03.BUNDLED_MODEL_DIR, attn_implementation="eager",
+                                              dtype=torch.float32).eval()
+    model, tokenizer = s03.load()
+    context = model.config.max_position_embeddings
+    corpus = (s03.ROOT / "data" / "shakespeare.txt").read_text(encoding="utf-8")
+    long_ids = tokenizer.encode(corpus[:20 * context])[:context - 12]
+    ids_tokenizer = IdTokenizer(tokenizer.eos_id)
+    for prompt in (tokenizer.encode("ROMEO.\n"), long_ids):
+        expected = hf_greedy(hf, prompt, min(40, context - len(prompt)), eos_id=tokenizer.eos_id)
+        loop = LoopEngine(model, ids_tokenizer, context).generate(prompt_text(prompt), 40)
+        ours = Engine(model, ids_tokenizer, context).generate(prompt_text(prompt), greedy(40))
+        assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
+        assert ours.token_ids == loop.token_ids, first_difference(ours.token_ids, loop.token_ids)
+        assert ours.stats.stop_reason == loop.stats.stop_reason
+    assert ours.stats.stop_reason in ("eos", "context_full")
+
+
+# --- main -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checkpoint_with_tokenizer(tmp_path_factory):
+    """A tiny random Qwen3 over the project's tokenizer (data/tokenizer.json), EOS <|endoftext|>."""
+    from tokenizers import Tokenizer
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    directory = tmp_path_factory.mktemp("qwen3_with_tokenizer")
+    tokenizer_json = s03.ROOT / "data" / "tokenizer.json"
+    vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
+    config = Qwen3Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, intermediate_size=64, vocab_size=vocab,
+                         max_position_embeddings=64, tie_word_embeddings=True,
+                         eos_token_id=vocab - 1)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(directory)
+    shutil.copy(tokenizer_json, directory / "tokenizer.json")
+    return directory
+
+
+def test_main_generates_with_the_cache_and_prints_the_comparison(checkpoint_with_tokenizer, capsys):
+    main(["--model", str(checkpoint_with_tokenizer), "--max-tokens", "8", "--prompt", "ROMEO."])
+    out = capsys.readouterr().out
+    # 2 x 2 layers x 2 heads x 8 dims x 4 bytes = 256 bytes per token; 64 tokens reserved
+    assert "KV cache: 256 bytes per token (float32), 16,384 bytes reserved for 64 tokens" in out
+    assert "the same tokens" in out and "DIFFERENT" not in out
+    assert "pass 1 is the prefill" in out and "total" in out
+
+
+def test_main_reports_bad_input_as_usage_errors(checkpoint_with_tokenizer, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", str(checkpoint_with_tokenizer), "--max-tokens", "0"])
+    assert "max_tokens must be an int >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", str(tmp_path)])
+    assert "no config.json" in capsys.readouterr().err
