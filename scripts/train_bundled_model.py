@@ -34,6 +34,7 @@ import json
 import math
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -115,18 +116,21 @@ def learning_rate(step: int, args) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "data" / "model")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=32, help="windows per step")
+    parser.add_argument("--steps", type=int, default=800, help="length of the learning-rate schedule")
+    parser.add_argument("--stop-after", type=int, default=None,
+                        help="end after this many steps of the --steps schedule (what a SIGTERM "
+                             "during training also does; the log records the step)")
+    parser.add_argument("--batch-size", type=int, default=16, help="windows per step")
     parser.add_argument("--context", type=int, default=256, help="tokens per window (= max_position_embeddings)")
-    parser.add_argument("--hidden-size", type=int, default=192)
-    parser.add_argument("--intermediate-size", type=int, default=512)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--intermediate-size", type=int, default=384)
     parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--rope-theta", type=float, default=10000.0)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--eval-windows", type=int, default=64, help="validation windows per periodic check")
@@ -158,9 +162,14 @@ def main(argv=None) -> None:
            "parameters": n_params, "train_tokens": int(len(train)), "val_tokens": int(len(val)),
            "curve": []}
     best = (math.inf, 0, None)
+    stop = {"requested": False}
+    # A shared machine can be slower than planned: SIGTERM ends training after the current
+    # step and still evaluates and saves. `--stop-after` replays such a run exactly.
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(requested=True))
+    last_step = args.steps if args.stop_after is None else min(args.steps, args.stop_after)
     model.train()
     start = time.perf_counter()
-    bar = tqdm(range(args.steps), desc="training", unit="step")
+    bar = tqdm(range(last_step), desc="training", unit="step")
     for step in bar:
         offsets = sampler.integers(0, len(train) - args.context - 1, size=args.batch_size)
         batch = torch.from_numpy(train[offsets[:, None] + np.arange(args.context + 1)[None]])
@@ -173,7 +182,8 @@ def main(argv=None) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+        stopping = stop["requested"] or step + 1 == last_step
+        if (step + 1) % args.eval_every == 0 or stopping:
             val_loss = evaluate(model, val, args.context, args.eval_windows)
             elapsed = time.perf_counter() - start
             log["curve"].append({"step": step + 1, "train_loss": round(loss.item(), 4),
@@ -183,6 +193,11 @@ def main(argv=None) -> None:
             if val_loss < best[0]:  # keep the weights with the best validation loss so far
                 best = (val_loss, step + 1, {k: t.clone() for k, t in model.state_dict().items()})
         bar.set_postfix(loss=f"{loss.item():.3f}")
+        if stopping:
+            break
+    log["steps_run"] = step + 1
+    if step + 1 < args.steps:
+        print(f"stopped after {step + 1} of {args.steps} steps (replay: --stop-after {step + 1})")
     train_s = time.perf_counter() - start
     model.load_state_dict(best[2])
     log["best_step"] = best[1]
@@ -190,7 +205,7 @@ def main(argv=None) -> None:
 
     val_loss = evaluate(model, val, args.context)
     log.update(train_seconds=round(train_s, 1),
-               tokens_per_s=round(args.steps * args.batch_size * args.context / train_s, 1),
+               tokens_per_s=round((step + 1) * args.batch_size * args.context / train_s, 1),
                final_val_loss=round(val_loss, 4), final_val_perplexity=round(math.exp(val_loss), 2),
                val_windows=(len(val) - 1) // args.context)
     print(f"final validation loss {val_loss:.4f} nats/token, perplexity {math.exp(val_loss):.2f}; "
