@@ -30,7 +30,7 @@ What it does not handle yet
     works (S02 built the project's own byte-level BPE, saved in the same format).
 
 Run it
-    python code/s03_transformer.py --prompt "ROMEO:" --max-tokens 60
+    python code/s03_transformer.py --prompt "Romeo." --max-tokens 60
     python code/s03_transformer.py --model path/to/checkpoint_dir   (or a hub id when online)
 
 Tests
@@ -928,45 +928,68 @@ class PartCost:
     bytes: int
 
 
-def cost_breakdown(config: TransformerConfig, context_len: int = 1, dtype_bytes: int = 4
-                   ) -> list[PartCost]:
-    """Parameters, FLOPs and bytes of one token's forward pass, part by part, from the config.
-
-    Rows: "embedding" (and "position embedding" for GPT-2), "layer 0" ... "layer L-1",
-    "final norm", "lm head" (0 parameters when tied, but its FLOPs and reads are still there).
-    A layer's matmuls: q, k, v, o projections (2 C (H + 2 Hkv) D + 2 H D C FLOPs), the
-    attention itself (2 H D S for q k^T and 2 H D S for the weighted sum of values, S =
-    context_len), the MLP (3 matmuls of C x I for SwiGLU, 2 for GPT-2). Norms, RoPE, softmax
-    and activations are O(C) per token and left out of FLOPs (their parameters are counted).
-    An embedding lookup moves one row (C values) and does no FLOPs.
-    Raises ValueError for context_len < 1 or dtype_bytes < 1. Counting conventions: Kaplan et
-    al. 2020 (2 FLOPs per parameter per token) plus the attention term.
-    """
+def _check_cost_args(context_len: int, dtype_bytes: int) -> None:
     if context_len < 1:
         raise ValueError(f"context_len must be >= 1 (got {context_len})")
     if dtype_bytes < 1:
         raise ValueError(f"dtype_bytes must be >= 1 (got {dtype_bytes})")
+
+
+def layer_breakdown(config: TransformerConfig, context_len: int = 1, dtype_bytes: int = 4
+                    ) -> list[PartCost]:
+    """The anatomy of one decoder layer for one token attending to S = context_len positions.
+
+    Rows:
+    - "q, k, v, o projections": C x (H + 2 Hkv) D in, H D x C out; 2 FLOPs per weight.
+    - "attention (q k^T, p v)": no weights; 2 H D S FLOPs for the scores and 2 H D S for the
+      weighted sum of values; reads the cached K and V of S - 1 positions and writes the new
+      token's (2 Hkv D values each).
+    - "mlp": 3 matrices of C x I (SwiGLU) or 2 (GPT-2), plus biases where the model has them.
+    - "norms": RMSNorm / LayerNorm weights (Qwen3's q/k norms included); O(C) work, counted as
+      0 FLOPs like RoPE, softmax and activations.
+    Raises ValueError for context_len < 1 or dtype_bytes < 1.
+    """
+    _check_cost_args(context_len, dtype_bytes)
     cfg = config
-    c, i_size, v, d = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+    c, i_size, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     h_d, kv_d = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     gpt2 = cfg.model_type == "gpt2"
-
     proj_weights = c * h_d + 2 * c * kv_d + h_d * c
-    proj_biases = (h_d + 2 * kv_d + c) if cfg.attention_bias else 0
+    proj_params = proj_weights + ((h_d + 2 * kv_d + c) if cfg.attention_bias else 0)
     mlp_weights = (2 if gpt2 else 3) * c * i_size
-    mlp_biases = (i_size + c) if gpt2 else ((2 * i_size + c) if cfg.mlp_bias else 0)
-    norms = (4 * c) if gpt2 else (2 * c + (2 * d if cfg.qk_norm else 0))
-    layer_params = proj_weights + proj_biases + mlp_weights + mlp_biases + norms
-    attn_flops = 2 * h_d * context_len * 2             # q k^T, then probs v
-    layer_flops = 2 * proj_weights + attn_flops + 2 * mlp_weights
+    mlp_params = mlp_weights + ((i_size + c) if gpt2 else ((2 * i_size + c) if cfg.mlp_bias else 0))
+    norm_params = (4 * c) if gpt2 else (2 * c + (2 * d if cfg.qk_norm else 0))
     kv_bytes = 2 * kv_d * (context_len - 1) * dtype_bytes + 2 * kv_d * dtype_bytes  # read + write
+    return [
+        PartCost("q, k, v, o projections", proj_params, 2 * proj_weights, proj_params * dtype_bytes),
+        PartCost("attention (q k^T, p v)", 0, 2 * 2 * h_d * context_len, kv_bytes),
+        PartCost("mlp", mlp_params, 2 * mlp_weights, mlp_params * dtype_bytes),
+        PartCost("norms", norm_params, 0, norm_params * dtype_bytes),
+    ]
 
+
+def cost_breakdown(config: TransformerConfig, context_len: int = 1, dtype_bytes: int = 4
+                   ) -> list[PartCost]:
+    """Parameters, FLOPs and bytes of one token's forward pass, part by part, from the config.
+
+    Rows: "embedding" (and "position embedding" for GPT-2), "layer 0" ... "layer L-1" (each
+    the sum of `layer_breakdown`), "final norm", "lm head" (0 parameters when tied to the
+    embedding, but its 2 C V FLOPs and its V x C read are still there). An embedding lookup
+    moves one row (C values) and does no FLOPs. Raises ValueError for context_len < 1 or
+    dtype_bytes < 1. Counting conventions: Kaplan et al. 2020 (2 FLOPs per parameter per
+    token) plus the attention term.
+    """
+    _check_cost_args(context_len, dtype_bytes)
+    cfg = config
+    c, v = cfg.hidden_size, cfg.vocab_size
+    gpt2 = cfg.model_type == "gpt2"
+    parts = layer_breakdown(cfg, context_len, dtype_bytes)
     rows = [PartCost("embedding", v * c, 0, c * dtype_bytes)]
     if gpt2:
         rows.append(PartCost("position embedding", cfg.max_position_embeddings * c, 0, c * dtype_bytes))
     for layer in range(cfg.num_hidden_layers):
-        rows.append(PartCost(f"layer {layer}", layer_params, layer_flops,
-                             layer_params * dtype_bytes + kv_bytes))
+        rows.append(PartCost(f"layer {layer}", sum(p.params for p in parts),
+                             sum(p.flops for p in parts), sum(p.bytes for p in parts)))
     final_norm = 2 * c if gpt2 else c
     rows.append(PartCost("final norm", final_norm, 0, final_norm * dtype_bytes))
     head_params = 0 if cfg.tie_word_embeddings else v * c
@@ -995,19 +1018,26 @@ def bytes_per_token(config: TransformerConfig, context_len: int, dtype_bytes: in
 
 
 def format_cost_table(config: TransformerConfig, context_len: int) -> str:
-    """The per-part breakdown as an aligned text table with totals and shares."""
+    """The per-part breakdown, then one layer's anatomy, as aligned text tables."""
+    def table(rows: list[PartCost], title: str) -> list[str]:
+        total_p = sum(r.params for r in rows) or 1
+        total_f = sum(r.flops for r in rows) or 1
+        lines = [f"{title:<24} {'parameters':>12} {'share':>6} {'FLOPs/token':>13} {'share':>6} "
+                 f"{'bytes/token':>13}"]
+        for r in rows:
+            lines.append(f"{r.part:<24} {r.params:>12,} {r.params / total_p:>6.1%} "
+                         f"{r.flops:>13,} {r.flops / total_f:>6.1%} {r.bytes:>13,}")
+        lines.append(f"{'total':<24} {sum(r.params for r in rows):>12,} {'':>6} "
+                     f"{sum(r.flops for r in rows):>13,} {'':>6} {sum(r.bytes for r in rows):>13,}")
+        return lines
+
     rows = cost_breakdown(config, context_len)
-    total_p = sum(r.params for r in rows)
-    total_f = sum(r.flops for r in rows)
-    total_b = sum(r.bytes for r in rows)
-    lines = [f"{'part':<20} {'parameters':>12} {'share':>6} {'FLOPs/token':>13} {'share':>6} "
-             f"{'bytes/token':>13}"]
-    for r in rows:
-        lines.append(f"{r.part:<20} {r.params:>12,} {r.params / total_p:>6.1%} {r.flops:>13,} "
-                     f"{r.flops / total_f:>6.1%} {r.bytes:>13,}")
-    lines.append(f"{'total':<20} {total_p:>12,} {'':>6} {total_f:>13,} {'':>6} {total_b:>13,}")
-    lines.append(f"(one token attending to {context_len} positions; float32; arithmetic intensity "
-                 f"{total_f / total_b:.2f} FLOP/byte)")
+    flops, moved = sum(r.flops for r in rows), sum(r.bytes for r in rows)
+    lines = table(rows, "part")
+    lines.append("")
+    lines += table(layer_breakdown(config, context_len), "inside one layer")
+    lines.append(f"\n(one token attending to {context_len} positions, float32 weights, batch 1 with a "
+                 f"KV cache: {flops / moved:.2f} FLOP per byte moved)")
     return "\n".join(lines)
 
 
@@ -1022,7 +1052,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Chapter 3: a NumPy transformer running real checkpoints in the S01 loop.")
     parser.add_argument("--model", default=str(BUNDLED_MODEL_DIR),
                         help="checkpoint directory or Hugging Face hub id (default: bundled model)")
-    parser.add_argument("--prompt", default="ROMEO:\n", help="text to continue")
+    parser.add_argument("--prompt", default="Romeo.\n", help="text to continue")
     parser.add_argument("--max-tokens", type=int, default=60, help="most tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0, help="random seed for sampling")
