@@ -135,6 +135,18 @@ def test_every_page_loads_offline_without_errors(sites, browser, which):
     assert not failures, json.dumps(failures, indent=1)
 
 
+def test_the_watch_catches_a_request_off_the_machine(sites, browser):
+    # The offline check is only as good as its recorder: an image from another host must show up.
+    base, _ = sites["fixture"]
+    watched = Watched(browser, base)
+    watched.page.goto(f"{base}/site/index.html")
+    watched.page.evaluate("() => { const i = new Image(); i.src = 'https://example.org/x.png'; "
+                          "document.body.appendChild(i); }")
+    watched.page.wait_for_timeout(300)
+    assert any("https://example.org/x.png" in p for p in watched.problems())
+    watched.close()
+
+
 # --------------------------------------------------------------------------------------------
 # The S01 simulator against the engine
 # --------------------------------------------------------------------------------------------

@@ -159,6 +159,11 @@
 
   function fmtInt(x) { return x.toLocaleString("en-US"); }
 
+  function percent(p) {                          // 12.3%, 0.42%, 0.0031%: small ones stay visible
+    var v = 100 * p;
+    return (v >= 10 ? v.toFixed(1) : Number(v.toPrecision(2)).toString()) + "%";
+  }
+
   function shown(piece) {
     if (piece === "\n") return "\u21b5";
     return piece;
@@ -238,7 +243,9 @@
                              String(data.max_context));
 
     var row1 = make("div", "gl-row");
-    row1.appendChild(field("Prompt", promptBox));
+    var promptField = field("Prompt", promptBox);
+    promptField.className += " gl-field-prompt";
+    row1.appendChild(promptField);
     row1.appendChild(field("Examples", presets));
     var row2 = make("div", "gl-row");
     var tWrap = make("span", "gl-temp-wrap");
@@ -360,7 +367,7 @@
         bar.style.width = (100 * p[id] / p[order[0]]).toFixed(2) + "%";
         track.appendChild(bar);
         line.appendChild(track);
-        line.appendChild(make("span", "gl-bar-value", (100 * p[id]).toFixed(1) + "%"));
+        line.appendChild(make("span", "gl-bar-value", percent(p[id])));
         dist.appendChild(line);
       });
     }
@@ -422,7 +429,7 @@
           ? "Pass " + run.contextLens.length + " read " + L.n + " tokens and took the argmax: \u201c" +
             tok + "\u201d."
           : "Pass " + run.contextLens.length + " read " + L.n + " tokens, drew u = " + L.u.toFixed(4) +
-            " and picked \u201c" + tok + "\u201d (p = " + (100 * L.p).toFixed(1) + "% at T = " + L.T + ").";
+            " and picked \u201c" + tok + "\u201d (p = " + percent(L.p) + " at T = " + L.T + ").";
       }
       var temps = run.temps.filter(function (t, i, a) { return a.indexOf(t) === i; });
       var T = temps.length ? temps[0] : Number(tNumber.value);
