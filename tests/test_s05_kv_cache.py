@@ -1,16 +1,17 @@
 """Tests for chapter S05: the KV cache, prefill and decode, and the counted work.
 
-Oracles: HF `transformers` (decode logits at every step against a full forward, and greedy
-`generate`), the S01 loop running S03's uncached forward (greedy tokens), S04's engine (sampled
+Oracles: HF `transformers` (decode logits at every step against a full forward, the keys and
+values in its DynamicCache, and greedy `generate`), the S01 loop running S03's uncached forward (greedy tokens), S04's engine (sampled
 tokens with a fixed seed), and closed-form counts of multiply-adds and K/V bytes worked out by
 hand in this file (never taken from the module under test).
 """
-import json
 import shutil
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import s03_transformer as s03
 import s04_sampling as s04
@@ -83,6 +84,28 @@ def test_cache_never_writes_past_its_end():
     assert cache.num_free == 0
 
 
+@settings(max_examples=60, deadline=None)
+@given(chunks=st.lists(st.integers(1, 6), min_size=1, max_size=8), max_seq_len=st.integers(1, 20))
+def test_cache_holds_exactly_the_appended_positions_in_order(chunks, max_seq_len):
+    """Any sequence of appends: each fits iff the total stays within max_seq_len; the filled
+    part is the concatenation of what fitted; a refused append changes nothing."""
+    cache = KVCache(1, 2, max_seq_len, 3)
+    stored, rng = [], np.random.default_rng(len(chunks))
+    for t_len in chunks:
+        k = rng.standard_normal((2, t_len, 3)).astype(np.float32)
+        if len(stored) + t_len <= max_seq_len:
+            cache.append(0, k, 2 * k)
+            stored.extend(k.transpose(1, 0, 2))              # one (Hkv, D) slice per position
+        else:
+            with pytest.raises(ValueError, match="KV cache is full"):
+                cache.append(0, k, 2 * k)
+        assert cache.num_cached == len(stored)
+    if stored:
+        expected = np.stack(stored, axis=1)                   # (Hkv, S, D)
+        np.testing.assert_array_equal(cache.k[0, :, :len(stored)], expected)
+        np.testing.assert_array_equal(cache.v[0, :, :len(stored)], 2 * expected)
+
+
 @pytest.mark.parametrize("args, message", [
     ((0, 1, 4, 2), "num_layers must be an integer >= 1"),
     ((1, 1, 0, 2), "max_seq_len must be an integer >= 1"),
@@ -151,6 +174,28 @@ def test_decode_logits_match_hf_and_the_uncached_forward_at_every_step(tiny, pro
                                err_msg=name)
     np.testing.assert_allclose(got, model.forward(ids)[prompt_len - 1:-1], rtol=1e-4, atol=2e-5,
                                err_msg=name)
+
+
+def test_cached_keys_and_values_equal_hfs_cache(tiny):
+    """After a prefill of 7 tokens and 5 decodes, our cache holds, layer by layer, the keys
+    (rotated at their absolute positions) and values HF's DynamicCache holds for the same 12
+    tokens run at once: Hkv heads of (S, D), nothing for the H - Hkv query heads."""
+    name, hf, model = tiny
+    ids = [11, 3, 58, 20, 7, 91, 44, 5, 5, 60, 2, 33]
+    runner = CachedTransformer(model)
+    runner.prefill(ids[:7])
+    for token in ids[7:]:
+        runner.decode(token)
+    with torch.no_grad():
+        hf_cache = hf(torch.tensor([ids]), use_cache=True).cache
+    for layer in range(model.config.num_hidden_layers):
+        hf_k = hf_cache.layers[layer].keys[0].numpy()       # (Hkv, S, D)
+        hf_v = hf_cache.layers[layer].values[0].numpy()
+        assert hf_k.shape == (runner.cache.num_kv_heads, 12, runner.cache.head_dim)
+        np.testing.assert_allclose(runner.cache.k[layer, :, :12], hf_k, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{name} keys, layer {layer}")
+        np.testing.assert_allclose(runner.cache.v[layer, :, :12], hf_v, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{name} values, layer {layer}")
 
 
 def test_prefill_starts_over_and_decode_needs_a_prefill(tiny):
