@@ -219,50 +219,81 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, s
 # ---------------------------------------------------------------------------------------------
 
 class KVCache:
-    """Keys and values of every layer for one sequence, allocated once on the device.
+    """S05's `KVCache` in torch: keys and values of one sequence, preallocated on the device.
 
-    k, v: (L, Hkv, max_len, D) tensors in the model's dtype. `length` is the number of
-    positions written (a host-side int: the host always knows how long the sequence is, so
-    reading it never waits for the device). A step of T tokens writes positions length ..
-    length + T - 1 of every layer in place (`write`) and reads positions 0 .. length + T - 1
-    (views of the same memory, no copy), then `advance(T)`. Nothing is allocated per step.
-    Bytes: 2 L Hkv max_len D x dtype size (`nbytes`).
+    k, v: tensors (L, Hkv, max_seq_len, D) of `dtype` on `device`, allocated once; layer l's
+    filled positions are k[l, :, :layer_lens[l]]. The lengths are host-side ints: the host
+    always knows how long the sequence is, so reading them never waits for the device.
+    `append(layer, k, v)` writes T new positions of one layer in place (a copy into a slice of
+    the preallocated tensor, no new memory) and returns that layer's filled keys and values,
+    (Hkv, S, D) views. Same names and meaning as S05: num_cached, num_free, nbytes, reset.
+    Raises ValueError for sizes < 1 or a dtype that is not floating point.
     """
 
-    def __init__(self, config: s03.TransformerConfig, max_len: int, device: torch.device,
-                 dtype: torch.dtype):
-        if not isinstance(max_len, int) or max_len < 1:
-            raise ValueError(f"max_len must be an int >= 1 (got {max_len!r})")
-        shape = (config.num_hidden_layers, config.num_key_value_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_len = max_len
-        self.length = 0
+    def __init__(self, num_layers: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
+                            ("max_seq_len", max_seq_len), ("head_dim", head_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point torch.dtype (got {dtype!r})")
+        shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, Hkv, S_max, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, Hkv, S_max, D)
+        self.layer_lens = [0] * num_layers
+
+    @property
+    def num_layers(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def num_cached(self) -> int:
+        """Positions stored in every layer (all layers agree between steps)."""
+        return min(self.layer_lens)
+
+    @property
+    def num_free(self) -> int:
+        return self.max_seq_len - self.num_cached
 
     @property
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        """Bytes reserved on the device for keys and values (all max_seq_len positions)."""
+        return 2 * self.k.numel() * self.k.element_size()
 
     def reset(self) -> None:
-        """Forget the sequence (the memory is kept and overwritten by the next one)."""
-        self.length = 0
+        """Forget every position; the memory stays allocated and is overwritten next time."""
+        self.layer_lens = [0] * self.num_layers
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new tokens' k, v (Hkv, T, D) of `layer` at positions length .. length+T-1
-        and return every key and value so far, (Hkv, length + T, D) views.
-        Raises ValueError when the new tokens do not fit."""
-        start, end = self.length, self.length + k.shape[1]
-        if end > self.max_len:
-            raise ValueError(f"KV cache is full: {self.length} + {k.shape[1]} positions exceed "
-                             f"max_len {self.max_len}")
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store T new positions of one layer after its filled ones; k, v: (Hkv, T, D), already
+        rotated to their absolute positions. Returns the layer's keys and values for all
+        S = filled + T positions, (Hkv, S, D) views of the cache. Raises ValueError when they
+        do not fit (nothing is written then). Shapes are not checked here, unlike S05: the
+        only caller is `TorchTransformer.run`, and every check is host work in the hot loop.
+        """
+        start = self.layer_lens[layer]
+        end = start + k.shape[1]
+        if end > self.max_seq_len:
+            raise ValueError(f"KV cache is full: layer {layer} holds {start} of "
+                             f"{self.max_seq_len} positions and cannot take {k.shape[1]} more")
         self.k[layer, :, start:end] = k
         self.v[layer, :, start:end] = v
+        self.layer_lens[layer] = end
         return self.k[layer, :, :end], self.v[layer, :, :end]
-
-    def advance(self, n_tokens: int) -> None:
-        """Count n_tokens more positions as written (after every layer wrote them)."""
-        self.length += n_tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,14 +408,11 @@ class TorchTransformer(nn.Module):
 
     Build it from S03's `TransformerConfig` and a state dict of NumPy arrays or tensors with HF
     names (checked by S03's `check_state_dict`), or with `TorchTransformer.from_pretrained`.
-    Three entry points:
-    - `forward(token_ids)`: S01's model contract, logits float32 (T, V) as a NumPy array,
-      recomputing everything (no cache), so S01's loop runs it unchanged.
-    - `prefill(token_ids, cache)`: the prompt in one pass, filling the cache; returns the last
-      position's logits, float32 (V,), a device tensor.
-    - `decode(token, cache)`: one token (a (1,) device tensor, typically the sampler's output,
-      so it never visits the host) at position cache.length; logits float32 (V,) on the device.
-    attention: "manual" or "sdpa" (see `attention`).
+    `forward(token_ids)` is S01's model contract (logits float32 (T, V) as a NumPy array, all
+    positions recomputed), so S01's loop runs it unchanged; `run` is the pass on the device,
+    with or without a `KVCache`, used by `CachedTransformer` (S05's prefill / decode).
+    attention: "manual" or "sdpa" (see `attention`). Raises ValueError for an unknown
+    attention or dtype, and S03's CheckpointError for a state dict that does not fit the config.
     """
 
     def __init__(self, config: s03.TransformerConfig, state_dict: Mapping[str, np.ndarray],
@@ -436,85 +464,116 @@ class TorchTransformer(nn.Module):
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
-    def new_cache(self, max_len: int | None = None) -> KVCache:
-        """A KVCache for this model on its device, for up to max_len positions (default: the
-        model's max_position_embeddings). Raises ValueError for max_len beyond it."""
-        limit = self.config.max_position_embeddings
-        max_len = limit if max_len is None else max_len
-        if max_len > limit:
-            raise ValueError(f"max_len ({max_len}) must be <= max_position_embeddings ({limit})")
-        return KVCache(self.config, max_len, self.device, self.dtype)
+    def run(self, token_ids: torch.Tensor, start: int, cache: KVCache | None = None
+            ) -> torch.Tensor:
+        """The layers on the device: T tokens at positions start .. start + T - 1.
 
-    def run(self, token_ids: torch.Tensor, start: int, cache: KVCache | None,
-            last_only: bool) -> torch.Tensor:
-        """The forward pass on the device: T tokens at positions start .. start + T - 1.
-
-        token_ids: int64 (T,) on the device. With a cache, the step's keys and values are
-        written into it and attention reads everything cached (the caller advances it); without
-        one, the tokens attend only to each other (start must then be 0). last_only: put only
-        the last position through the LM head (what sampling needs; for a prompt of T tokens
-        it saves (T - 1) x V x C multiply-adds). Returns float32 (T, V), or (1, V).
+        token_ids: int64 (T,) on the device. With a cache, every layer appends the step's keys
+        and values to it and attention reads all cached positions; without one, the tokens
+        attend only to each other (start must then be 0). Returns hidden states (T, C) in the
+        model's dtype, before the final norm (`head` does the rest).
         """
-        cfg = self.config
         t_len = token_ids.shape[0]
         x = F.embedding(token_ids, self.embed_tokens)                       # (T, C)
         if self.embed_positions is not None:
             x = x + self.embed_positions[start:start + t_len]
             cos = sin = None
         else:
-            cos, sin = self.cos[start:start + t_len], self.sin[start:start + t_len]  # (T, D)
+            cos, sin = self.cos[start:start + t_len], self.sin[start:start + t_len]  # (T, D) views
         for layer, block in enumerate(self.blocks):
             q, k, v = block.qkv(x, cos, sin)
             if cache is not None:
-                k, v = cache.write(layer, k, v)                              # (Hkv, S, D)
+                k, v = cache.append(layer, k, v)                             # (Hkv, S, D) views
             x = block.finish(x, attention(q, k, v, start, block.scale, self.attention_impl))
-        if last_only:
-            x = x[-1:]
-        if cfg.model_type == "gpt2":
-            x = layer_norm(x, self.final_norm, self.final_norm_bias, cfg.norm_eps)
-        else:
-            x = rms_norm(x, self.final_norm, cfg.norm_eps)
-        return F.linear(x, self.lm_head).float()                             # (T, V) float32
+        return x
 
-    def _check_ids(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: hidden (T, C) -> logits float32 (T, V), on the device."""
+        if self.config.model_type == "gpt2":
+            x = layer_norm(x, self.final_norm, self.final_norm_bias, self.config.norm_eps)
+        else:
+            x = rms_norm(x, self.final_norm, self.config.norm_eps)
+        return F.linear(x, self.lm_head).float()
+
+    def check_ids(self, token_ids: Sequence[int], start: int = 0) -> torch.Tensor:
+        """Validate T ids placed at positions start .. start + T - 1 and move them to the device.
+        Returns int64 (T,). Raises ValueError for an empty or non-1-D sequence, an id outside
+        [0, V) or a position beyond max_position_embeddings."""
         ids = np.asarray(token_ids, dtype=np.int64)
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError("forward needs a non-empty 1-D sequence of token ids")
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
-        if ids.size > self.config.max_position_embeddings:
-            raise ValueError(f"{ids.size} tokens exceed max_position_embeddings "
-                             f"({self.config.max_position_embeddings})")
+        limit = self.config.max_position_embeddings
+        if start + ids.size > limit:
+            raise ValueError(f"positions must lie in [0, max_position_embeddings={limit}): "
+                             f"{ids.size} tokens from position {start} do not fit")
         return torch.from_numpy(ids).to(self.device)
 
     @torch.inference_mode()
     def forward(self, token_ids: Sequence[int]) -> np.ndarray:
         """S01's contract: logits float32 (T, V), a NumPy array on the host, for every position,
-        recomputing everything. Raises ValueError for an empty sequence, an id outside [0, V)
-        or more than max_position_embeddings tokens."""
-        return self.run(self._check_ids(token_ids), 0, None, last_only=False).cpu().numpy()
+        recomputing everything (no cache). Raises ValueError as `check_ids`."""
+        return self.head(self.run(self.check_ids(token_ids), 0)).cpu().numpy()
+
+
+class CachedTransformer:
+    """S05's `CachedTransformer` in torch: a `TorchTransformer` run step by step against a
+    `KVCache` preallocated on the model's device for max_seq_len positions (default the
+    model's max_position_embeddings).
+
+    prefill(prompt_ids) resets the cache, runs the prompt in one step and returns the last
+    position's logits; decode(token) runs one token at position num_cached. Both return float32
+    (V,) *device* tensors: the logits stay where they were computed. Only the last position
+    goes through the LM head. Raises ValueError when max_seq_len is not in
+    [1, max_position_embeddings].
+    """
+
+    def __init__(self, model: TorchTransformer, max_seq_len: int | None = None):
+        cfg = model.config
+        limit = cfg.max_position_embeddings
+        max_seq_len = limit if max_seq_len is None else max_seq_len
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)) \
+                or not 1 <= max_seq_len <= limit:
+            raise ValueError(f"max_seq_len must be an integer in [1, max_position_embeddings="
+                             f"{limit}] (got {max_seq_len!r})")
+        self.model = model
+        self.cache = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, int(max_seq_len),
+                             cfg.head_dim, model.dtype, model.device)
+
+    @property
+    def config(self) -> s03.TransformerConfig:
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
 
     @torch.inference_mode()
-    def prefill(self, token_ids: Sequence[int], cache: KVCache) -> torch.Tensor:
-        """Run the prompt (T ids) into an empty cache; logits float32 (V,) of its last position,
-        on the device. Raises ValueError as `forward`, or when the cache is not empty or too
-        short."""
-        if cache.length:
-            raise ValueError(f"prefill needs an empty cache (it holds {cache.length} positions; "
-                             "call cache.reset())")
-        ids = self._check_ids(token_ids)
-        logits = self.run(ids, 0, cache, last_only=True)
-        cache.advance(ids.shape[0])
-        return logits[0]
+    def prefill(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """Start a sequence: reset the cache, run the prompt (T ids) in one step, and return the
+        logits of the token after it, float32 (V,) on the device. Raises ValueError for a bad or
+        empty prompt or one longer than the cache."""
+        if len(prompt_ids) > self.cache.max_seq_len:
+            raise ValueError(f"prompt is {len(prompt_ids)} tokens but the KV cache holds "
+                             f"{self.cache.max_seq_len} positions (max_seq_len)")
+        ids = self.model.check_ids(prompt_ids)
+        self.cache.reset()
+        hidden = self.model.run(ids, 0, self.cache)                        # (T, C)
+        return self.model.head(hidden[-1:])[0]                             # (V,)
 
     @torch.inference_mode()
-    def decode(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One token, int64 (1,) on the device, at position cache.length; logits float32 (V,)
-        on the device. Not validated on the host on purpose: checking the id would mean
-        reading it from the device (it comes from `draw`, which only returns valid ids)."""
-        logits = self.run(token, cache.length, cache, last_only=True)
-        cache.advance(1)
-        return logits[0]
+    def decode(self, token: torch.Tensor) -> torch.Tensor:
+        """One token, int64 (1,) on the device, at position num_cached; returns the logits of
+        the token after it, float32 (V,) on the device. The id is not checked on the host on
+        purpose: that would mean reading it from the device, and it comes from `draw`, which
+        only returns ids in [0, V). Raises ValueError when nothing was prefilled or the cache
+        is full."""
+        start = self.cache.num_cached
+        if start == 0:
+            raise ValueError("decode needs a prefilled cache: call prefill(prompt_ids) first")
+        hidden = self.model.run(token, start, self.cache)                  # (1, C)
+        return self.model.head(hidden)[0]                                  # (V,)
 
 
 def load(name_or_path: str | Path = s03.BUNDLED_MODEL_DIR, device: str | None = None,
@@ -667,10 +726,9 @@ class DeviceSampler:
         row = apply_top_k(row, p.top_k)
         return apply_top_p(row, p.top_p)
 
-    def sample(self, logits: torch.Tensor, num_output_tokens: int) -> torch.Tensor:
-        """Process and draw: the next token as an int64 (1,) device tensor, or -1 when
-        min_tokens ruled out every token (the host sees it with the id and raises)."""
-        processed = self.process(logits, num_output_tokens)
+    def draw(self, processed: torch.Tensor, num_output_tokens: int) -> torch.Tensor:
+        """Draw from `process`'s output (V,): the next token as an int64 (1,) device tensor, or
+        -1 when min_tokens ruled out every token (the host sees it with the id and raises)."""
         u = None
         if self.generator is not None:
             u = torch.rand((), generator=self.generator, device=self.device, dtype=torch.float64)
@@ -745,7 +803,7 @@ class Engine(s04.Engine):
         if self.max_context > limit:
             raise ValueError(f"max_context ({self.max_context}) must be <= the model's "
                              f"max_position_embeddings ({limit})")
-        self.cache = model.new_cache(self.max_context)
+        self.runner = CachedTransformer(model, max_seq_len=self.max_context)
         self.sync_timing = sync_timing
 
     def next_logits(self, ids: list[int]) -> np.ndarray:
@@ -755,10 +813,9 @@ class Engine(s04.Engine):
 
     def _model_step(self, ids: list[int], token: torch.Tensor | None) -> torch.Tensor:
         if token is None:
-            self.cache.reset()
-            logits = self.model.prefill(ids, self.cache)
+            logits = self.runner.prefill(ids)
         else:
-            logits = self.model.decode(token, self.cache)
+            logits = self.runner.decode(token)
         if self.sync_timing:
             synchronize(self.model.device)
         return logits
@@ -781,14 +838,15 @@ class Engine(s04.Engine):
             raw = self._model_step(ids, token_dev)                 # (V,) float32, on the device
             model_done = time.perf_counter()
             stats.context_lens.append(len(ids))
-            token_dev = sampler.sample(raw, len(out))              # (1,) int64, on the device
+            processed = sampler.process(raw, len(out))             # (V,), on the device
+            token_dev = sampler.draw(processed, len(out))          # (1,) int64, on the device
             token = token_dev.item()                               # the one device -> host copy
             if token < 0:
                 raise ValueError("min_tokens ruled out every token: the model gave only EOS or "
                                  "stop ids a finite logit")
             sampler.update(token_dev)
             if logprobs is not None:
-                source = raw if self.logprobs_mode == "raw_logprobs" else sampler.process(raw, len(out))
+                source = raw if self.logprobs_mode == "raw_logprobs" else processed
                 logprobs.append(compute_logprobs(source, token, params.logprobs))
             ids.append(token)
             out.append(token)
@@ -886,7 +944,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = model.config
     print(f"{cfg.model_type}, {s03.parameter_count(cfg):,} parameters on {model.device} in "
           f"{str(model.dtype).removeprefix('torch.')}, attention {model.attention_impl}, KV cache "
-          f"{engine.cache.nbytes / 2**20:.1f} MiB preallocated for {engine.max_context} positions")
+          f"{engine.runner.cache.nbytes / 2**20:.1f} MiB preallocated for {engine.max_context} positions")
     print("--- prompt ---\n" + args.prompt)
     print("--- completion ---\n" + completion.text)
     stats = completion.stats
