@@ -37,9 +37,11 @@ Run it
 Tests
     tests/test_s05_kv_cache.py: greedy tokens equal to the S01 loop and to `transformers`
     generate on tiny random GPT-2, Qwen3 and Llama models and on the bundled model, prompts from
-    1 token to the context limit; decode logits allclose to HF and S03 at every step; sampled
-    tokens equal to S04's engine for fixed seeds; the context-full boundary; the cache's
-    errors; counted multiply-adds and K/V bytes equal to closed forms for both engines.
+    1 token to the context limit; decode logits allclose to HF and S03 at every step; cached
+    keys and values equal to those in HF's DynamicCache; sampled tokens equal to S04's engine
+    for fixed seeds; the context-full boundary; the cache's errors (a failed step or request
+    leaves no half-written state); counted multiply-adds and K/V bytes equal to closed forms
+    for both engines.
 
 References
     The cache is as old as autoregressive transformer decoding: Vaswani et al., "Attention Is
@@ -151,6 +153,21 @@ class KVCache:
         """Forget every position (a new sequence starts); the memory is kept and reused."""
         self.layer_lens = [0] * self.num_layers
 
+    def truncate(self, num_tokens: int) -> None:
+        """Keep only the first num_tokens positions in every layer (the rest is forgotten, not
+        zeroed). Used to undo a step that failed half-way; speculative decoding (S15) rolls
+        back rejected tokens the same way. Raises ValueError unless 0 <= num_tokens <= the
+        positions filled in every layer."""
+        if not 0 <= num_tokens <= self.num_cached_max:
+            raise ValueError(f"num_tokens must be in [0, {self.num_cached_max}] "
+                             f"(got {num_tokens})")
+        self.layer_lens = [min(n, num_tokens) for n in self.layer_lens]
+
+    @property
+    def num_cached_max(self) -> int:
+        """Positions filled in the fullest layer (equal to num_cached between steps)."""
+        return max(self.layer_lens)
+
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store the keys and values of T new positions of one layer, after the filled ones.
 
@@ -228,13 +245,17 @@ class CachedTransformer:
                              f"positions and cannot take {t_len} more")
         ids, positions = self.model.check_positions(token_ids, np.arange(start, start + t_len))
         x = self.model.embed(ids, positions)                             # (T, C)
-        for layer, block in enumerate(self.model.blocks):
-            q, k, v = block.qkv(x, positions)        # q (H, T, D); k, v (Hkv, T, D), RoPE'd
-            keys, values = self.cache.append(layer, k, v)                # (Hkv, S, D) each
-            scale = block.attention_scale() if hasattr(block, "attention_scale") else None
-            # Looked up on the module at call time, so count_work() can wrap it.
-            attn = s03.attention(q, keys, values, positions, np.arange(keys.shape[1]), scale)
-            x = block.finish(x, attn)                                    # (T, C)
+        try:
+            for layer, block in enumerate(self.model.blocks):
+                q, k, v = block.qkv(x, positions)    # q (H, T, D); k, v (Hkv, T, D), RoPE'd
+                keys, values = self.cache.append(layer, k, v)            # (Hkv, S, D) each
+                scale = block.attention_scale() if hasattr(block, "attention_scale") else None
+                # Looked up on the module at call time, so count_work() can wrap it.
+                attn = s03.attention(q, keys, values, positions, np.arange(keys.shape[1]), scale)
+                x = block.finish(x, attn)                                # (T, C)
+        except BaseException:
+            self.cache.truncate(start)  # all or nothing: no layer keeps half a step
+            raise
         return x
 
     def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
@@ -296,9 +317,10 @@ class Engine(s04.Engine):
         if 0 < n == len(ids) - 1 and ids[:n] == self.cached_ids:
             logits = self.runner.decode(ids[-1])     # the usual step: one new token
             self.cached_ids.append(ids[-1])
-        else:
-            logits = self.runner.prefill(ids)        # a new sequence
-            self.cached_ids = list(ids)
+            return logits
+        self.cached_ids = []                         # a new sequence overwrites the cache,
+        logits = self.runner.prefill(ids)            # so if prefill fails, nothing is cached
+        self.cached_ids = list(ids)
         return logits
 
 

@@ -46,6 +46,20 @@ def tiny(request, tmp_path_factory):
     return request.param, hf, Transformer.from_pretrained(directory)
 
 
+@pytest.fixture(scope="module")
+def tiny_by_name(tmp_path_factory):
+    """name -> (HF model, our S03 Transformer), each tiny model built once per module."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            directory = tmp_path_factory.mktemp(name)
+            hf = build_tiny(name, directory)
+            built[name] = (hf, Transformer.from_pretrained(directory))
+        return built[name]
+    return get
+
+
 # --- the cache itself -----------------------------------------------------------------------
 
 def test_cache_layout_and_append_returns_filled_views():
@@ -309,12 +323,11 @@ def test_sampled_tokens_and_logprobs_equal_s04_engine(tiny, seed):
                                [lp.logprob for lp in reference.logprobs], rtol=1e-4, atol=1e-5)
 
 
-def test_interleaved_streams_on_one_engine_each_equal_their_solo_run():
+def test_interleaved_streams_on_one_engine_each_equal_their_solo_run(tiny_by_name):
     """Two requests streamed alternately share one cache: whenever the ids handed to
     next_logits are not the cached ones plus one, the engine prefills again, so neither request
     can read the other's keys."""
-    directory = build_tiny_dir("qwen3_gqa_tied")
-    model = Transformer.from_pretrained(directory)
+    hf, model = tiny_by_name("qwen3_gqa_tied")
     engine = Engine(model, IdTokenizer(), CONTEXT)
     prompts = [prompt_text([5, 17, 42]), prompt_text([9, 9, 1, 60])]
     solo = [engine.generate(p, greedy(12)).token_ids for p in prompts]
@@ -330,15 +343,40 @@ def test_interleaved_streams_on_one_engine_each_equal_their_solo_run():
     assert results == solo
 
 
-_DIRS = {}
+def test_a_failed_request_does_not_corrupt_another_ones_cache(tiny_by_name):
+    """A prompt with an id the model does not have fails in prefill, after the cache was reset:
+    the request streamed before it must then prefill again, not decode on the wrong cache."""
+    hf, model = tiny_by_name("qwen3_gqa_tied")
+    engine = Engine(model, IdTokenizer(), CONTEXT)
+    prompt = prompt_text([5, 17, 42])
+    solo = engine.generate(prompt, greedy(10)).token_ids
+    stream = engine.stream(prompt, greedy(10))
+    next(stream), next(stream)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 97\)"):
+        engine.generate(prompt_text([5, 500]), greedy(3))
+    while True:
+        try:
+            next(stream)
+        except StopIteration as end:
+            assert end.value.token_ids == solo
+            break
 
 
-def build_tiny_dir(name):
-    import tempfile
-    if name not in _DIRS:
-        _DIRS[name] = tempfile.mkdtemp(prefix=f"s05_{name}_")
-        build_tiny(name, _DIRS[name])
-    return _DIRS[name]
+def test_a_step_that_fails_half_way_leaves_the_cache_as_it_was(tiny_by_name, monkeypatch):
+    hf, model = tiny_by_name("llama_gqa_rope_scaling")
+    runner = CachedTransformer(model)
+    runner.prefill([4, 8, 15])
+    with monkeypatch.context() as patched:          # layer 0 appends, then layer 1 fails
+        patched.setattr(model.blocks[1], "finish", lambda x, attn: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            runner.decode(16)
+    assert runner.cache.layer_lens == [3, 3]
+    np.testing.assert_allclose(runner.decode(16), hf_logits(hf, [4, 8, 15, 16])[-1],
+                               rtol=1e-4, atol=2e-5)
+    runner.cache.truncate(2)
+    assert runner.cache.num_cached == 2
+    with pytest.raises(ValueError, match=r"num_tokens must be in \[0, 2\]"):
+        runner.cache.truncate(3)
 
 
 # --- counted work: quadratic vs linear, by counting --------------------------------------------
@@ -372,13 +410,13 @@ def test_matmul_counting_by_hand():
     assert matmul_macs((4,), (4, 6)) == 24 and matmul_macs((7, 1, 2, 3), (5, 3, 8)) == 7 * 5 * 2 * 3 * 8
 
 
-def test_one_prefill_and_one_decode_counted_by_hand():
+def test_one_prefill_and_one_decode_counted_by_hand(tiny_by_name):
     """llama_linear_tied: C=32, L=2, H=Hkv=4, D=8, I=64, V=97. One decode at context 6:
     weights 2 x (32*32 + 2*32*32 + 32*32 + 3*32*64) + 32*97 = 2 x 10,240 + 3,104 = 23,584;
     attention 2 layers x 2 x 4 heads x 8 x 1 query x 6 keys = 768; K/V 2 x 2 x 4 x 8 x 6 x 4 B
     = 3,072 bytes. The prefill of those 5 tokens: 5 x 20,480 + 3,104 = 105,504; 2*2*4*8*5*5 =
     3,200; 2*2*4*8*5*4 = 2,560."""
-    model = Transformer.from_pretrained(build_tiny_dir("llama_linear_tied"))
+    hf, model = tiny_by_name("llama_linear_tied")
     runner = CachedTransformer(model)
     with count_work(model) as prefill:
         runner.prefill([1, 2, 3, 4, 5])
@@ -418,10 +456,10 @@ def test_counted_work_equals_closed_forms_for_both_engines(tiny, prompt_len, max
         == tuple(expected_cached)
 
 
-def test_quadratic_vs_linear_attention_pairs_from_the_counts():
+def test_quadratic_vs_linear_attention_pairs_from_the_counts(tiny_by_name):
     """From a 1-token prompt over m passes the loop scores sum(n^2) = m(m+1)(2m+1)/6 query-key
     pairs per head and layer, the cache sum(n) = m(m+1)/2: 2,870 vs 210 for m = 20."""
-    model = Transformer.from_pretrained(build_tiny_dir("qwen3_gqa_tied"))
+    hf, model = tiny_by_name("qwen3_gqa_tied")
     cfg = model.config
     per_pair = cfg.num_hidden_layers * 2 * cfg.num_attention_heads * cfg.head_dim
     with count_work(model) as loop_work:
@@ -432,8 +470,8 @@ def test_quadratic_vs_linear_attention_pairs_from_the_counts():
     assert cached_work.attention_macs == 210 * per_pair
 
 
-def test_closed_form_arguments_are_checked():
-    cfg = TransformerConfig.from_pretrained(build_tiny_dir("gpt2"))
+def test_closed_form_arguments_are_checked(tiny_by_name):
+    cfg = tiny_by_name("gpt2")[1].config
     with pytest.raises(ValueError, match="need 1 <= new_tokens <= context_len"):
         step_work(cfg, 5, 4, 1)
     with pytest.raises(ValueError, match="need 0 <= logit_rows <= new_tokens"):
