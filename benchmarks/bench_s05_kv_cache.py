@@ -24,8 +24,10 @@ default it generates only --uncached-tokens (100) tokens, about a minute; tokens
 are compared over what each engine ran, and per-step times at the context lengths both
 reached.
 
-BLAS threads are pinned to 1 (OPENBLAS_NUM_THREADS etc., unless already set) so the figures do
-not depend on how busy the other cores are. Numbers vary from machine to machine and run to run.
+BLAS threads are pinned to 1 (OPENBLAS_NUM_THREADS etc., unless already set), and every pass
+is timed twice: wall seconds (what a user waits) and CPU seconds of this thread (the work done,
+which other jobs on a shared machine disturb much less). Numbers vary from machine to machine
+and run to run.
 """
 from __future__ import annotations
 
@@ -100,6 +102,23 @@ def median_step_ms(times_s: list[float], index: int, window: int = 5) -> float:
     return 1e3 * float(np.median(times_s[lo:hi]))
 
 
+def record_cpu_times(engine) -> list[float]:
+    """Wrap `engine.next_logits` (one forward pass) to record its CPU seconds, which, with BLAS
+    on one thread, count the work done in this thread only: a fairer figure than wall time
+    on a machine shared with other jobs. Returns the list the times are appended to."""
+    cpu_s: list[float] = []
+    inner = engine.next_logits
+
+    def timed(ids):
+        start = time.thread_time()
+        logits = inner(ids)
+        cpu_s.append(time.thread_time() - start)
+        return logits
+
+    engine.next_logits = timed
+    return cpu_s
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-tokens", type=int, default=1000)
@@ -126,42 +145,52 @@ def main(argv=None) -> None:
     runs = {}
     for label, engine, n_new in (("KV cache", cached_engine, args.new_tokens),
                                  ("no cache", uncached_engine, args.uncached_tokens)):
+        cpu_s = record_cpu_times(engine)
         params = s04.SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
         start = time.perf_counter()
         completion = engine.generate(prompt, params)
-        runs[label] = (completion, time.perf_counter() - start)
-        print(f"ran {label}: {len(completion.token_ids)} tokens in {runs[label][1]:.1f} s")
-    cached, cached_s = runs["KV cache"]
-    uncached, uncached_s = runs["no cache"]
-    k = len(uncached.token_ids)
-    same = cached.token_ids[:k] == uncached.token_ids
+        runs[label] = (completion.token_ids, completion.stats.pass_times_s, cpu_s)
+        print(f"ran {label}: {len(completion.token_ids)} tokens in "
+              f"{time.perf_counter() - start:.1f} s")
+    cached_ids, ct, cc = runs["KV cache"]          # token ids, wall s per pass, CPU s per pass
+    uncached_ids, ut, uc = runs["no cache"]
+    k = len(uncached_ids)
+    same = cached_ids[:k] == uncached_ids
     print(f"first {k} tokens equal in both runs: {'yes' if same else 'NO (a bug)'}\n")
 
-    ct, ut = cached.stats.pass_times_s, uncached.stats.pass_times_s
-    print(f"{'':<28} {'no cache':>12} {'KV cache':>12}")
-    print(f"{'tokens generated':<28} {len(ut):>12} {len(ct):>12}")
-    print(f"{'first pass (prefill), s':<28} {ut[0]:>12.3f} {ct[0]:>12.3f}")
-    print(f"{'later steps, ms each (mean)':<28} {1e3 * np.mean(ut[1:]):>12.1f} "
-          f"{1e3 * np.mean(ct[1:]):>12.2f}")
-    print(f"{'tokens/s, all passes':<28} {len(ut) / sum(ut):>12.2f} {len(ct) / sum(ct):>12.2f}")
-    print(f"{'tokens/s, after the prefill':<28} {(len(ut) - 1) / sum(ut[1:]):>12.2f} "
-          f"{(len(ct) - 1) / sum(ct[1:]):>12.2f}")
-    print(f"{f'first {k} tokens, s':<28} {sum(ut):>12.2f} {sum(ct[:k]):>12.2f}"
-          f"   speed-up {sum(ut) / sum(ct[:k]):.1f}x")
+    print(f"{'':<30} {'no cache':>19} {'KV cache':>19}")
+    print(f"{'':<30} {'wall':>9} {'CPU':>9} {'wall':>9} {'CPU':>9}")
 
-    print("\nper-step time along the context (median of ~10 steps around it) and the step's "
-          "closed-form multiply-adds:")
-    print(f"{'context n':>10} {'no cache ms':>12} {'MACs':>14} {'KV cache ms':>12} {'MACs':>12}")
+    def row(label: str, u: tuple[float, float], c: tuple[float, float], fmt: str) -> None:
+        print(f"{label:<30} {u[0]:>9{fmt}} {u[1]:>9{fmt}} {c[0]:>9{fmt}} {c[1]:>9{fmt}}")
+
+    print(f"{'tokens generated':<30} {len(ut):>19} {len(ct):>19}")
+    row("first pass (prefill), s", (ut[0], uc[0]), (ct[0], cc[0]), ".3f")
+    row("later steps, ms (median)", (1e3 * np.median(ut[1:]), 1e3 * np.median(uc[1:])),
+        (1e3 * np.median(ct[1:]), 1e3 * np.median(cc[1:])), ".2f")
+    row("tokens/s, all passes", (len(ut) / sum(ut), len(uc) / sum(uc)),
+        (len(ct) / sum(ct), len(cc) / sum(cc)), ".2f")
+    row("tokens/s, after the prefill", ((len(ut) - 1) / sum(ut[1:]), (len(uc) - 1) / sum(uc[1:])),
+        ((len(ct) - 1) / sum(ct[1:]), (len(cc) - 1) / sum(cc[1:])), ".2f")
+    row(f"first {k} tokens, s", (sum(ut), sum(uc)), (sum(ct[:k]), sum(cc[:k])), ".2f")
+    print(f"speed-up on the first {k} tokens: {sum(ut) / sum(ct[:k]):.1f}x wall, "
+          f"{sum(uc) / sum(cc[:k]):.1f}x CPU")
+
+    print("\nper-step time along the context (median of ~10 steps around it), ms, and the "
+          "step's closed-form multiply-adds:")
+    print(f"{'context n':>10} {'no cache wall':>14} {'CPU':>8} {'MACs':>14} "
+          f"{'KV cache wall':>14} {'CPU':>6} {'MACs':>10}")
     steps = sorted({1, len(ut) // 2, len(ut) - 1, *range(0, len(ct), max(1, len(ct) // 6)),
                     len(ct) - 1} - {0})
     for i in steps:
         n = p_len + i
-        cached_macs = step_work(cfg, 1, n, 1).macs
         if i < len(ut):
-            u_ms, u_macs = f"{median_step_ms(ut, i):.1f}", f"{step_work(cfg, n, n, n).macs:,}"
+            u_wall, u_cpu = f"{median_step_ms(ut, i):.1f}", f"{median_step_ms(uc, i):.1f}"
         else:
-            u_ms, u_macs = "-", f"{step_work(cfg, n, n, n).macs:,}"
-        print(f"{n:>10} {u_ms:>12} {u_macs:>14} {median_step_ms(ct, i):>12.2f} {cached_macs:>12,}")
+            u_wall, u_cpu = "-", "-"
+        print(f"{n:>10} {u_wall:>14} {u_cpu:>8} {step_work(cfg, n, n, n).macs:>14,} "
+              f"{median_step_ms(ct, i):>14.2f} {median_step_ms(cc, i):>6.2f} "
+              f"{step_work(cfg, 1, n, 1).macs:>10,}")
 
     total = p_len + len(ct)
     print(f"\nKV cache memory (float32): {kv_cache_bytes(cfg, 1):,} bytes per token = 2 x "
