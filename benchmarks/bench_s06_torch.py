@@ -1,0 +1,247 @@
+"""Greedy generation at batch size 1: the S06 engine vs Hugging Face `generate()`, same weights.
+
+    python benchmarks/bench_s06_torch.py                      # CUDA + bf16 if present, else CPU fp32
+    python benchmarks/bench_s06_torch.py --device cpu --threads 2 --qwen-tokens 8
+    python benchmarks/bench_s06_torch.py --skip-qwen          # the bundled model only
+
+A benchmark, not a test: it prints, never asserts speed. Two models, each run by both engines
+in the same process, on the same weights, device and dtype:
+  (a) the bundled model (data/model); while it has not been trained yet, a model of the same
+      shape (scripts/train_bundled_model.py's defaults) with random weights, said in the output;
+  (b) a model with Qwen3-0.6B's shape, from its published config.json (hidden_size 1024,
+      intermediate_size 3072, 28 layers, 16 query heads, 8 key/value heads, head_dim 128,
+      vocab_size 151936, rope_theta 1e6, tied embeddings, rms_norm_eps 1e-6), random weights
+      built here with `transformers` (no download): 596M parameters, 2.4 GB in float32.
+Both engines generate exactly the same number of tokens (EOS ignored: `ignore_eos` for ours,
+no eos_token_id for HF), greedy, from the same prompt ids; the script checks and prints whether
+the token ids agree.
+
+What is printed, per model and engine:
+  tokens/s       generated tokens / wall seconds of the whole call (prefill included), best of
+                 --repeats runs without any instrumentation.
+  ms/step        wall seconds / generated tokens of one instrumented run, split into
+  model ms       the forward passes (ours: `Stats.pass_times_s`; HF: forward hooks on the
+                 model), with the device synchronised after every forward (CUDA; a no-op on
+                 the CPU), so the model's time is its real time, not its launch time; and
+  other ms       everything else: sampling, stop checks, detokenising (ours), cache and
+                 input bookkeeping, logits processors and stopping criteria (HF), the token's
+                 trip to the host, and each call's one-off set-up spread over its tokens.
+  ratio          ours / HF tokens per second.
+
+The CPU is shared with other jobs while these figures are taken: compare rows of one run, and
+expect run-to-run changes of tens of percent. --threads (default 1) sets torch's intra-op
+threads for both engines.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "code"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import s03_transformer as s03  # noqa: E402
+import s04_sampling as s04  # noqa: E402
+import s06_torch as s06  # noqa: E402
+
+# Qwen/Qwen3-0.6B config.json (published values; only the shape matters here).
+QWEN3_0_6B = dict(
+    hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1_000_000.0,
+    tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=40960,
+)
+# scripts/train_bundled_model.py defaults: the bundled model's shape, if it is not trained yet.
+BUNDLED_SHAPE = dict(
+    hidden_size=192, intermediate_size=512, num_hidden_layers=6, num_attention_heads=6,
+    num_key_value_heads=2, head_dim=32, vocab_size=2048, rope_theta=10000.0,
+    tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=256,
+)
+
+
+class IdTokenizer:
+    """Prompts as ids written out ("5 17 3"); the random models have no tokenizer of their own."""
+
+    eos_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids) -> str:
+        return " ".join(str(i) for i in ids)
+
+
+@dataclass
+class Run:
+    tokens_per_s: float   # best of the plain runs
+    step_ms: float        # instrumented run: wall ms per generated token
+    model_ms: float       # ... of which in forward passes
+    token_ids: list[int]
+
+    @property
+    def other_ms(self) -> float:
+        return self.step_ms - self.model_ms
+
+
+def random_qwen3(shape: dict, seed: int):
+    """A transformers Qwen3ForCausalLM with `shape`, random weights (HF's own initialisation,
+    normal with std 0.02), float32, on the CPU, in eval mode."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    config = Qwen3Config(**shape, eos_token_id=0, pad_token_id=0, bos_token_id=None)
+    config._attn_implementation = "sdpa"
+    return Qwen3ForCausalLM(config).eval()
+
+
+def prepare(name: str, device: torch.device, dtype: torch.dtype, attention: str, seed: int):
+    """(label, HF model on device/dtype, our TorchTransformer, tokenizer, prompt ids)."""
+    bundled = s03.BUNDLED_MODEL_DIR
+    if name == "bundled" and (bundled / "model.safetensors").exists():
+        from transformers import AutoModelForCausalLM
+        hf = AutoModelForCausalLM.from_pretrained(bundled, dtype=torch.float32).eval()
+        ours = s06.TorchTransformer.from_pretrained(bundled, device, dtype, attention)
+        tokenizer = s03.CheckpointTokenizer.from_pretrained(bundled)
+        prompt = tokenizer.encode("HAMLET.\nTo be, or not to be, that is the question:\n")
+        label = f"bundled model ({s03.parameter_count(ours.config) / 1e6:.1f}M parameters)"
+    else:
+        shape = BUNDLED_SHAPE if name == "bundled" else QWEN3_0_6B
+        start = time.perf_counter()
+        hf = random_qwen3(shape, seed)
+        config = s03.TransformerConfig.from_hf_dict(hf.config.to_dict())
+        ours = s06.TorchTransformer(config, hf.state_dict(), device, dtype, attention)
+        tokenizer = IdTokenizer()
+        prompt = np.random.default_rng(seed).integers(1, shape["vocab_size"], size=24).tolist()
+        label = (f"{'bundled-model shape' if name == 'bundled' else 'Qwen3-0.6B shape'}, random "
+                 f"weights ({s03.parameter_count(config) / 1e6:.0f}M parameters; built in "
+                 f"{time.perf_counter() - start:.0f} s)")
+        if name == "bundled":
+            label += " [data/model not trained yet]"
+    hf = hf.to(device=device, dtype=dtype)
+    hf.generation_config.eos_token_id = None   # never stop early: both make exactly N tokens
+    hf.generation_config.pad_token_id = 0
+    return label, hf, ours, tokenizer, prompt
+
+
+def run_ours(model: s06.TorchTransformer, tokenizer, prompt: list[int], n_tokens: int,
+             repeats: int) -> Run:
+    text = " ".join(map(str, prompt)) if isinstance(tokenizer, IdTokenizer) else tokenizer.decode(prompt)
+    params = s04.SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True)
+    engine = s06.Engine(model, tokenizer, max_context=min(model.config.max_position_embeddings, 4096))
+    assert tokenizer.encode(text) == prompt
+    engine.generate(text, s04.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    best = 0.0
+    for _ in range(repeats):
+        s06.synchronize(model.device)
+        start = time.perf_counter()
+        completion = engine.generate(text, params)
+        best = max(best, n_tokens / (time.perf_counter() - start))
+    timed = s06.Engine(model, tokenizer, max_context=engine.max_context, sync_timing=True)
+    start = time.perf_counter()
+    completion = timed.generate(text, params)
+    wall = time.perf_counter() - start
+    assert len(completion.token_ids) == n_tokens
+    model_s = sum(completion.stats.pass_times_s)
+    return Run(best, wall / n_tokens * 1e3, model_s / n_tokens * 1e3, completion.token_ids)
+
+
+def run_hf(hf, prompt: list[int], n_tokens: int, repeats: int, device: torch.device) -> Run:
+    ids = torch.tensor([prompt], device=device)
+    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n_tokens,
+                  pad_token_id=0)
+    with torch.inference_mode():
+        hf.generate(ids, **{**kwargs, "max_new_tokens": 4})
+        best = 0.0
+        for _ in range(repeats):
+            s06.synchronize(device)
+            start = time.perf_counter()
+            out = hf.generate(ids, **kwargs)
+            s06.synchronize(device)
+            best = max(best, n_tokens / (time.perf_counter() - start))
+        forward_s: list[float] = []
+        began: list[float] = []
+
+        def before(module, args, kwargs_):
+            s06.synchronize(device)
+            began.append(time.perf_counter())
+
+        def after(module, args, kwargs_, output):
+            s06.synchronize(device)
+            forward_s.append(time.perf_counter() - began[-1])
+
+        hooks = [hf.register_forward_pre_hook(before, with_kwargs=True),
+                 hf.register_forward_hook(after, with_kwargs=True)]
+        try:
+            start = time.perf_counter()
+            out = hf.generate(ids, **kwargs)
+            s06.synchronize(device)
+            wall = time.perf_counter() - start
+        finally:
+            for hook in hooks:
+                hook.remove()
+    generated = out[0, len(prompt):].tolist()
+    assert len(generated) == n_tokens and len(forward_s) == n_tokens
+    return Run(best, wall / n_tokens * 1e3, sum(forward_s) / n_tokens * 1e3, generated)
+
+
+def agreement(ours: list[int], theirs: list[int]) -> str:
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            return f"first {i} of {len(ours)} equal, then {a} vs {b}"
+    return f"all {len(ours)} equal"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    parser.add_argument("--dtype", default=None, choices=list(s06.DTYPES),
+                        help="default: bfloat16 on CUDA, float32 on the CPU")
+    parser.add_argument("--attention", default="sdpa", choices=s06.ATTENTION_IMPLS,
+                        help="our engine's attention (HF uses SDPA)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
+    parser.add_argument("--bundled-tokens", type=int, default=64)
+    parser.add_argument("--qwen-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3, help="plain runs per engine (best kept)")
+    parser.add_argument("--skip-qwen", action="store_true", help="only the bundled model")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    try:
+        device, dtype = s06.resolve_device_dtype(args.device, args.dtype)
+    except ValueError as err:
+        parser.error(str(err))
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores visible")
+    print(f"torch {torch.__version__}, device {device} ({where}), "
+          f"{str(dtype).removeprefix('torch.')}, {args.threads} thread(s), our attention "
+          f"{args.attention}; load average before: {os.getloadavg()[0]:.1f}")
+    print("The machine is shared: figures vary from run to run; compare rows of one run.\n")
+    header = (f"{'engine':<16} {'tokens/s':>9} {'ms/step':>8} {'model ms':>9} {'other ms':>9} "
+              f"{'other %':>8}")
+    models = [("bundled", args.bundled_tokens)] + ([] if args.skip_qwen else [("qwen", args.qwen_tokens)])
+    for name, n_tokens in models:
+        label, hf, ours, tokenizer, prompt = prepare(name, device, dtype, args.attention, args.seed)
+        print(f"== {label}: {len(prompt)} prompt tokens, {n_tokens} generated, greedy, batch 1")
+        repeats = args.repeats if name == "bundled" else max(1, args.repeats - 1)
+        with torch.inference_mode():
+            mine = run_ours(ours, tokenizer, prompt, n_tokens, repeats)
+        theirs = run_hf(hf, prompt, n_tokens, repeats, device)
+        print(header)
+        for engine, r in (("ours (S06)", mine), ("HF generate()", theirs)):
+            print(f"{engine:<16} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} {r.model_ms:>9.2f} "
+                  f"{r.other_ms:>9.2f} {r.other_ms / r.step_ms:>8.0%}")
+        print(f"ratio ours / HF: {mine.tokens_per_s / theirs.tokens_per_s:.2f}x tokens/s; greedy "
+              f"token ids: {agreement(mine.token_ids, theirs.token_ids)}\n")
+        del hf, ours
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
