@@ -70,6 +70,11 @@ A hand-written SVG figure.
 ```{{simulator}} {simulator}
 ```
 
+A second simulator on the same page:
+
+```{{simulator}} bpe-tokenizer
+```
+
 ## Build it
 
 See the [notebook](../notebooks/s99_fixture.ipynb).
@@ -111,9 +116,10 @@ def fixture_notebook() -> dict:
            "sys.path.insert(0, str(root / 'code'))\n"
            "from s01_generation_loop import sample\nimport numpy as np\n"
            "print('greedy pick:', sample(np.array([0.0, 2.0, 1.0]), 0.0, np.random.default_rng(0)))")
-    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+    cell = {"cell_type": "code", "execution_count": None, "id": "code-1", "metadata": {}, "outputs": [],
             "source": src}
-    return {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# S99 notebook"}, cell],
+    return {"cells": [{"cell_type": "markdown", "id": "title", "metadata": {},
+                       "source": "# S99 notebook"}, cell],
             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                         "language": "python"},
                          "language_info": {"name": "python"}},

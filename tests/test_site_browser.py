@@ -50,20 +50,42 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class Sites:
+    """The builds ("repo": the repository, "fixture": the placeholder chapter), each served over
+    HTTP on 127.0.0.1 when first asked for. A failed build fails only the tests that use it."""
+
+    def __init__(self):
+        self.servers, self.roots = [], {}
+
+    def __getitem__(self, name: str) -> tuple[str, Path]:
+        if name not in self.roots:
+            result, out = built(name)
+            if result.returncode != 0:
+                pytest.fail(f"strict build of {name} failed:\n{result.stderr}")
+            handler = functools.partial(QuietHandler, directory=str(out))
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            self.servers.append(server)
+            self.roots[name] = (f"http://127.0.0.1:{server.server_address[1]}", out)
+        return self.roots[name]
+
+    def pages_with(self, marker: str) -> list[tuple[str, str]]:
+        """(base URL, page) of built pages containing `marker`: the repository's first (when it
+        builds), then the fixture's."""
+        found = []
+        for name in ("repo", "fixture"):
+            if name == "repo" and built(name)[0].returncode != 0:
+                continue
+            base, out = self[name]
+            found += [(base, rel) for rel in html_pages(out) if marker in (out / rel).read_text()]
+        return found
+
+
 @pytest.fixture(scope="module")
 def sites():
-    """Both builds, served over HTTP on 127.0.0.1 (one server per build)."""
-    servers, roots = [], {}
-    for name in ("repo", "fixture"):
-        result, out = built(name)
-        assert result.returncode == 0, f"strict build of {name} failed:\n{result.stderr}"
-        handler = functools.partial(QuietHandler, directory=str(out))
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        roots[name] = (f"http://127.0.0.1:{server.server_address[1]}", out)
-    yield roots
-    for server in servers:
+    s = Sites()
+    yield s
+    for server in s.servers:
         server.shutdown()
         server.server_close()
 
@@ -153,13 +175,7 @@ def test_the_watch_catches_a_request_off_the_machine(sites, browser):
 
 def simulator_pages(sites):
     """(base URL, page path) of every built page that embeds the generation-loop simulator."""
-    found = []
-    for name in ("repo", "fixture"):
-        base, out = sites[name]
-        for rel in html_pages(out):
-            if 'data-sim="generation-loop"' in (out / rel).read_text():
-                found.append((base, rel))
-    return found
+    return sites.pages_with('data-sim="generation-loop"')
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +212,9 @@ def drive(page, prompt, max_tokens, temperature, seed, max_context):
 
 def read_simulator(page) -> dict:
     return page.evaluate("""() => {
-      const q = (s) => document.querySelector(s);
-      const all = (s) => Array.from(document.querySelectorAll(s));
+      const root = document.querySelector('.course-sim[data-sim="generation-loop"]');
+      const q = (s) => root.querySelector(s);
+      const all = (s) => Array.from(root.querySelectorAll(s));
       return {
         context: all(".gl-context .gl-tok").map(e => Number(e.dataset.id)),
         text: q(".gl-completion").hidden ? "" : q(".gl-completion").textContent,
@@ -351,13 +368,11 @@ def test_screenshots_of_the_s01_page(sites, browser):
 
 def quiz_pages(sites):
     found = []
-    for name in ("repo", "fixture"):
-        base, out = sites[name]
-        for rel in html_pages(out):
-            m = re.search(r'<script type="application/json" class="course-quiz-data">(.*?)</script>',
-                          (out / rel).read_text(), flags=re.S)
-            if m:
-                found.append((base, rel, json.loads(m.group(1))))
+    for base, rel in sites.pages_with('class="course-quiz-data"'):
+        out = sites["fixture"][1] if base == sites["fixture"][0] else sites["repo"][1]
+        m = re.search(r'<script type="application/json" class="course-quiz-data">(.*?)</script>',
+                      (out / rel).read_text(), flags=re.S)
+        found.append((base, rel, json.loads(m.group(1))))
     return found
 
 
@@ -396,3 +411,107 @@ def test_quiz_scores_a_right_and_a_wrong_answer(sites, browser):
         assert page.inner_text(".course-quiz-score") == f"Score: {total} of {total}"
         assert not watched.problems(), watched.problems()
         watched.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The S02 simulator (bpe-tokenizer) against the chapter's tokenizer
+# --------------------------------------------------------------------------------------------
+
+def pages_with(sites, sim: str):
+    return sites.pages_with(f'data-sim="{sim}"')
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    from s02_tokenizer import TOKENIZER_PATH, BPETokenizer
+    return BPETokenizer.load_hf(TOKENIZER_PATH)
+
+
+BPE_TEXTS = [
+    "To be, or not to be: that is the question.",
+    "naïve café 😀 12345678",
+    "Ham.\n  Good night, sweet prince!\n\n\n   ",
+    "She'LL say \"we've\" 'S ſ's <|endoftext|> x<|endoftext|>y",
+    "Здравствуй, мир! 你好，世界。 مرحبا e\u0301 ½ Ⅻ ²",
+    "\ufeffbom \u0085nel\u00a0nbsp \x1cfs\ttab\nend",  # (a textarea turns \r\n into \n)
+    "👩‍👩‍👧 🇫🇷 a\u200db",
+]
+
+
+def bpe_rows(tokenizer, text: str, stops: list[str]) -> list[dict]:
+    """The streaming view's rows, computed with the chapter's classes (the oracle)."""
+    from s02_tokenizer import StopStringMatcher, StreamingDetokenizer
+    detok, matcher, rows = StreamingDetokenizer(tokenizer), StopStringMatcher(stops), []
+    for token_id in tokenizer.encode_ordinary(text):
+        delta = detok.feed(token_id)
+        shown = matcher.feed(delta)
+        rows.append([token_id, tokenizer.decode([token_id]), delta, shown, matcher.held,
+                     matcher.stopped])
+    tail = detok.flush()
+    shown = matcher.feed(tail)
+    rows.append([None, "", tail, shown, matcher.held, matcher.stopped])
+    rows.append([None, "", "", matcher.flush(), "", matcher.stopped])
+    return rows
+
+
+def test_bpe_simulator_cuts_text_like_the_tokenizer(sites, browser, bpe):
+    pages = pages_with(sites, "bpe-tokenizer")
+    assert pages, "no built page embeds the bpe-tokenizer simulator"
+    base, rel = pages[0]
+    watched = Watched(browser, base)
+    page = watched.page
+    page.goto(f"{base}/{rel}")
+    page.wait_for_selector(".bpe-text")
+    assert page.evaluate("document.querySelector('.bpe-sim').parentNode.bpeSim.mismatches") == 0
+    for text in BPE_TEXTS:
+        page.fill(".bpe-text", text)
+        for allowed in (False, True):
+            page.set_checked(".bpe-special", allowed)
+            got = page.evaluate("""() => ({
+              ids: Array.from(document.querySelectorAll('.bpe-tokens .bpe-token'))
+                     .map(e => Number(e.dataset.id)),
+              pieces: Array.from(document.querySelectorAll('.bpe-piece')).map(e => e.dataset.piece)})""")
+            want = bpe.encode(text, allowed_special="all") if allowed else bpe.encode_ordinary(text)
+            assert got["ids"] == want, (text, allowed)
+            assert got["pieces"] == bpe.pre_tokenize(text), text
+    page.set_checked(".bpe-special", False)
+    # Merge steps of a few pre-tokens, picked by clicking them.
+    page.fill(".bpe-text", "naïve café 😀 12345678 questioning")
+    for piece in (" questioning", "naïve", " 😀", "123"):
+        page.click(f".bpe-piece[data-piece='{piece}']")
+        steps = page.evaluate("""() => Array.from(document.querySelectorAll('.bpe-step[data-parts]'))
+                                 .map(e => JSON.parse(e.dataset.parts))""")
+        assert steps == [[list(part) for part in step] for step in bpe.merge_steps(piece)], piece
+    assert not watched.problems(), watched.problems()
+    watched.close()
+
+
+def test_bpe_simulator_streams_like_the_detokenizer(sites, browser, bpe):
+    base, rel = pages_with(sites, "bpe-tokenizer")[0]
+    watched = Watched(browser, base)
+    page = watched.page
+    page.goto(f"{base}/{rel}")
+    page.wait_for_selector(".bpe-text")
+    # Stop strings are typed into one-line inputs, where a line break is written "\\n".
+    cases = [("naïve café 😀 12345678", ["café", ""]), ("naïve café 😀 12345678", ["😀", "78"]),
+             ("Ham.\n  Good night, sweet prince!\n\n", ["\\n\\n", "sweet"]),
+             ("Ham.\n  Good night, sweet prince!\n\n", ["t\\n", "x\\ty"]),
+             ("abc 👩‍👩‍👧 done", ["xyz", ""]), ("To be, or not to be", ["be", "o"])]
+    for text, (stop1, stop2) in cases:
+        page.fill(".bpe-text", text)
+        page.fill(".bpe-stop1", stop1)
+        page.fill(".bpe-stop2", stop2)
+        page.click(".bpe-feed")                  # one id, then the rest
+        assert page.locator("tr.bpe-row").count() == 1
+        page.click(".bpe-feed-all")
+        rows = page.evaluate("""() => Array.from(document.querySelectorAll('tr.bpe-row'))
+            .map(e => { const r = JSON.parse(e.dataset.row);
+                        return [r.id, r.naive, r.delta, r.shown, r.held, r.stopped]; })""")
+        stops = [s.replace("\\n", "\n").replace("\\t", "\t") for s in (stop1, stop2) if s]
+        want = bpe_rows(bpe, text, stops)
+        assert rows == want, (text, stops)
+        shown = page.inner_text(".bpe-shown")
+        assert shown == "".join(r[3] for r in want)
+        assert page.locator(".bpe-feed").is_disabled()
+    assert not watched.problems(), watched.problems()
+    watched.close()
