@@ -19,7 +19,11 @@ What is new since S04
       `model.forward(ids)[-1]` becomes the single row `decode` returns.
     - Counted work: `count_work(model)` counts the multiply-adds of every matrix product the
       forward pass runs and the bytes of K and V that attention reads, so the quadratic-vs-linear
-      claim is checked by counting (`predicted_work` gives the closed forms), not by a clock.
+      claim is checked by counting (`step_work` and `generation_work` give the closed forms),
+      not by a clock. Per pass at context n, the loop without a cache does n tokens of weight
+      work and n^2 query-key pairs; the cache does 1 token and n pairs. Both read K and V of n
+      positions per pass: the cache removes recomputation, not reading, which is why a decode
+      step ends up limited by memory bandwidth rather than arithmetic.
     - `kv_cache_bytes(config, num_tokens)`: the memory formula 2 L Hkv D S x bytes per value.
 
 What it does not handle yet
