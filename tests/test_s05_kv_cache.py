@@ -425,7 +425,9 @@ def test_one_prefill_and_one_decode_counted_by_hand(tiny_by_name):
     assert as_tuple(prefill) == (105_504, 3_200, 2_560)
     assert as_tuple(decode) == (23_584, 768, 3_072)
     assert as_tuple(step_work(model.config, 1, 6, 1)) == (23_584, 768, 3_072)
-    # the instrument is gone afterwards: plain weights, S03's own attention
+    with pytest.raises(ZeroDivisionError), count_work(model):
+        1 / 0
+    # the instrument is gone afterwards, even after an error: plain weights, S03's attention
     assert type(model.lm_head) is np.ndarray and s03.attention.__name__ == "attention"
     assert all(type(w) is np.ndarray for block in model.blocks for w in block.w.values())
 
