@@ -85,7 +85,7 @@ def kv_cache_bytes(config: TransformerConfig, num_tokens: int, dtype_bytes: int 
     2 (K and V) x L layers x Hkv heads x D values x num_tokens x dtype_bytes. With GQA only the
     Hkv key/value heads are stored, not the H query heads. dtype_bytes: 4 for float32, 2 for
     float16/bfloat16. Raises ValueError for num_tokens < 0 or dtype_bytes < 1.
-    Source: Pope et al. 2022, section 3 (the KV cache size formula).
+    Source: Pope et al., "Efficiently Scaling Transformer Inference" (2022), on KV cache size.
     """
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0 (got {num_tokens})")
