@@ -933,6 +933,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="wait for the device after each model call (true model time on CUDA)")
     args = parser.parse_args(argv)
 
+    if Path(args.model) == s03.BUNDLED_MODEL_DIR and not (s03.BUNDLED_MODEL_DIR / "config.json").exists():
+        parser.error(f"the bundled model is not in {s03.BUNDLED_MODEL_DIR} yet: train it with "
+                     "python scripts/train_bundled_model.py, or pass --model DIR")
     try:
         model, tokenizer = load(args.model, args.device, args.dtype, args.attention)
         params = s04.SamplingParams(temperature=args.temperature, top_p=args.top_p,

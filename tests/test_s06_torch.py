@@ -15,6 +15,8 @@ float32's top-2 gap exceeds twice that tolerance (there, no error within toleran
 it); greedy generation equal to HF float32 for the first 4 tokens (bfloat16; the worst model
 diverged after 7) or 16 tokens (float16; all 36 matched).
 """
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -192,7 +194,8 @@ def test_context_boundaries(tiny):
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
     """A tiny random Qwen3 over the project tokenizer (V = 2048): (torch model, NumPy model,
-    tokenizer factory eos_id -> CheckpointTokenizer), for runs with real text and stop strings."""
+    tokenizer factory eos_id -> CheckpointTokenizer, checkpoint directory), for runs with real
+    text and stop strings."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
     tokenizer_json = s03.ROOT / "data" / "tokenizer.json"
     vocab = s03.CheckpointTokenizer(tokenizer_json, [0]).vocab_size
@@ -207,8 +210,9 @@ def text_model(tmp_path_factory):
             p.normal_(0.0, 0.3)
     directory = tmp_path_factory.mktemp("text_qwen3")
     hf.save_pretrained(directory)
+    shutil.copy(tokenizer_json, directory / "tokenizer.json")  # a complete checkpoint for main()
     return (TorchTransformer.from_pretrained(directory), s03.Transformer.from_pretrained(directory),
-            lambda eos: s03.CheckpointTokenizer(tokenizer_json, [eos]))
+            lambda eos: s03.CheckpointTokenizer(tokenizer_json, [eos]), directory)
 
 
 TEXT_PROMPT = "Romeo.\nBut soft! what light"
@@ -230,7 +234,7 @@ def completions_equal(ours: s04.Completion, ref: s04.Completion) -> None:
 
 
 def test_greedy_completions_equal_s04s_with_every_stop_rule(text_model):
-    torch_model, numpy_model, make_tokenizer = text_model
+    torch_model, numpy_model, make_tokenizer, _ = text_model
     free = s04.Engine(numpy_model, make_tokenizer(0), 128).generate(TEXT_PROMPT, greedy(40))
     assert free.finish_reason == "length" and len(free.token_ids) == 40
     eos, stop_id = free.token_ids[12], free.token_ids[20]
@@ -254,7 +258,7 @@ def test_greedy_completions_equal_s04s_with_every_stop_rule(text_model):
 
 
 def test_processed_logprobs_mode_equals_s04s(text_model):
-    torch_model, numpy_model, make_tokenizer = text_model
+    torch_model, numpy_model, make_tokenizer, _ = text_model
     params = greedy(12, repetition_penalty=1.3, logprobs=5)
     tokenizer = make_tokenizer(0)
     ref = s04.Engine(numpy_model, tokenizer, 128, "processed_logprobs").generate(TEXT_PROMPT, params)
@@ -269,7 +273,7 @@ def test_processed_logprobs_mode_equals_s04s(text_model):
     s04.SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=30, stop_token_ids=[13]),
 ])
 def test_stream_joined_equals_generate(text_model, params):
-    torch_model, _, make_tokenizer = text_model
+    torch_model, _, make_tokenizer, _ = text_model
     engine = Engine(torch_model, make_tokenizer(0))
     deltas = engine.stream(TEXT_PROMPT, params)
     pieces = []
@@ -285,7 +289,7 @@ def test_stream_joined_equals_generate(text_model, params):
 
 
 def test_seeded_sampling_reproduces_and_seeds_differ(text_model):
-    torch_model, _, make_tokenizer = text_model
+    torch_model, _, make_tokenizer, _ = text_model
     engine = Engine(torch_model, make_tokenizer(0))
     params = dict(temperature=1.0, max_tokens=30, ignore_eos=True)
     a = engine.generate(TEXT_PROMPT, s04.SamplingParams(seed=3, **params)).token_ids
@@ -296,7 +300,7 @@ def test_seeded_sampling_reproduces_and_seeds_differ(text_model):
 
 
 def test_step_times_split_model_and_the_rest(text_model):
-    torch_model, _, make_tokenizer = text_model
+    torch_model, _, make_tokenizer, _ = text_model
     c = Engine(torch_model, make_tokenizer(0)).generate(TEXT_PROMPT, greedy(10, ignore_eos=True))
     s = c.stats
     assert len(s.step_times_s) == len(s.pass_times_s) == s.passes == 10
@@ -312,7 +316,7 @@ def test_step_times_split_model_and_the_rest(text_model):
 def test_min_tokens_that_rules_out_every_token_is_an_error(text_model):
     """A model whose only finite logit is EOS's, with min_tokens > 0: S04's error, raised from
     the id the device flags with -1 (no extra host round trip)."""
-    torch_model, _, make_tokenizer = text_model
+    torch_model, _, make_tokenizer, _ = text_model
     engine = Engine(torch_model, make_tokenizer(0))
     only_eos = torch.full((torch_model.vocab_size,), float("-inf"))
     only_eos[0] = 1.0
@@ -585,3 +589,19 @@ def test_main_prints_completion_and_step_split(capsys):
     out = capsys.readouterr().out
     assert "--- completion ---" in out and "on cpu in float32, attention sdpa" in out
     assert "decode step:" in out and "everything else" in out and "tokens/s" in out
+
+
+def test_main_on_a_checkpoint_directory(text_model, capsys):
+    *_, directory = text_model
+    main(["--model", str(directory), "--device", "cpu", "--dtype", "bfloat16", "--max-tokens", "6",
+          "--prompt", "Romeo."])
+    out = capsys.readouterr().out
+    assert "qwen3" in out and "on cpu in bfloat16, attention manual" in out
+    assert "--- completion ---" in out and "decode step:" in out and "everything else" in out
+
+
+def test_main_names_a_missing_bundled_model(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(s03, "BUNDLED_MODEL_DIR", tmp_path / "model")
+    with pytest.raises(SystemExit):
+        main(["--model", str(tmp_path / "model")])
+    assert "bundled model is not in" in capsys.readouterr().err
