@@ -244,8 +244,9 @@ def test_simulator_steps_match_the_engine(sites, browser, engine_512):
         # On load the page replays the engine's exported traces; 0 means it agreed with all.
         assert page.evaluate("document.querySelector('.course-sim').glSim.mismatches") == 0
         # Stepping is the slow part; the first page (the real S01 page once it exists) gets all
-        # the cases, the others one.
-        for prompt, max_tokens, temperature, seed, max_context in (CASES if i == 0 else CASES[1:2]):
+        # the cases, the others a short one.
+        quick = [("KING.\nMy lord", 8, 0.9, 1, 256)]
+        for prompt, max_tokens, temperature, seed, max_context in (CASES if i == 0 else quick):
             engine = Engine(model, tokenizer, max_context=max_context)
             gen = engine.generate(prompt, max_tokens, temperature=temperature, seed=seed)
             steps = drive(page, prompt, max_tokens, temperature, seed, max_context)
