@@ -18,7 +18,12 @@ the token ids agree.
 
 What is printed, per model and engine:
   tokens/s       generated tokens / wall seconds of the whole call (prefill included), best of
-                 --repeats runs without any instrumentation.
+                 --repeats runs without any instrumentation, the two engines' runs interleaved
+                 so that both see the same load.
+  CPU ms         this process's CPU seconds per generated token (time.process_time), least of
+                 the same runs. On a shared CPU it is the steadier figure: wall time also
+                 counts the time the scheduler gave to other jobs. On CUDA it is the host's
+                 work per token, waiting for the device included.
   ms/step        wall seconds / generated tokens of one instrumented run, split into
   model ms       the forward passes (ours: `Stats.pass_times_s`; HF: forward hooks on the
                  model), with the device synchronised after every forward (CUDA; a no-op on
@@ -26,7 +31,7 @@ What is printed, per model and engine:
   other ms       everything else: sampling, stop checks, detokenising (ours), cache and
                  input bookkeeping, logits processors and stopping criteria (HF), the token's
                  trip to the host, and each call's one-off set-up spread over its tokens.
-  ratio          ours / HF tokens per second.
+  ratio          ours / HF tokens per second, and HF / ours CPU time per token.
 
 The CPU is shared with other jobs while these figures are taken: compare rows of one run, and
 expect run-to-run changes of tens of percent. --threads (default 1) sets torch's intra-op
@@ -39,7 +44,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,14 +85,33 @@ class IdTokenizer:
 
 @dataclass
 class Run:
-    tokens_per_s: float   # best of the plain runs
-    step_ms: float        # instrumented run: wall ms per generated token
-    model_ms: float       # ... of which in forward passes
-    token_ids: list[int]
+    """One engine on one model. Plain runs give the speed, one instrumented run the split."""
+
+    wall_s: list[float] = field(default_factory=list)  # plain runs, wall seconds each
+    cpu_s: list[float] = field(default_factory=list)   # plain runs, this process's CPU seconds
+    step_ms: float = 0.0     # instrumented run: wall ms per generated token
+    model_ms: float = 0.0    # ... of which in forward passes
+    token_ids: list[int] = field(default_factory=list)
+
+    def tokens_per_s(self, n_tokens: int) -> float:
+        return n_tokens / min(self.wall_s)
+
+    def cpu_ms_per_token(self, n_tokens: int) -> float:
+        return min(self.cpu_s) / n_tokens * 1e3
 
     @property
     def other_ms(self) -> float:
         return self.step_ms - self.model_ms
+
+
+def timed(fn, device: torch.device) -> tuple[float, float, object]:
+    """(wall seconds, CPU seconds of this process, result) of fn(), the device synchronised
+    before and after so queued work is neither missed nor counted twice."""
+    s06.synchronize(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    s06.synchronize(device)
+    return time.perf_counter() - wall, time.process_time() - cpu, result
 
 
 def random_qwen3(shape: dict, seed: int):
@@ -129,67 +153,73 @@ def prepare(name: str, device: torch.device, dtype: torch.dtype, attention: str,
     return label, hf, ours, tokenizer, prompt
 
 
-def run_ours(model: s06.TorchTransformer, tokenizer, prompt: list[int], n_tokens: int,
-             repeats: int) -> Run:
-    text = " ".join(map(str, prompt)) if isinstance(tokenizer, IdTokenizer) else tokenizer.decode(prompt)
-    params = s04.SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True)
-    # The cache is preallocated: size it for this request (40,960 positions of the Qwen3 shape
-    # would reserve 940 MB in float32); HF's DynamicCache grows as it goes instead.
-    engine = s06.Engine(model, tokenizer, max_context=len(prompt) + n_tokens)
-    assert tokenizer.encode(text) == prompt
-    engine.generate(text, s04.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    best = 0.0
-    for _ in range(repeats):
-        s06.synchronize(model.device)
+class OurEngine:
+    """The S06 engine on one model: `once()` is one plain greedy request, `split()` one request
+    with the device synchronised after every forward (sync_timing), for the time split."""
+
+    def __init__(self, model: s06.TorchTransformer, tokenizer, prompt: list[int], n_tokens: int):
+        is_ids = isinstance(tokenizer, IdTokenizer)
+        self.text = " ".join(map(str, prompt)) if is_ids else tokenizer.decode(prompt)
+        assert tokenizer.encode(self.text) == prompt
+        self.params = s04.SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True)
+        # The cache is preallocated: size it for this request (40,960 positions of the Qwen3
+        # shape would reserve 940 MB in float32); HF's DynamicCache grows as it goes instead.
+        context = len(prompt) + n_tokens
+        self.engine = s06.Engine(model, tokenizer, max_context=context)
+        self.timed_engine = s06.Engine(model, tokenizer, max_context=context, sync_timing=True)
+        self.n_tokens = n_tokens
+
+    def once(self) -> list[int]:
+        return self.engine.generate(self.text, self.params).token_ids
+
+    def split(self, run: Run) -> None:
         start = time.perf_counter()
-        completion = engine.generate(text, params)
-        best = max(best, n_tokens / (time.perf_counter() - start))
-    timed = s06.Engine(model, tokenizer, max_context=engine.max_context, sync_timing=True)
-    start = time.perf_counter()
-    completion = timed.generate(text, params)
-    wall = time.perf_counter() - start
-    assert len(completion.token_ids) == n_tokens
-    model_s = sum(completion.stats.pass_times_s)
-    return Run(best, wall / n_tokens * 1e3, model_s / n_tokens * 1e3, completion.token_ids)
+        completion = self.timed_engine.generate(self.text, self.params)
+        wall = time.perf_counter() - start
+        assert len(completion.token_ids) == self.n_tokens
+        run.step_ms = wall / self.n_tokens * 1e3
+        run.model_ms = sum(completion.stats.pass_times_s) / self.n_tokens * 1e3
+        run.token_ids = completion.token_ids
 
 
-def run_hf(hf, prompt: list[int], n_tokens: int, repeats: int, device: torch.device) -> Run:
-    ids = torch.tensor([prompt], device=device)
-    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n_tokens,
-                  pad_token_id=0)
-    with torch.inference_mode():
-        hf.generate(ids, **{**kwargs, "max_new_tokens": 4})
-        best = 0.0
-        for _ in range(repeats):
-            s06.synchronize(device)
-            start = time.perf_counter()
-            out = hf.generate(ids, **kwargs)
-            s06.synchronize(device)
-            best = max(best, n_tokens / (time.perf_counter() - start))
+class HFEngine:
+    """transformers `generate()` on the same weights: `once()` plain, `split()` with forward
+    hooks on the model that synchronise the device and time every forward pass."""
+
+    def __init__(self, hf, prompt: list[int], n_tokens: int, device: torch.device):
+        self.hf, self.device, self.n_tokens, self.prompt_len = hf, device, n_tokens, len(prompt)
+        self.ids = torch.tensor([prompt], device=device)
+        self.kwargs = dict(attention_mask=torch.ones_like(self.ids), do_sample=False,
+                           max_new_tokens=n_tokens, pad_token_id=0)
+
+    @torch.inference_mode()
+    def once(self) -> list[int]:
+        out = self.hf.generate(self.ids, **self.kwargs)
+        return out[0, self.prompt_len:].tolist()
+
+    def split(self, run: Run) -> None:
         forward_s: list[float] = []
         began: list[float] = []
 
-        def before(module, args, kwargs_):
-            s06.synchronize(device)
+        def before(module, args, kwargs):
+            s06.synchronize(self.device)
             began.append(time.perf_counter())
 
-        def after(module, args, kwargs_, output):
-            s06.synchronize(device)
+        def after(module, args, kwargs, output):
+            s06.synchronize(self.device)
             forward_s.append(time.perf_counter() - began[-1])
 
-        hooks = [hf.register_forward_pre_hook(before, with_kwargs=True),
-                 hf.register_forward_hook(after, with_kwargs=True)]
+        hooks = [self.hf.register_forward_pre_hook(before, with_kwargs=True),
+                 self.hf.register_forward_hook(after, with_kwargs=True)]
         try:
-            start = time.perf_counter()
-            out = hf.generate(ids, **kwargs)
-            s06.synchronize(device)
-            wall = time.perf_counter() - start
+            wall, _, token_ids = timed(self.once, self.device)
         finally:
             for hook in hooks:
                 hook.remove()
-    generated = out[0, len(prompt):].tolist()
-    assert len(generated) == n_tokens and len(forward_s) == n_tokens
-    return Run(best, wall / n_tokens * 1e3, sum(forward_s) / n_tokens * 1e3, generated)
+        assert len(token_ids) == self.n_tokens == len(forward_s)
+        run.step_ms = wall / self.n_tokens * 1e3
+        run.model_ms = sum(forward_s) / self.n_tokens * 1e3
+        run.token_ids = token_ids
 
 
 def agreement(ours: list[int], theirs: list[int]) -> str:
@@ -225,23 +255,36 @@ def main(argv=None) -> None:
           f"{str(dtype).removeprefix('torch.')}, {args.threads} thread(s), our attention "
           f"{args.attention}; load average before: {os.getloadavg()[0]:.1f}")
     print("The machine is shared: figures vary from run to run; compare rows of one run.\n")
-    header = (f"{'engine':<16} {'tokens/s':>9} {'ms/step':>8} {'model ms':>9} {'other ms':>9} "
-              f"{'other %':>8}")
+    header = (f"{'engine':<16} {'tokens/s':>9} {'CPU ms':>8} {'ms/step':>8} {'model ms':>9} "
+              f"{'other ms':>9} {'other %':>8}")
     models = [("bundled", args.bundled_tokens)] + ([] if args.skip_qwen else [("qwen", args.qwen_tokens)])
     for name, n_tokens in models:
         label, hf, ours, tokenizer, prompt = prepare(name, device, dtype, args.attention, args.seed)
         print(f"== {label}: {len(prompt)} prompt tokens, {n_tokens} generated, greedy, batch 1")
         repeats = args.repeats if name == "bundled" else max(1, args.repeats - 1)
+        engines = {"ours (S06)": OurEngine(ours, tokenizer, prompt, n_tokens),
+                   "HF generate()": HFEngine(hf, prompt, n_tokens, device)}
+        runs = {key: Run() for key in engines}
         with torch.inference_mode():
-            mine = run_ours(ours, tokenizer, prompt, n_tokens, repeats)
-        theirs = run_hf(hf, prompt, n_tokens, repeats, device)
+            for engine in engines.values():
+                engine.once()                                   # warm-up
+            for _ in range(repeats):                            # interleaved: same conditions
+                for key, engine in engines.items():
+                    wall, cpu, _ = timed(engine.once, device)
+                    runs[key].wall_s.append(wall)
+                    runs[key].cpu_s.append(cpu)
+            for key, engine in engines.items():
+                engine.split(runs[key])
         print(header)
-        for engine, r in (("ours (S06)", mine), ("HF generate()", theirs)):
-            print(f"{engine:<16} {r.tokens_per_s:>9.1f} {r.step_ms:>8.2f} {r.model_ms:>9.2f} "
-                  f"{r.other_ms:>9.2f} {r.other_ms / r.step_ms:>8.0%}")
-        print(f"ratio ours / HF: {mine.tokens_per_s / theirs.tokens_per_s:.2f}x tokens/s; greedy "
-              f"token ids: {agreement(mine.token_ids, theirs.token_ids)}\n")
-        del hf, ours
+        for key, r in runs.items():
+            print(f"{key:<16} {r.tokens_per_s(n_tokens):>9.1f} {r.cpu_ms_per_token(n_tokens):>8.1f} "
+                  f"{r.step_ms:>8.2f} {r.model_ms:>9.2f} {r.other_ms:>9.2f} "
+                  f"{r.other_ms / r.step_ms:>8.0%}")
+        mine, theirs = runs["ours (S06)"], runs["HF generate()"]
+        print(f"ratio ours / HF: {mine.tokens_per_s(n_tokens) / theirs.tokens_per_s(n_tokens):.2f}x "
+              f"tokens/s (wall), {theirs.cpu_ms_per_token(n_tokens) / mine.cpu_ms_per_token(n_tokens):.2f}x "
+              f"by CPU time; greedy token ids: {agreement(mine.token_ids, theirs.token_ids)}\n")
+        del hf, ours, engines
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

@@ -233,6 +233,7 @@ def completions_equal(ours: s04.Completion, ref: s04.Completion) -> None:
                                        rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_greedy_completions_equal_s04s_with_every_stop_rule(text_model):
     torch_model, numpy_model, make_tokenizer, _ = text_model
     free = s04.Engine(numpy_model, make_tokenizer(0), 128).generate(TEXT_PROMPT, greedy(40))
@@ -508,6 +509,7 @@ def check_low_precision(hf, directory, device: str, dtype: torch.dtype, impl: st
 
 @pytest.mark.parametrize("dtype, impl", [(torch.bfloat16, "manual"), (torch.bfloat16, "sdpa"),
                                          (torch.float16, "manual")], ids=["bf16-manual", "bf16-sdpa", "fp16-manual"])
+@pytest.mark.slow
 def test_low_precision_on_cpu_within_stated_tolerance(tiny, dtype, impl):
     name, hf, directory, _ = tiny
     check_low_precision(hf, directory, "cpu", dtype, impl)
