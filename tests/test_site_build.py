@@ -112,6 +112,8 @@ def test_home_page_has_chapter_map_and_setup_commands(repo_site):
         assert title in text, title
         if (ROOT / "chapters" / f"{stem}.md").exists():
             assert f'href="../chapters/{stem}.html"' in home, stem
+    for page in sorted((ROOT / "chapters").glob("s[0-9][0-9]-*.md")):  # listed in README or not
+        assert f'href="../chapters/{page.stem}.html"' in home, page.stem
     redirect = (repo_site / "index.html").read_text()
     assert 'url=site/index.html' in redirect
 
@@ -345,3 +347,20 @@ def test_float32_text_round_trips():
         assert np.float32(float(module.float32_text(x))) == x
     with pytest.raises(ValueError, match="only finite values"):
         module.float32_text(np.float32(-np.inf))
+
+
+def test_chapter_map_reads_readme_rows_and_refuses_a_malformed_one(tmp_path):
+    course_site = site_module("course_site")
+    readme = tmp_path / "README.md"
+    readme.write_text("# X\n\n## Chapters\n\n| # | Chapter | Code | What you build |\n|---|---|---|---|\n"
+                      "| 01 | [The loop](chapters/s01-the-loop.md) | [`code/s01_the_loop.py`](code/s01_the_loop.py)"
+                      " | A loop |\n\n## Next\n| 02 | not a chapter table |\n")
+    assert course_site.readme_chapters(readme) == [
+        {"number": "01", "title": "The loop", "stem": "s01-the-loop",
+         "code": "code/s01_the_loop.py", "summary": "A loop"}]
+    readme.write_text("## Chapters\n\n| 02 | Tokenization | code/s02.py | BPE |\n")
+    with pytest.raises(ValueError, match="chapter row not in the form"):
+        course_site.readme_chapters(readme)
+    readme.write_text("## Other\n")
+    with pytest.raises(ValueError, match="no '## Chapters' section"):
+        course_site.readme_chapters(readme)

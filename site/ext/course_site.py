@@ -218,7 +218,15 @@ def readme_chapters(readme: Path) -> list[dict]:
     match = re.search(r"^## Chapters\s*$(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
     if not match:
         raise ValueError(f"{readme}: no '## Chapters' section for the chapter map")
-    rows = [m.groups() for m in map(ROW_RE.match, match.group(1).splitlines()) if m]
+    rows = []
+    for line in match.group(1).splitlines():
+        if not re.match(r"^\|\s*\d", line):
+            continue  # header, separator or prose
+        m = ROW_RE.match(line)
+        if not m:  # a chapter row the map cannot read is an error, never a silent gap
+            raise ValueError(f"{readme}: chapter row not in the form | 01 | [Title](chapters/s01-x.md)"
+                             f" | [`code/s01_x.py`](code/s01_x.py) | summary |: {line.strip()}")
+        rows.append(m.groups())
     if not rows:
         raise ValueError(f"{readme}: the '## Chapters' section has no table row of the form "
                          "| 01 | [Title](chapters/s01-x.md) | [`code/s01_x.py`](...) | summary |")
@@ -236,6 +244,21 @@ class ChapterMapDirective(SphinxDirective):
         except ValueError as err:
             raise self.error(str(err)) from None
         found = self.env.found_docs
+        # Chapter pages the README does not list yet still get a row: the title from the page's
+        # "# SNN · Title" line, the code module when it exists.
+        listed = {row["stem"] for row in rows}
+        srcdir = Path(self.env.srcdir)
+        for doc in sorted(d for d in found if d.startswith("chapters/s")):
+            stem = doc.split("/", 1)[1]
+            if stem in listed:
+                continue
+            page = (srcdir / doc).with_suffix(".md")
+            first = page.read_text(encoding="utf-8").lstrip().splitlines()[0] if page.exists() else ""
+            title = re.sub(r"^#\s*S\d\d\s*·\s*", "", first).strip() or stem
+            module = sorted((srcdir / "code").glob(stem.replace("-", "_") + ".py"))
+            rows.append({"number": stem[1:3], "title": title, "stem": stem,
+                         "code": f"code/{module[0].name}" if module else None, "summary": "—"})
+        rows.sort(key=lambda r: r["number"])
         lines = ["| # | Chapter | Notebook | Code | What you build |", "|---|---|---|---|---|"]
         for row in rows:
             doc = f"chapters/{row['stem']}"
@@ -243,7 +266,8 @@ class ChapterMapDirective(SphinxDirective):
                        else f"{row['title']} (being written)")
             notebook = "notebooks/" + row["stem"].replace("-", "_")
             nb = f"{{doc}}`notebook </{notebook}>`" if notebook in found else "—"
-            code = f"{{download}}`{Path(row['code']).name} </{row['code']}>`"
+            code = (f"{{download}}`{Path(row['code']).name} </{row['code']}>`" if row["code"]
+                    and (srcdir / row["code"]).exists() else "—")
             lines.append(f"| {row['number']} | {chapter} | {nb} | {code} | {row['summary']} |")
         # The site navigation: every chapter page and notebook that exists, in order. (A glob
         # toctree would warn, and so fail the strict build, while a folder is still empty.)
