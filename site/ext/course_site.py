@@ -17,7 +17,8 @@ Directives (the chapter-facing API, see site/README.md):
     ```{chapter-map}
     ```
         The chapter table of README.md ("## Chapters"), with links to the chapter pages and
-        notebooks that exist. The README stays the one place the map is written.
+        notebooks that exist, plus a row for every chapter page the README does not list yet
+        (title from the page). It also builds the site navigation (hidden toctrees).
 
 Math is typeset by MathJax 3 (SVG output, so no web fonts) copied into the build from the
 `django-static-mathjax` package: nothing is fetched from a CDN when a page loads.
@@ -31,7 +32,6 @@ import shutil
 from pathlib import Path
 
 from docutils import nodes
-from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 from sphinx.util import logging
