@@ -102,8 +102,9 @@ def resolve_device_dtype(device: str | None = None, dtype: str | None = None
 
     device: "cuda", "cuda:N", "cpu" or None (CUDA when `torch.cuda.is_available()`, else CPU).
     dtype: "float32", "bfloat16", "float16" or None (bfloat16 on CUDA: half the bytes of
-    float32 per weight and the range of float32, so no overflow; float32 on the CPU, where
-    bfloat16 matmuls are often slower than float32 ones).
+    float32 per weight and the range of float32, so no overflow; float32 on the CPU, the
+    dtype of the course's oracles, and the safe choice there: bfloat16 matmuls are fast only
+    on CPUs with bfloat16 instructions (AVX-512 BF16, AMX) and are emulated elsewhere).
     Raises ValueError for an unknown name, or for CUDA when no CUDA device is there.
     """
     if device is None:
@@ -193,11 +194,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, s
     if n_heads % n_kv_heads or s_len != q_start + t_len:
         raise ValueError(f"attention needs H % Hkv == 0 and S == q_start + T (got H={n_heads}, "
                          f"Hkv={n_kv_heads}, S={s_len}, q_start={q_start}, T={t_len})")
+    if impl == "sdpa" and (t_len == 1 or q_start == 0):
+        # A decode step needs no mask; a prompt from position 0 is SDPA's own is_causal case,
+        # which lets CUDA pick its fastest (flash) kernel: an explicit mask would rule it out.
+        out = F.scaled_dot_product_attention(
+            q[None], k[None], v[None], is_causal=t_len > 1, scale=scale,
+            enable_gqa=n_heads != n_kv_heads)                        # (1, H, T, D)
+        return out[0]
     causal = None
     if t_len > 1:  # (T, S): True where the key is visible
         causal = (torch.arange(s_len, device=q.device)[None, :]
                   <= torch.arange(q_start, q_start + t_len, device=q.device)[:, None])
-    if impl == "sdpa":
+    if impl == "sdpa":  # a chunk after cached positions: the mask's diagonal is offset
         out = F.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=causal, scale=scale,
             enable_gqa=n_heads != n_kv_heads)                        # (1, H, T, D)
