@@ -663,7 +663,10 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     mass_before = torch.cumsum(probs, dim=-1) - probs                          # exclusive sums
     drop = mass_before >= top_p
     drop[0] = False
-    return logits.index_fill(0, order[drop], float("-inf"))
+    # Back to vocabulary order with a scatter. (`order[drop]` would be shorter: its length
+    # depends on the data, so on CUDA it would make the host wait for the device to learn it.)
+    drop_by_id = torch.zeros_like(drop).scatter_(0, order, drop)
+    return logits.masked_fill(drop_by_id, float("-inf"))
 
 
 def draw(processed: torch.Tensor, params: s04.SamplingParams, u: torch.Tensor | None
@@ -749,7 +752,7 @@ class DeviceSampler:
     def update(self, token: torch.Tensor) -> None:
         """Add the sampled token (int64 (1,), on the device) to the request's history."""
         if self.seen is not None:
-            self.seen[token] = True
+            self.seen.index_fill_(0, token, True)
         if self.counts is not None:
             self.counts.index_add_(0, token, self._one)
 

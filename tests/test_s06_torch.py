@@ -542,6 +542,34 @@ def test_cuda_low_precision_within_stated_tolerance(tiny, dtype, impl):
 
 
 @pytest.mark.gpu
+def test_cuda_decode_and_sampling_never_wait_for_the_device(tiny):
+    """The claim of the chapter: between two `.item()` calls the host only queues work. With
+    CUDA's sync debug mode set to "error", any operation that makes the host wait for the
+    device (a device-to-host copy, a data-dependent shape) raises; decode steps with every
+    processor switched on must run without one."""
+    name, hf, directory, _ = tiny
+    model = TorchTransformer.from_pretrained(directory, device="cuda", dtype=torch.bfloat16,
+                                             attention="sdpa")
+    runner = CachedTransformer(model)
+    params = s04.SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.01, min_tokens=3,
+                                repetition_penalty=1.2, presence_penalty=0.3,
+                                frequency_penalty=0.2, seed=5, stop_token_ids=[3])
+    sampler = DeviceSampler(params, PROMPT, [EOS_UNUSED], V, torch.device("cuda"))
+    logits = runner.prefill(PROMPT)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(8):
+            token = sampler.draw(sampler.process(logits, step), step)
+            sampler.update(token)
+            logits = runner.decode(token)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert runner.cache.num_cached == len(PROMPT) + 8
+    assert 0 <= int(token) < V
+
+
+@pytest.mark.gpu
 def test_cuda_seeded_sampling_reproduces_and_defaults_to_bf16(tiny):
     name, hf, directory, _ = tiny
     assert resolve_device_dtype() == (torch.device("cuda"), torch.bfloat16)
