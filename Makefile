@@ -1,14 +1,15 @@
 # Two commands do all the set-up themselves (see README.md):
 #   make run    create .venv from requirements.txt on first use, then run chapter 1
 #   make test   same set-up, then the whole test suite
-# Other targets: make grade (score your exercises), make chapter N=02 (run another chapter).
+# Other targets: make grade (score your exercises), make chapter N=02 (run another chapter),
+#                make site (build the course site into site/_build/html).
 
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run test grade chapter venv clean
+.PHONY: run test grade chapter site venv clean
 
 venv: $(STAMP)
 
@@ -31,6 +32,9 @@ test: venv
 
 grade: venv
 	$(PY) exercises/grade.py
+
+site: venv
+	$(PY) site/build.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache site/_build
