@@ -490,7 +490,8 @@ class BenchmarkRun:
     wall_s: clock time from the first request's start to the last one's end (requests run one
     after another). output_tokens_per_s: all generated tokens / wall_s. ttft_s, e2e_s: one value
     per request; itl_s: every gap of every request pooled; tpot_s: one per request with >= 2
-    tokens. decode_floor_s / decode_vs_floor: filled in by `attach_floor`.
+    tokens. decode_floor_s / decode_vs_floor: filled in by `attach_floor`. load_average_1min:
+    the machine's 1-minute load average when the run began (other jobs slow every number).
     """
 
     engine: str
@@ -502,6 +503,7 @@ class BenchmarkRun:
     peak_memory: dict = field(default_factory=dict)
     decode_floor_s: float | None = None
     decode_context_len: int | None = None
+    load_average_1min: float | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -560,6 +562,7 @@ class BenchmarkRun:
         """Everything about the run, per-request detail included, as a JSON-ready dict."""
         return {"engine": self.engine, "model": self.model, "workload": self.workload,
                 "seed": self.seed, "summary": self.summary(), "peak_memory": self.peak_memory,
+                "load_average_1min": self.load_average_1min,
                 "per_request": [{**asdict(r), "tpot_s": r.tpot_s} for r in self.requests]}
 
 
@@ -575,6 +578,7 @@ def run_benchmark(engine: BenchEngine, workload: Workload, model: str = "",
     """
     from tqdm import tqdm
 
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if warmup:
         first = workload.requests[0]
         engine.run(Request(-1, first.prompt, first.prompt_tokens, min(2, first.max_tokens)), clock)
@@ -585,7 +589,7 @@ def run_benchmark(engine: BenchEngine, workload: Workload, model: str = "",
         results.append(RequestResult.from_timed(request, engine.run(request, clock)))
     wall = clock() - began
     return BenchmarkRun(engine.name, model, workload.name, workload.seed, results, wall,
-                        peak_memory())
+                        peak_memory(), load_average_1min=load)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -288,6 +288,9 @@ def test_engines_through_the_harness_give_hf_greedy_tokens(tiny_qwen3, tokenizer
                           max_new_tokens=r.max_tokens, min_new_tokens=r.max_tokens,
                           pad_token_id=EOS)
         expected.append(out[0, ids.shape[1]:].tolist())
+        # min_new_tokens forbids EOS where the harness's engines ignore it; the two give the
+        # same tokens exactly when EOS is never the argmax, which this checks.
+        assert EOS not in expected[-1]
     numpy_model = s03.Transformer(cfg, weights)
     engines = [
         HookedEngine.for_s01("S01", s01.Engine(numpy_model, tokenizer, 128)),
@@ -424,6 +427,7 @@ def test_results_json_schema(tmp_path):
     assert summary["decode_vs_floor"] == pytest.approx(summary["itl_s"]["p50"]
                                                        / summary["decode_floor_s"])
     assert r["peak_memory"]["max_rss_bytes"] > 0
+    assert "load_average_1min" in r
     assert [q["output_tokens"] for q in r["per_request"]] == [3, 1, 5]
     assert r["per_request"][1]["tpot_s"] is None and r["per_request"][1]["itl_s"] == []
     table = s07.format_table([run])

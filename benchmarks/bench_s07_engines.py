@@ -1,0 +1,347 @@
+"""S07's comparison: the course's engines and `transformers` generate(), same weights, same
+workloads, batch 1, measured with S07's harness against this machine's roofline.
+
+    python benchmarks/bench_s07_engines.py                   # the run whose JSON is in results/
+    python benchmarks/bench_s07_engines.py --skip-qwen --requests 3   # a quick look
+
+A benchmark, not a test: it prints and writes, never asserts speed. What runs:
+  Engines (all greedy, EOS ignored so every engine makes exactly the requested tokens, float32,
+  on the CPU unless --device cuda):
+    S01 loop      code/s01_generation_loop.py's Engine on S03's NumPy model: no cache, every
+                  token recomputes the whole context. Only on the short-output workload.
+    S05 NumPy     code/s05_kv_cache.py's Engine: NumPy, KV cache.
+    S06 torch     code/s06_torch.py's Engine: torch, KV cache, once per --attentions entry
+                  (default both: "manual", S03's attention in torch, and "sdpa", PyTorch's
+                  fused scaled_dot_product_attention).
+    HF generate   transformers' model.generate(), its own DynamicCache, SDPA attention.
+  Models:
+    bundled       data/model (the course's tiny Qwen3-architecture model); while it has not
+                  been trained, a random model of its shape, said in the output and the JSON.
+    qwen3-0.6b    random weights in Qwen3-0.6B's shape (its published config.json: hidden 1024,
+                  MLP 3072, 28 layers, 16 query / 8 key-value heads of 128, vocabulary 151,936,
+                  tied embeddings): 596M parameters, 2.4 GB in float32. Built here with
+                  transformers (seeded), no download. Few requests, few tokens.
+  Workloads (S07 `make_workload`, seeded, prompts from data/shakespeare.txt, encoded with the
+  project tokenizer data/tokenizer.json, whose 2,048 ids are valid ids of both models):
+    chat-short    chat prompts with outputs of at most --short-tokens: every engine, S01 too;
+    chat, long, mixed                                       : S05, S06, HF (bundled model);
+    the 0.6B shape runs chat-short (--qwen-requests x at most --qwen-tokens) and one long
+    request (a prefill of 128-192 tokens: the compute-bound end of the roofline).
+  The roofline: this machine's copy bandwidth and float32 matmul FLOP/s (S07
+  `measure_peaks`), every engine's decode step (ITL p50) against the floor
+  bytes moved / bandwidth, and a plot per model in results/.
+  Where the S06 step's time goes on the 0.6B shape: its model time vs the rest of the step
+  (the engine's own Stats), a torch.profiler table of a few decode steps (--profile-steps)
+  per attention, and one decode-shaped attention call timed alone at 1 and at --threads
+  threads (`attention_call_s`).
+
+The CPU is shared with other jobs: the 1-minute load average before and after is in the
+JSON; compare rows of one run, and treat p99 values as the machine's noise as much as the
+engine's.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "code"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import s01_generation_loop as s01  # noqa: E402
+import s03_transformer as s03  # noqa: E402
+import s05_kv_cache as s05  # noqa: E402
+import s06_torch as s06  # noqa: E402
+import s07_measuring as s07  # noqa: E402
+
+TOKENIZER_JSON = ROOT / "data" / "tokenizer.json"
+EOS_ID = 2047            # <|endoftext|> in data/tokenizer.json
+MAX_CONTEXT = 256        # the bundled model's context window; every workload fits in it
+
+# Qwen/Qwen3-0.6B config.json (published values; only the shape matters here).
+QWEN3_0_6B = dict(
+    hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1_000_000.0,
+    tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=40960,
+)
+# scripts/train_bundled_model.py defaults: the bundled model's shape before it is trained.
+BUNDLED_SHAPE = dict(
+    hidden_size=128, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, vocab_size=2048, rope_theta=10000.0,
+    tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=256,
+)
+
+
+def random_qwen3(shape: dict, seed: int):
+    """transformers' Qwen3ForCausalLM of `shape` with HF's own random initialisation (seeded),
+    float32, SDPA attention, eval mode."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    config = Qwen3Config(**shape, eos_token_id=EOS_ID, pad_token_id=EOS_ID, bos_token_id=None)
+    config._attn_implementation = "sdpa"
+    return Qwen3ForCausalLM(config).eval()
+
+
+def load_models(name: str, seed: int, device: torch.device, attentions: list[str]):
+    """(note, config, NumPy S03 model, {attention: S06 torch model}, HF model), all on the
+    same weights."""
+    bundled = s03.BUNDLED_MODEL_DIR
+    if name == "bundled" and (bundled / "model.safetensors").exists():
+        from transformers import AutoModelForCausalLM
+        hf = AutoModelForCausalLM.from_pretrained(bundled, dtype=torch.float32).eval()
+        config = s03.TransformerConfig.from_pretrained(bundled)
+        weights = s03.load_state_dict(bundled)
+        note = "trained checkpoint data/model"
+    else:
+        start = time.perf_counter()
+        hf = random_qwen3(BUNDLED_SHAPE if name == "bundled" else QWEN3_0_6B, seed)
+        config = s03.TransformerConfig.from_hf_dict(hf.config.to_dict())
+        weights = {k: v.detach().numpy() for k, v in hf.state_dict().items()}  # shares memory
+        note = (f"random weights (transformers' init, seed {seed}), built in "
+                f"{time.perf_counter() - start:.0f} s")
+        if name == "bundled":
+            note += "; data/model was not trained yet"
+    numpy_model = s03.Transformer(config, weights)
+    torch_models = {impl: s06.TorchTransformer(config, weights, device, torch.float32, impl)
+                    for impl in attentions}
+    hf = hf.to(device)
+    return note, config, numpy_model, torch_models, hf
+
+
+def renamed(workload: s07.Workload, name: str) -> s07.Workload:
+    return dataclasses.replace(workload, name=name)
+
+
+def agreement(runs: list[s07.BenchmarkRun], reference: str) -> dict[str, str]:
+    """For each run, whether its greedy token ids equal those of `reference`'s run on the same
+    workload, request by request: 'equal' or where the first difference is."""
+    by_key = {(r.engine, r.workload): r for r in runs}
+    out = {}
+    for run in runs:
+        ref = by_key.get((reference, run.workload))
+        if ref is None or run.engine == reference:
+            continue
+        verdict = "equal"
+        for mine, theirs in zip(run.requests, ref.requests):
+            if mine.token_ids != theirs.token_ids:
+                i = next((k for k, (a, b) in enumerate(zip(mine.token_ids, theirs.token_ids))
+                          if a != b), min(len(mine.token_ids), len(theirs.token_ids)))
+                verdict = (f"request {mine.request_id}: first {i} tokens equal, then "
+                           f"{mine.token_ids[i:i + 1]} vs {theirs.token_ids[i:i + 1]}")
+                break
+        out[f"{run.engine} / {run.workload}"] = verdict
+    return out
+
+
+def profile_decode(engine: s06.Engine, prompt_ids: list[int], steps: int, top: int = 12) -> dict:
+    """torch.profiler over `steps` decode steps of the S06 engine's runner (after a prefill):
+    the ops with the most self CPU time, and the share of the matrix products."""
+    from torch.profiler import ProfilerActivity, profile
+    runner = engine.runner
+    with torch.inference_mode():
+        logits = runner.prefill(prompt_ids)
+        token = torch.argmax(logits).view(1)
+        runner.decode(token)                           # one unprofiled step
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            for _ in range(steps):
+                token = torch.argmax(runner.decode(token)).view(1)
+            s06.synchronize(engine.model.device)
+            wall = time.perf_counter() - start
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in rows) or 1.0
+    matmul_ops = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
+    matmul_us = sum(e.self_cpu_time_total for e in rows if e.key in matmul_ops)
+    return {"steps": steps, "wall_s_per_step_profiled": wall / steps,
+            "self_cpu_us_per_step_total": total / steps,
+            "matmul_share_of_self_cpu": matmul_us / total,
+            "top_ops": [{"op": e.key, "calls_per_step": e.count / steps,
+                         "self_cpu_us_per_step": e.self_cpu_time_total / steps,
+                         "share": e.self_cpu_time_total / total} for e in rows[:top]]}
+
+
+def attention_call_s(config: s03.TransformerConfig, context_len: int, threads: int, impl: str,
+                     repeats: int = 30) -> float:
+    """Median seconds of one S06 `attention` call shaped like a decode step of `config`
+    (q (H, 1, D) against K, V (Hkv, S, D) views of a preallocated cache), with `threads` torch
+    threads. The thread count is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        h, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        q = torch.randn(h, 1, d)
+        cache = torch.randn(2, hkv, MAX_CONTEXT, d)
+        k, v = cache[0, :, :context_len], cache[1, :, :context_len]   # (Hkv, S, D) views
+        call = lambda: s06.attention(q, k, v, context_len - 1, d ** -0.5, impl)  # noqa: E731
+        call()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+    finally:
+        torch.set_num_threads(before)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (S06 and HF; NumPy is CPU)")
+    parser.add_argument("--attentions", default="manual,sdpa",
+                        help="S06 attentions to run, comma-separated (manual, sdpa)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--requests", type=int, default=8, help="requests per bundled workload")
+    parser.add_argument("--short-tokens", type=int, default=16,
+                        help="most output tokens in chat-short (the S01 loop's workload)")
+    parser.add_argument("--qwen-requests", type=int, default=2)
+    parser.add_argument("--qwen-tokens", type=int, default=8, help="most output tokens, 0.6B shape")
+    parser.add_argument("--profile-steps", type=int, default=4, help="0 to skip the profile")
+    parser.add_argument("--skip-qwen", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(ROOT / "results" / "s07_engines.json"))
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    attentions = [a for a in args.attentions.split(",") if a]
+    if not attentions or any(a not in s06.ATTENTION_IMPLS for a in attentions):
+        parser.error(f"--attentions must list some of {s06.ATTENTION_IMPLS}")
+    facts = s07.machine_facts(args.device)
+    print(f"{facts['cpu_model']}, {facts['usable_cores']} usable cores, torch {facts['torch']} "
+          f"({facts['torch_threads']} threads), numpy {facts['numpy']}, transformers "
+          f"{facts['transformers']}; load average {facts['load_average_1min']:.1f}")
+    peaks = s07.measure_peaks(args.device)
+    print(f"bandwidth {peaks.bandwidth_bytes_per_s / 1e9:.2f} GB/s  ({peaks.bandwidth_method})\n"
+          f"matmul    {peaks.matmul_flops_per_s / 1e9:.1f} GFLOP/s ({peaks.matmul_method})\n"
+          f"ridge     {peaks.ridge_intensity:.1f} FLOP/byte\n")
+    project_tokenizer = s03.CheckpointTokenizer(TOKENIZER_JSON, [EOS_ID])
+    out_dir = Path(args.out).parent
+    all_runs: list[s07.BenchmarkRun] = []
+    models_info, workloads_info, agreements, profiles = {}, {}, {}, {}
+
+    plan = [("bundled", args.requests, args.short_tokens)]
+    if not args.skip_qwen:
+        plan.append(("qwen3-0.6b", args.qwen_requests, args.qwen_tokens))
+    for name, n_requests, short_tokens in plan:
+        note, cfg, numpy_model, torch_models, hf = load_models(name, args.seed, device,
+                                                               attentions)
+        params = s03.parameter_count(cfg)
+        print(f"== {name}: {params:,} parameters, {note}")
+        tokenizer = project_tokenizer
+        workloads = [renamed(s07.make_workload("chat", tokenizer, n_requests, args.seed,
+                                               MAX_CONTEXT, max_output_tokens=short_tokens),
+                             "chat-short")]
+        if name == "bundled":
+            workloads += [s07.make_workload(kind, tokenizer, n_requests, args.seed, MAX_CONTEXT)
+                          for kind in ("chat", "long", "mixed")]
+        else:
+            workloads.append(s07.make_workload("long", tokenizer, 1, args.seed, MAX_CONTEXT,
+                                               max_output_tokens=short_tokens))
+        s06_engines = {impl: s06.Engine(m, tokenizer, MAX_CONTEXT) for impl, m in torch_models.items()}
+        engines = [s07.HookedEngine.for_s01("S01 loop (no cache)",
+                                            s01.Engine(numpy_model, tokenizer, MAX_CONTEXT)),
+                   s07.HookedEngine.for_cached("S05 NumPy + cache",
+                                               s05.Engine(numpy_model, tokenizer, MAX_CONTEXT))]
+        engines += [s07.HookedEngine.for_cached(f"S06 torch ({impl})", engine)
+                    for impl, engine in s06_engines.items()]
+        engines.append(s07.HFGenerateEngine("HF generate()", hf, tokenizer, pad_token_id=EOS_ID))
+        runs = []
+        for workload in workloads:
+            for engine in engines:
+                if engine.name.startswith("S01") and workload.name != "chat-short":
+                    continue
+                run = s07.run_benchmark(engine, workload, model=name)
+                s07.attach_floor(run, cfg, peaks)
+                runs.append(run)
+        print(s07.format_table(runs))
+        agreements[name] = agreement(runs, "S05 NumPy + cache")
+        for key, verdict in agreements[name].items():
+            print(f"  greedy tokens vs S05, {key}: {verdict}")
+
+        # The roofline: decode steps (ITL p50, chat-short) and prefills (TTFT p50, long).
+        points = []
+        for run in runs:
+            if run.engine.startswith("S01"):
+                continue   # an uncached pass is neither a decode step nor a prefill
+            if run.workload == "chat-short" and run.itl_s is not None:
+                cost = s07.decode_step_cost(cfg, run.decode_context_len)
+                points.append((f"{run.engine} decode (S={run.decode_context_len})", cost,
+                               run.itl_s.p50))
+            if run.workload == "long":
+                prompt = int(np.median([r.prompt_tokens for r in run.requests]))
+                points.append((f"{run.engine} prefill (T={prompt}, TTFT)",
+                               s07.prefill_cost(cfg, prompt), run.ttft_s.p50))
+        plot = s07.plot_roofline(peaks, points, out_dir / f"s07_roofline_{name}.png",
+                                 title=f"{name} ({params / 1e6:.1f}M parameters, float32, "
+                                       f"batch 1) on {facts['cpu_model']}")
+        print(f"  roofline plot: {plot.relative_to(ROOT) if plot.is_relative_to(ROOT) else plot}")
+
+        decode = s07.decode_step_cost(cfg, MAX_CONTEXT // 8)
+        models_info[name] = {
+            "note": note, "parameters": params, "config": dataclasses.asdict(cfg),
+            "weights_bytes_float32": s03.parameter_count(cfg) * 4,
+            "decode_step_at_32": dataclasses.asdict(decode) | {"intensity": decode.intensity},
+            "roofline_plot": str(plot.relative_to(ROOT)) if plot.is_relative_to(ROOT) else str(plot),
+            "roofline_points": [{"label": label, "flops": c.flops, "bytes": c.bytes,
+                                 "intensity": c.intensity, "measured_s": t,
+                                 "achieved_flops_per_s": c.flops / t}
+                                for label, c, t in points]}
+        workloads_info[name] = [
+            {"name": w.name, "seed": w.seed,
+             "requests": [{"prompt_tokens": r.prompt_tokens, "max_tokens": r.max_tokens}
+                          for r in w.requests]} for w in workloads]
+
+        for s06_run in (r for r in runs if r.engine.startswith("S06")
+                        and r.workload == "chat-short" and r.model_step_s is not None):
+            step, model = s06_run.itl_s.p50, s06_run.model_step_s.p50
+            print(f"  {s06_run.engine} decode step (chat-short): ITL p50 {step * 1e3:.1f} ms = "
+                  f"{s06_run.decode_vs_floor:.2f}x the floor of {s06_run.decode_floor_s * 1e3:.1f} "
+                  f"ms; model p50 {model * 1e3:.1f} ms ({model / step:.0%} of the step)")
+        if name != "bundled" and args.profile_steps > 0:
+            prompt_ids = tokenizer.encode(workloads[0].requests[0].prompt)
+            context = len(prompt_ids) + 2
+            profiles[name] = {"attention_call_s": {
+                f"{impl}, {threads} thread(s)": attention_call_s(cfg, context, threads, impl)
+                for impl in attentions for threads in sorted({1, args.threads})},
+                "attention_call_context_len": context}
+            print(f"  one decode-shaped attention call (S={context}), median: " + ", ".join(
+                f"{k} {v * 1e6:.0f} us" for k, v in profiles[name]["attention_call_s"].items()))
+            for impl, engine in s06_engines.items():
+                p = profiles[name][impl] = profile_decode(engine, prompt_ids, args.profile_steps)
+                print(f"  profile of {p['steps']} S06 ({impl}) decode steps: matmuls are "
+                      f"{p['matmul_share_of_self_cpu']:.0%} of self CPU time; top ops:")
+                for op in p["top_ops"][:5]:
+                    print(f"    {op['op']:<50} {op['self_cpu_us_per_step'] / 1e3:8.2f} ms/step "
+                          f"{op['share']:6.1%}  ({op['calls_per_step']:.0f} calls/step)")
+        print()
+        all_runs += runs
+        del numpy_model, torch_models, hf, engines, s06_engines
+        gc.collect()
+
+    facts_after = s07.machine_facts(args.device)
+    results = s07.results_json(all_runs, facts, peaks, extra={
+        "command": "python benchmarks/bench_s07_engines.py " + " ".join(sys.argv[1:]),
+        "load_average_1min_after": facts_after["load_average_1min"],
+        "peak_memory_end": s07.peak_memory(),
+        "numpy_blas_threads_env": {k: os.environ.get(k) for k in
+                                   ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
+        "models": models_info, "workloads": workloads_info,
+        "greedy_agreement_vs_s05": agreements, "s06_decode_profile": profiles,
+        "notes": ["greedy, EOS ignored, float32, batch 1, one request after another",
+                  "ITL/floor: ITL p50 / (bytes a decode step moves at the run's median decode "
+                  "context / measured copy bandwidth)",
+                  "peak memory is the process's peak so far when the run ended (ru_maxrss)",
+                  "the machine is shared with other jobs: see the load averages"]})
+    path = s07.write_results(args.out, results)
+    print(f"load average after: {facts_after['load_average_1min']:.1f}; written {path}")
+
+
+if __name__ == "__main__":
+    main()
