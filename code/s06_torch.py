@@ -931,7 +931,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Chapter 6: the transformer in PyTorch, on CUDA or the CPU.")
     parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
                         help="checkpoint directory or hub id (default: the bundled model)")
-    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if present)")
+    parser.add_argument("--device", default=None,
+                        help="cuda, cuda:N or cpu (default: cuda if present)")
     parser.add_argument("--dtype", default=None, choices=list(DTYPES),
                         help="default: bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--attention", default="manual", choices=ATTENTION_IMPLS)
@@ -940,25 +941,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-context", type=int, default=None,
+                        help="positions in the preallocated KV cache (default: the model's "
+                             "context window, at most 4096)")
     parser.add_argument("--sync-timing", action="store_true",
                         help="wait for the device after each model call (true model time on CUDA)")
     args = parser.parse_args(argv)
 
-    if Path(args.model) == s03.BUNDLED_MODEL_DIR and not (s03.BUNDLED_MODEL_DIR / "config.json").exists():
-        parser.error(f"the bundled model is not in {s03.BUNDLED_MODEL_DIR} yet: train it with "
+    bundled = s03.BUNDLED_MODEL_DIR
+    if Path(args.model) == bundled and not (bundled / "config.json").exists():
+        parser.error(f"the bundled model is not in {bundled} yet: train it with "
                      "python scripts/train_bundled_model.py, or pass --model DIR")
     try:
         model, tokenizer = load(args.model, args.device, args.dtype, args.attention)
         params = s04.SamplingParams(temperature=args.temperature, top_p=args.top_p,
                                     max_tokens=args.max_tokens, seed=args.seed)
-        engine = Engine(model, tokenizer, sync_timing=args.sync_timing)
+        # The cache is allocated up front for max_context positions: Qwen3-0.6B's full window
+        # (40,960) would reserve 4.7 GB in bfloat16, so the demo asks for less by default.
+        max_context = (min(model.config.max_position_embeddings, 4096)
+                       if args.max_context is None else args.max_context)
+        engine = Engine(model, tokenizer, max_context, sync_timing=args.sync_timing)
         completion = engine.generate(args.prompt, params)
     except ValueError as err:
         parser.error(str(err))
     cfg = model.config
     print(f"{cfg.model_type}, {s03.parameter_count(cfg):,} parameters on {model.device} in "
           f"{str(model.dtype).removeprefix('torch.')}, attention {model.attention_impl}, KV cache "
-          f"{engine.runner.cache.nbytes / 2**20:.1f} MiB preallocated for {engine.max_context} positions")
+          f"{engine.runner.cache.nbytes / 2**20:.1f} MiB preallocated for {engine.max_context} "
+          "positions")
     print("--- prompt ---\n" + args.prompt)
     print("--- completion ---\n" + completion.text)
     stats = completion.stats
