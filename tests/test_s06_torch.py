@@ -20,6 +20,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 import s01_generation_loop as s01
 import s03_transformer as s03
@@ -401,6 +404,31 @@ def test_draw_with_s04s_uniform_numbers_picks_s04s_token(params):
         expected = s04.draw(processed, params, np.random.default_rng(seed))
         got = draw(torch.from_numpy(processed), params, torch.tensor(u, dtype=torch.float64))
         assert got.shape == (1,) and got.dtype == torch.int64 and int(got) == expected, seed
+
+
+class FixedUniform:
+    """Stands in for S04's np.random.Generator: `random()` returns the u it was given."""
+
+    def __init__(self, u: float):
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+@settings(max_examples=150, deadline=None)
+@given(row=arrays(np.float32, st.integers(1, 40),
+                  elements=st.one_of(st.floats(-20, 20, width=32), st.just(-np.inf))),
+       u=st.floats(0.0, 1.0, exclude_max=True), temperature=st.floats(0.05, 3.0))
+def test_draw_equals_s04_draw_for_any_row_and_uniform(row, u, temperature):
+    """Property: whatever the row (ties, -inf entries, one token) and u in [0, 1), the torch
+    draw and S04's draw pick the same id, and never an id of probability 0."""
+    assume(np.isfinite(row).any())
+    params = s04.SamplingParams(temperature=temperature)
+    processed = s04.process_logits(row, params)
+    expected = s04.draw(processed, params, FixedUniform(u))
+    got = int(draw(torch.from_numpy(processed), params, torch.tensor(u, dtype=torch.float64)))
+    assert got == expected and np.isfinite(processed[got])
 
 
 def test_draw_edges_by_hand():
