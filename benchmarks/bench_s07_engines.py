@@ -201,7 +201,8 @@ def main(argv=None) -> None:
     parser.add_argument("--short-tokens", type=int, default=16,
                         help="most output tokens in chat-short (the S01 loop's workload)")
     parser.add_argument("--qwen-requests", type=int, default=2)
-    parser.add_argument("--qwen-tokens", type=int, default=8, help="most output tokens, 0.6B shape")
+    parser.add_argument("--qwen-tokens", type=int, default=8,
+                        help="most output tokens on the 0.6B shape")
     parser.add_argument("--profile-steps", type=int, default=4, help="0 to skip the profile")
     parser.add_argument("--skip-qwen", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
@@ -217,14 +218,11 @@ def main(argv=None) -> None:
     print(f"{facts['cpu_model']}, {facts['usable_cores']} usable cores, torch {facts['torch']} "
           f"({facts['torch_threads']} threads), numpy {facts['numpy']}, transformers "
           f"{facts['transformers']}; load average {facts['load_average_1min']:.1f}")
-    peaks = s07.measure_peaks(args.device)
-    print(f"bandwidth {peaks.bandwidth_bytes_per_s / 1e9:.2f} GB/s  ({peaks.bandwidth_method})\n"
-          f"matmul    {peaks.matmul_flops_per_s / 1e9:.1f} GFLOP/s ({peaks.matmul_method})\n"
-          f"ridge     {peaks.ridge_intensity:.1f} FLOP/byte\n")
+    peaks_before = s07.measure_peaks(args.device)
     project_tokenizer = s03.CheckpointTokenizer(TOKENIZER_JSON, [EOS_ID])
     out_dir = Path(args.out).parent
-    all_runs: list[s07.BenchmarkRun] = []
-    models_info, workloads_info, agreements, profiles = {}, {}, {}, {}
+    measured = []   # (name, note, cfg, runs, workloads) per model
+    profiles = {}
 
     plan = [("bundled", args.requests, args.short_tokens)]
     if not args.skip_qwen:
@@ -232,8 +230,7 @@ def main(argv=None) -> None:
     for name, n_requests, short_tokens in plan:
         note, cfg, numpy_model, torch_models, hf = load_models(name, args.seed, device,
                                                                attentions)
-        params = s03.parameter_count(cfg)
-        print(f"== {name}: {params:,} parameters, {note}")
+        print(f"== {name}: {s03.parameter_count(cfg):,} parameters, {note}")
         tokenizer = project_tokenizer
         workloads = [renamed(s07.make_workload("chat", tokenizer, n_requests, args.seed,
                                                MAX_CONTEXT, max_output_tokens=short_tokens),
@@ -244,7 +241,8 @@ def main(argv=None) -> None:
         else:
             workloads.append(s07.make_workload("long", tokenizer, 1, args.seed, MAX_CONTEXT,
                                                max_output_tokens=short_tokens))
-        s06_engines = {impl: s06.Engine(m, tokenizer, MAX_CONTEXT) for impl, m in torch_models.items()}
+        s06_engines = {impl: s06.Engine(m, tokenizer, MAX_CONTEXT)
+                       for impl, m in torch_models.items()}
         engines = [s07.HookedEngine.for_s01("S01 loop (no cache)",
                                             s01.Engine(numpy_model, tokenizer, MAX_CONTEXT)),
                    s07.HookedEngine.for_cached("S05 NumPy + cache",
@@ -257,9 +255,45 @@ def main(argv=None) -> None:
             for engine in engines:
                 if engine.name.startswith("S01") and workload.name != "chat-short":
                     continue
-                run = s07.run_benchmark(engine, workload, model=name)
-                s07.attach_floor(run, cfg, peaks)
-                runs.append(run)
+                # One warm-up per engine and model (its first workload): later workloads
+                # find the engine warm already, and a warm-up prefill of 0.6B is seconds.
+                runs.append(s07.run_benchmark(engine, workload, model=name,
+                                              warmup=workload is workloads[0]))
+        if name != "bundled" and args.profile_steps > 0:
+            prompt_ids = tokenizer.encode(workloads[0].requests[0].prompt)
+            context = len(prompt_ids) + 2
+            profiles[name] = {"attention_call_context_len": context, "attention_call_s": {
+                f"{impl}, {threads} thread(s)": attention_call_s(cfg, context, threads, impl)
+                for impl in attentions for threads in sorted({1, args.threads})}}
+            for impl, engine in s06_engines.items():
+                profiles[name][impl] = profile_decode(engine, prompt_ids, args.profile_steps)
+        measured.append((name, note, cfg, runs, workloads))
+        del numpy_model, torch_models, hf, engines, s06_engines
+        gc.collect()
+
+    # The machine's limits, measured before and after the runs; the floors use the better of
+    # the two (a floor is what the machine can do at best, and other jobs come and go).
+    peaks_after = s07.measure_peaks(args.device)
+    both = "the better of two measurements, before and after the runs: "
+    peaks = s07.MachinePeaks(
+        max(peaks_before.bandwidth_bytes_per_s, peaks_after.bandwidth_bytes_per_s),
+        max(peaks_before.matmul_flops_per_s, peaks_after.matmul_flops_per_s),
+        both + peaks_before.bandwidth_method, both + peaks_before.matmul_method)
+    gb, gflop = 1e9, 1e9
+    print(f"\nbandwidth {peaks.bandwidth_bytes_per_s / gb:.2f} GB/s (before "
+          f"{peaks_before.bandwidth_bytes_per_s / gb:.2f}, after "
+          f"{peaks_after.bandwidth_bytes_per_s / gb:.2f}; {peaks_before.bandwidth_method})\n"
+          f"matmul    {peaks.matmul_flops_per_s / gflop:.1f} GFLOP/s (before "
+          f"{peaks_before.matmul_flops_per_s / gflop:.1f}, after "
+          f"{peaks_after.matmul_flops_per_s / gflop:.1f}; {peaks_before.matmul_method})\n"
+          f"ridge     {peaks.ridge_intensity:.1f} FLOP/byte\n")
+    all_runs: list[s07.BenchmarkRun] = []
+    models_info, workloads_info, agreements = {}, {}, {}
+    for name, note, cfg, runs, workloads in measured:
+        params = s03.parameter_count(cfg)
+        for run in runs:
+            s07.attach_floor(run, cfg, peaks)
+        print(f"== {name}: {params:,} parameters, {note}")
         print(s07.format_table(runs))
         agreements[name] = agreement(runs, "S05 NumPy + cache")
         for key, verdict in agreements[name].items():
@@ -281,14 +315,14 @@ def main(argv=None) -> None:
         plot = s07.plot_roofline(peaks, points, out_dir / f"s07_roofline_{name}.png",
                                  title=f"{name} ({params / 1e6:.1f}M parameters, float32, "
                                        f"batch 1) on {facts['cpu_model']}")
-        print(f"  roofline plot: {plot.relative_to(ROOT) if plot.is_relative_to(ROOT) else plot}")
-
-        decode = s07.decode_step_cost(cfg, MAX_CONTEXT // 8)
+        shown = plot.relative_to(ROOT) if plot.is_relative_to(ROOT) else plot
+        print(f"  roofline plot: {shown}")
+        decode = s07.decode_step_cost(cfg, 32)
         models_info[name] = {
             "note": note, "parameters": params, "config": dataclasses.asdict(cfg),
-            "weights_bytes_float32": s03.parameter_count(cfg) * 4,
+            "weights_bytes_float32": params * 4,
             "decode_step_at_32": dataclasses.asdict(decode) | {"intensity": decode.intensity},
-            "roofline_plot": str(plot.relative_to(ROOT)) if plot.is_relative_to(ROOT) else str(plot),
+            "roofline_plot": str(shown),
             "roofline_points": [{"label": label, "flops": c.flops, "bytes": c.bytes,
                                  "intensity": c.intensity, "measured_s": t,
                                  "achieved_flops_per_s": c.flops / t}
@@ -297,24 +331,20 @@ def main(argv=None) -> None:
             {"name": w.name, "seed": w.seed,
              "requests": [{"prompt_tokens": r.prompt_tokens, "max_tokens": r.max_tokens}
                           for r in w.requests]} for w in workloads]
-
         for s06_run in (r for r in runs if r.engine.startswith("S06")
                         and r.workload == "chat-short" and r.model_step_s is not None):
             step, model = s06_run.itl_s.p50, s06_run.model_step_s.p50
             print(f"  {s06_run.engine} decode step (chat-short): ITL p50 {step * 1e3:.1f} ms = "
-                  f"{s06_run.decode_vs_floor:.2f}x the floor of {s06_run.decode_floor_s * 1e3:.1f} "
-                  f"ms; model p50 {model * 1e3:.1f} ms ({model / step:.0%} of the step)")
-        if name != "bundled" and args.profile_steps > 0:
-            prompt_ids = tokenizer.encode(workloads[0].requests[0].prompt)
-            context = len(prompt_ids) + 2
-            profiles[name] = {"attention_call_s": {
-                f"{impl}, {threads} thread(s)": attention_call_s(cfg, context, threads, impl)
-                for impl in attentions for threads in sorted({1, args.threads})},
-                "attention_call_context_len": context}
-            print(f"  one decode-shaped attention call (S={context}), median: " + ", ".join(
-                f"{k} {v * 1e6:.0f} us" for k, v in profiles[name]["attention_call_s"].items()))
-            for impl, engine in s06_engines.items():
-                p = profiles[name][impl] = profile_decode(engine, prompt_ids, args.profile_steps)
+                  f"{s06_run.decode_vs_floor:.2f}x the floor of "
+                  f"{s06_run.decode_floor_s * 1e3:.1f} ms; model p50 {model * 1e3:.1f} ms "
+                  f"({model / step:.0%} of the step)")
+        if name in profiles:
+            prof = profiles[name]
+            print(f"  one decode-shaped attention call (S={prof['attention_call_context_len']}), "
+                  "median: " + ", ".join(f"{k} {v * 1e6:.0f} us"
+                                         for k, v in prof["attention_call_s"].items()))
+            for impl in attentions:
+                p = prof[impl]
                 print(f"  profile of {p['steps']} S06 ({impl}) decode steps: matmuls are "
                       f"{p['matmul_share_of_self_cpu']:.0%} of self CPU time; top ops:")
                 for op in p["top_ops"][:5]:
@@ -322,13 +352,13 @@ def main(argv=None) -> None:
                           f"{op['share']:6.1%}  ({op['calls_per_step']:.0f} calls/step)")
         print()
         all_runs += runs
-        del numpy_model, torch_models, hf, engines, s06_engines
-        gc.collect()
 
     facts_after = s07.machine_facts(args.device)
     results = s07.results_json(all_runs, facts, peaks, extra={
         "command": "python benchmarks/bench_s07_engines.py " + " ".join(sys.argv[1:]),
         "load_average_1min_after": facts_after["load_average_1min"],
+        "roofline_before": dataclasses.asdict(peaks_before),
+        "roofline_after": dataclasses.asdict(peaks_after),
         "peak_memory_end": s07.peak_memory(),
         "numpy_blas_threads_env": {k: os.environ.get(k) for k in
                                    ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},

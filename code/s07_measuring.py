@@ -921,15 +921,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{args.model}: {s03.parameter_count(cfg):,} parameters; workload {workload.name!r}: "
           f"{len(workload.requests)} requests, seed {workload.seed}")
     peaks = measure_peaks(repeats=3)
-    print(f"memory bandwidth {peaks.bandwidth_bytes_per_s / 1e9:.1f} GB/s ({peaks.bandwidth_method})")
+    print(f"memory bandwidth {peaks.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
+          f"({peaks.bandwidth_method})")
     print(f"matmul {peaks.matmul_flops_per_s / 1e9:.1f} GFLOP/s ({peaks.matmul_method})")
     print(f"ridge point: {peaks.ridge_intensity:.1f} FLOP/byte; a decode step here does "
           f"{decode_step_cost(cfg, workload.max_context).intensity:.2f}, a prefill of "
           f"{workload.requests[0].prompt_tokens} tokens "
           f"{prefill_cost(cfg, workload.requests[0].prompt_tokens).intensity:.1f}\n")
-    torch_model = s06.TorchTransformer(cfg, {k: v for k, v in s03.load_state_dict(args.model).items()})
-    engines = [HookedEngine.for_cached("S05 NumPy + KV cache", s05.Engine(model, tokenizer, max_context)),
-               HookedEngine.for_cached("S06 torch", s06.Engine(torch_model, tokenizer, max_context))]
+    torch_model = s06.TorchTransformer.from_pretrained(args.model)
+    engines = [
+        HookedEngine.for_cached("S05 NumPy + KV cache", s05.Engine(model, tokenizer, max_context)),
+        HookedEngine.for_cached("S06 torch", s06.Engine(torch_model, tokenizer, max_context))]
     runs = []
     for engine in engines:
         run = run_benchmark(engine, workload, model=Path(args.model).name)

@@ -295,7 +295,8 @@ def test_engines_through_the_harness_give_hf_greedy_tokens(tiny_qwen3, tokenizer
     engines = [
         HookedEngine.for_s01("S01", s01.Engine(numpy_model, tokenizer, 128)),
         HookedEngine.for_cached("S05", s05.Engine(numpy_model, tokenizer, 128)),
-        HookedEngine.for_cached("S06", s06.Engine(s06.TorchTransformer(cfg, weights), tokenizer, 128)),
+        HookedEngine.for_cached("S06", s06.Engine(s06.TorchTransformer(cfg, weights), tokenizer,
+                                                  128)),
         HFGenerateEngine("HF", hf, tokenizer, pad_token_id=EOS),
     ]
     for engine in engines:
