@@ -76,7 +76,7 @@ def max_concurrent_requests(hf_config: Mapping, memory_bytes: int, tokens_per_re
 
 
 # Exercise 2: a sliding-window cache (4 points) ------------------------------------------------
-# Mistral 7B and some layers of Gemma, Qwen and gpt-oss let each token attend only to the last W
+# Mistral 7B and some layers of Gemma 2 and 3 and gpt-oss let each token attend only to the last W
 # positions (itself included). Then the cache never needs more than W positions: write each new
 # key into slot position % W of a ring buffer, over the oldest one, and memory stays constant
 # however long the text gets.

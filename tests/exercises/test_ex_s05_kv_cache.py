@@ -109,7 +109,8 @@ def test_window_mask_and_ring_by_hand():
     np.testing.assert_array_equal(keys[0, :, 0], [3.0, 4.0, 2.0])
     np.testing.assert_array_equal(values[0, :, 0], [-3.0, -4.0, -2.0])
     assert ring.num_seen == 0                                       # layer 1 saw nothing yet
-    _, _, first = ring.append(1, np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32), 0)
+    zero = np.zeros((1, 1, 2), np.float32)
+    _, _, first = ring.append(1, zero, zero, 0)
     assert first.tolist() == [0] and ring.num_seen == 1
     assert ring.nbytes == 2 * 2 * 3 * 2 * 4                         # it never grows
     with pytest.raises(ValueError, match="positions must be appended in order"):
