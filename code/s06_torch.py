@@ -944,10 +944,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-context", type=int, default=None,
                         help="positions in the preallocated KV cache (default: the model's "
                              "context window, at most 4096)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice, one per core)")
     parser.add_argument("--sync-timing", action="store_true",
                         help="wait for the device after each model call (true model time on CUDA)")
     args = parser.parse_args(argv)
 
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1 (got {args.threads})")
+        torch.set_num_threads(args.threads)
     bundled = s03.BUNDLED_MODEL_DIR
     if Path(args.model) == bundled and not (bundled / "config.json").exists():
         parser.error(f"the bundled model is not in {bundled} yet: train it with "
@@ -961,6 +967,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_context = (min(model.config.max_position_embeddings, 4096)
                        if args.max_context is None else args.max_context)
         engine = Engine(model, tokenizer, max_context, sync_timing=args.sync_timing)
+        # The first request pays one-off costs (allocator, kernel choice, on CUDA the context
+        # and cuBLAS set-up); a short warm-up request takes them, so the figures below show
+        # the steady state.
+        start = time.perf_counter()
+        engine.generate(args.prompt, s04.SamplingParams(temperature=0.0, max_tokens=2))
+        warmup_s = time.perf_counter() - start
         completion = engine.generate(args.prompt, params)
     except ValueError as err:
         parser.error(str(err))
@@ -973,6 +985,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("--- completion ---\n" + completion.text)
     stats = completion.stats
     print(f"--- {stats.tokens_out} tokens, finish_reason={completion.finish_reason} ---")
+    print(f"warm-up request (2 tokens, one-off costs included): {warmup_s * 1e3:.1f} ms")
     if len(stats.step_times_s) >= 2:
         t = StepTimes.from_stats(stats)
         step = t.model_s + t.other_s

@@ -656,6 +656,7 @@ def test_main_on_a_checkpoint_directory(text_model, capsys):
     out = capsys.readouterr().out
     assert "qwen3" in out and "on cpu in bfloat16, attention manual" in out
     assert "--- completion ---" in out and "decode step:" in out and "everything else" in out
+    assert "warm-up request" in out
 
 
 def test_main_names_a_missing_bundled_model(monkeypatch, tmp_path, capsys):
