@@ -4,12 +4,12 @@ What is new since S05
     The arithmetic moves from NumPy to PyTorch, so it can run on a GPU. `TorchTransformer` is
     S03's transformer (both families: Qwen3 / Llama and GPT-2) written again as a
     `torch.nn.Module`, loaded from the same checkpoints by the same S03 loader (NumPy arrays in,
-    tensors on the device out). `KVCache` is S05's cache, allocated once, on the device, for the
-    whole context window: a decode step writes one position in place instead of growing an
-    array. `Engine` keeps S04's interface (`SamplingParams` in, `Completion` out, `stream`),
+    tensors on the device out). `KVCache` and `CachedTransformer` are S05's, allocated once, on
+    the device, for max_context positions: a decode step writes one position in place instead
+    of growing an array. `Engine` keeps S04's interface (`SamplingParams` in, `Completion` out, `stream`),
     with one change that matters on a GPU: the logits never leave the device. The S04 logits
-    processors are ported to torch (`process_logits`, `draw`), so per generated token exactly one
-    number crosses from the device to the host: the chosen token id (`.item()`), which the host
+    processors are ported to torch (`DeviceSampler.process`, `draw`), so per generated token
+    exactly one number crosses from the device to the host: the chosen token id (`.item()`), which the host
     needs to check the stop rules and to print text. A (V,) row of float32 logits would be
     600 KB per token for a 150k vocabulary, plus a synchronisation the GPU would wait on.
 
@@ -19,11 +19,11 @@ What is new since S05
     S03, or PyTorch's fused `scaled_dot_product_attention`). Everything runs under
     `torch.inference_mode()`.
 
-    Two ways a step is made cheaper than a line-by-line port of S03, both about launches (each
-    torch call is one or more kernel launches, a few microseconds of host time each): q, k and
-    v come from one fused projection (one matmul instead of three), and so do the MLP's gate
-    and up projections; the LM head runs on the last position only when that is all the
-    sampler needs. The norms and the softmax compute in float32 whatever the weights' dtype, as
+    Two ways a step is made cheaper than a line-by-line port of S03. Fewer launches (each torch
+    call is one or more kernel launches, microseconds of host time each): q, k and v come from
+    one fused projection (one matmul instead of three), and so do the MLP's gate and up
+    projections. Fewer FLOPs: the LM head runs on the last position only, all the sampler
+    needs. The norms and the softmax compute in float32 whatever the weights' dtype, as
     Hugging Face does, so bfloat16 loses precision only where the weights and activations are
     stored, not in the reductions.
 
@@ -38,8 +38,8 @@ What must match S04, and what cannot
     sets, except when a float32 softmax sum lands within rounding of a top_p boundary.
 
 What it does not handle yet
-    One request at a time (S08 batches), a cache as long as the model's context window
-    allocated per engine (S12 pages it), one Python call per operation per step (S16 captures a
+    One request at a time (S08 batches), a cache allocated up front for max_context positions
+    whatever the request needs (S12 pages it), one Python call per operation per step (S16 captures a
     step in a CUDA graph), one device (S18 shards a model over several).
 
 Run it
@@ -52,8 +52,10 @@ Tests
     the S01 loop, the S05 engine and `transformers` `generate()` on S03's tiny random models
     (GPT-2, Qwen3, Llama), both attentions; the same on the bundled model; every torch logits
     processor against S04's on the same rows; `draw` against S04 with shared uniforms; the
-    Engine's stop rules and stream == generate; bfloat16 on the CPU within stated tolerances;
-    CUDA tests (marker `gpu`) that skip without a GPU.
+    Engine's whole completions (stop rules, stop strings, logprobs) against S04's engine, and
+    stream == generate; bfloat16 and float16 on the CPU within stated tolerances; CUDA tests
+    (marker `gpu`, skipped without a GPU): the same parity, and decode steps with every
+    processor on under CUDA's sync-debug mode "error" (no hidden host-device waits).
 
 References
     PyTorch documentation: `torch.nn.functional.scaled_dot_product_attention` (enable_gqa),
