@@ -12,7 +12,9 @@ A benchmark, not a test: it prints and writes, never asserts speed. What runs:
     S05 NumPy     code/s05_kv_cache.py's Engine: NumPy, KV cache.
     S06 torch     code/s06_torch.py's Engine: torch, KV cache, once per --attentions entry
                   (default both: "manual", S03's attention in torch, and "sdpa", PyTorch's
-                  fused scaled_dot_product_attention).
+                  fused scaled_dot_product_attention), with --threads torch threads; and
+                  once more with SDPA and 1 thread (on a shared machine a parallel region
+                  can wait milliseconds for its second thread: this row shows what that costs).
     HF generate   transformers' model.generate(), its own DynamicCache, SDPA attention.
   Models:
     bundled       data/model (the course's tiny Qwen3-architecture model); while it has not
@@ -115,6 +117,22 @@ def load_models(name: str, seed: int, device: torch.device, attentions: list[str
     return note, config, numpy_model, torch_models, hf
 
 
+class WithThreads:
+    """An engine of the harness run with `threads` torch threads (restored after each
+    request): the same engine, to show what the thread count does to a step on this machine."""
+
+    def __init__(self, name: str, engine, threads: int):
+        self.name, self.engine, self.threads = name, engine, threads
+
+    def run(self, request: s07.Request, clock: s07.Clock) -> s07.TimedGeneration:
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            return self.engine.run(request, clock)
+        finally:
+            torch.set_num_threads(before)
+
+
 def renamed(workload: s07.Workload, name: str) -> s07.Workload:
     return dataclasses.replace(workload, name=name)
 
@@ -140,9 +158,13 @@ def agreement(runs: list[s07.BenchmarkRun], reference: str) -> dict[str, str]:
     return out
 
 
-def profile_decode(engine: s06.Engine, prompt_ids: list[int], steps: int, top: int = 12) -> dict:
+def profile_decode(engine: s06.Engine, prompt_ids: list[int], steps: int, top: int = 12
+                   ) -> dict:
     """torch.profiler over `steps` decode steps of the S06 engine's runner (after a prefill):
-    the ops with the most self CPU time, and the share of the matrix products."""
+    the ops with the most self CPU time; the shares of the weight matrix products (aten::mm /
+    addmm: projections, MLP, LM head) and of attention (the q k^T and p v products, aten::bmm,
+    softmax, or SDPA's fused kernel); and the bandwidth the weight products reach: every
+    weight matrix is read once per step (float32), so weight bytes / their seconds per step."""
     from torch.profiler import ProfilerActivity, profile
     runner = engine.runner
     with torch.inference_mode():
@@ -157,11 +179,22 @@ def profile_decode(engine: s06.Engine, prompt_ids: list[int], steps: int, top: i
             wall = time.perf_counter() - start
     rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in rows) or 1.0
-    matmul_ops = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
-    matmul_us = sum(e.self_cpu_time_total for e in rows if e.key in matmul_ops)
+    weight_ops = {"aten::mm", "aten::addmm"}
+    attention_ops = {"aten::bmm", "aten::_softmax", "aten::_safe_softmax",
+                     "aten::_scaled_dot_product_flash_attention_for_cpu",
+                     "aten::_scaled_dot_product_flash_attention",
+                     "aten::_scaled_dot_product_efficient_attention"}
+    matmul_us = sum(e.self_cpu_time_total for e in rows if e.key in weight_ops)
+    attention_us = sum(e.self_cpu_time_total for e in rows if e.key in attention_ops)
+    cfg = engine.model.config
+    weight_bytes = s03.bytes_per_token(cfg, 1) - 2 * cfg.num_hidden_layers * \
+        cfg.num_key_value_heads * cfg.head_dim * 4        # S03's bytes, minus one token's K/V
     return {"steps": steps, "wall_s_per_step_profiled": wall / steps,
+            "matmul_s_per_step": matmul_us / steps * 1e-6,
+            "matmul_weight_bytes_per_s": weight_bytes / (matmul_us / steps * 1e-6),
             "self_cpu_us_per_step_total": total / steps,
             "matmul_share_of_self_cpu": matmul_us / total,
+            "attention_share_of_self_cpu": attention_us / total,
             "top_ops": [{"op": e.key, "calls_per_step": e.count / steps,
                          "self_cpu_us_per_step": e.self_cpu_time_total / steps,
                          "share": e.self_cpu_time_total / total} for e in rows[:top]]}
@@ -249,6 +282,9 @@ def main(argv=None) -> None:
                                                s05.Engine(numpy_model, tokenizer, MAX_CONTEXT))]
         engines += [s07.HookedEngine.for_cached(f"S06 torch ({impl})", engine)
                     for impl, engine in s06_engines.items()]
+        if args.threads != 1 and "sdpa" in s06_engines:
+            engines.append(WithThreads("S06 torch (sdpa, 1 thread)", s07.HookedEngine.for_cached(
+                "", s06_engines["sdpa"]), 1))
         engines.append(s07.HFGenerateEngine("HF generate()", hf, tokenizer, pad_token_id=EOS_ID))
         runs = []
         for workload in workloads:
@@ -346,7 +382,10 @@ def main(argv=None) -> None:
             for impl in attentions:
                 p = prof[impl]
                 print(f"  profile of {p['steps']} S06 ({impl}) decode steps: matmuls are "
-                      f"{p['matmul_share_of_self_cpu']:.0%} of self CPU time; top ops:")
+                      f"{p['matmul_share_of_self_cpu']:.0%} of self CPU time "
+                      f"({p['matmul_s_per_step'] * 1e3:.0f} ms/step, reading weights at "
+                      f"{p['matmul_weight_bytes_per_s'] / 1e9:.1f} GB/s), attention "
+                      f"{p['attention_share_of_self_cpu']:.0%}; top ops:")
                 for op in p["top_ops"][:5]:
                     print(f"    {op['op']:<50} {op['self_cpu_us_per_step'] / 1e3:8.2f} ms/step "
                           f"{op['share']:6.1%}  ({op['calls_per_step']:.0f} calls/step)")
