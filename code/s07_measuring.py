@@ -873,14 +873,14 @@ def format_table(runs: Sequence[BenchmarkRun]) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value * 1e3:.1f}"
 
-    lines = [f"{'model':<18} {'engine':<27} {'workload':<7} {'req':>4} {'tok':>5} "
+    lines = [f"{'model':<12} {'engine':<27} {'workload':<10} {'req':>4} {'tok':>5} "
              f"{'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>8} {'e2e p50':>9} "
              f"{'tok/s':>8} {'ITL/floor':>9}"]
     for run in runs:
         itl = run.itl_s
         ratio = run.decode_vs_floor
         lines.append(
-            f"{run.model[:18]:<18} {run.engine[:27]:<27} {run.workload:<7} "
+            f"{run.model[:12]:<12} {run.engine[:27]:<27} {run.workload:<10} "
             f"{len(run.requests):>4} {run.output_tokens:>5} {ms(run.ttft_s.p50):>9} "
             f"{ms(run.ttft_s.p99):>8} {ms(itl and itl.p50):>8} {ms(itl and itl.p99):>8} "
             f"{ms(run.e2e_s.p50):>9} {run.output_tokens_per_s:>8.1f} "
