@@ -822,6 +822,12 @@ def plot_roofline(peaks: MachinePeaks, points: Sequence[tuple[str, StepCost, flo
               label=f"roof: {peaks.bandwidth_bytes_per_s / 1e9:.1f} GB/s, "
                     f"{peaks.matmul_flops_per_s / 1e9:.0f} GFLOP/s")
     ax.axvline(peaks.ridge_intensity, color="grey", ls=":", lw=1)
+    for where, text, align in ((peaks.ridge_intensity / 1.3, "bandwidth-bound", "right"),
+                               (peaks.ridge_intensity * 1.3, "compute-bound", "left")):
+        ax.text(where, peaks.matmul_flops_per_s * 1.3, text, ha=align, va="bottom",
+                fontsize=8, color="grey")
+    measured = [c.flops / t for _, c, t in points]
+    ax.set_ylim(min([roof.min(), *measured]) / 2, peaks.matmul_flops_per_s * 3)
     for i, (label, cost, seconds) in enumerate(points):
         color = f"C{i % 10}"
         attainable = min(peaks.matmul_flops_per_s,
