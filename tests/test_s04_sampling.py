@@ -890,18 +890,21 @@ def bundled_models():
 
 @bundled
 @pytest.mark.slow
-@pytest.mark.parametrize("penalty", [1.0, 1.3])
-def test_bundled_greedy_equals_s01_loop_and_hf_generate(bundled_models, penalty):
+@pytest.mark.parametrize("penalty, min_tokens", [(1.0, 0), (1.0, 30), (1.3, 30), (1.3, 10)])
+def test_bundled_greedy_equals_s01_loop_and_hf_generate(bundled_models, penalty, min_tokens):
+    # Plain greedy ends with EOS after 4 tokens here; min_tokens keeps it going, so the
+    # penalty has a long output to act on (and min_tokens meets HF's min_new_tokens).
     hf_model, model, tokenizer = bundled_models
     prompt = "HAMLET:\nTo be, or not to be"
     ids = tokenizer.encode(prompt)
     expected = hf_generate(hf_model, ids, max_new_tokens=30, repetition_penalty=penalty,
-                           eos_token_id=tokenizer.eos_id)
+                           min_new_tokens=min_tokens, eos_token_id=tokenizer.eos_id)
     engine = Engine(model, tokenizer, max_context=model.config.max_position_embeddings)
-    ours = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=30,
-                                                  repetition_penalty=penalty))
+    params = SamplingParams(temperature=0, max_tokens=30, repetition_penalty=penalty,
+                            min_tokens=min_tokens)
+    ours = engine.generate(prompt, params)
     assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
-    if penalty == 1.0:
+    if (penalty, min_tokens) == (1.0, 0):
         reference = s01.Engine(model, tokenizer, model.config.max_position_embeddings).generate(
             prompt, 30)
         assert ours.token_ids == reference.token_ids and ours.text == reference.text
