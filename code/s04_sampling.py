@@ -638,12 +638,16 @@ DEMO_SETTINGS: list[tuple[str, dict]] = [
     ("greedy", dict(temperature=0.0)),
     ("temperature 0.7", dict(temperature=0.7)),
     ("temperature 1.5", dict(temperature=1.5)),
-    ("top_k 5", dict(top_k=5)),
-    ("top_p 0.5", dict(top_p=0.5)),
-    ("min_p 0.2", dict(min_p=0.2)),
-    ("temperature 1.0, min_tokens 12 (no EOS before 12 tokens)", dict(min_tokens=12)),
-    ("greedy, repetition_penalty 1.5", dict(temperature=0.0, repetition_penalty=1.5)),
-    ("greedy, frequency_penalty 1.0", dict(temperature=0.0, frequency_penalty=1.0)),
+    ("temperature 1, top_k 5", dict(top_k=5)),
+    ("temperature 1, top_p 0.5", dict(top_p=0.5)),
+    ("temperature 1, min_p 0.2", dict(min_p=0.2)),
+    ("temperature 1, min_tokens 12 (no EOS before 12 tokens)", dict(min_tokens=12)),
+    # Greedy text that is long enough to repeat itself, then the penalties that break loops.
+    ("greedy, min_tokens 20", dict(temperature=0.0, min_tokens=20)),
+    ("greedy, min_tokens 20, repetition_penalty 1.3",
+     dict(temperature=0.0, min_tokens=20, repetition_penalty=1.3)),
+    ("greedy, min_tokens 20, frequency_penalty 1.0",
+     dict(temperature=0.0, min_tokens=20, frequency_penalty=1.0)),
 ]
 
 
@@ -684,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default=None,
                         help="checkpoint directory or hub id (default: the bundled model)")
     parser.add_argument("--prompt", default="HAMLET:\nTo be, or not to be", help="text to continue")
-    parser.add_argument("--max-tokens", type=int, default=12, help="tokens per completion")
+    parser.add_argument("--max-tokens", type=int, default=20, help="tokens per completion")
     parser.add_argument("--seed", type=int, default=0, help="seed of every sampled request")
     parser.add_argument("--logprobs", type=int, default=3, help="top tokens shown per position")
     knobs = parser.add_argument_group("one setting of your own instead of the tour")
@@ -708,8 +712,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     raw_engine = Engine(model, tokenizer, max_context)
     proc_engine = Engine(model, tokenizer, max_context, logprobs_mode="processed_logprobs")
     for label, knobs_set in settings:
-        if not custom and "min_tokens" in knobs_set:  # the tour's min_tokens fits any --max-tokens
-            knobs_set = {**knobs_set, "min_tokens": min(knobs_set["min_tokens"], args.max_tokens)}
+        if knobs_set.get("min_tokens", 0) > args.max_tokens and not custom:
+            knobs_set = {**knobs_set, "min_tokens": args.max_tokens}  # fit a small --max-tokens
+            label += f" (min_tokens cut to --max-tokens {args.max_tokens})"
         try:
             params = SamplingParams(max_tokens=args.max_tokens, seed=args.seed,
                                     logprobs=args.logprobs, **knobs_set)

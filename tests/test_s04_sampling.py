@@ -917,7 +917,9 @@ def test_main_tours_the_settings(capsys):
     main(["--max-tokens", "2", "--logprobs", "1"])
     out = capsys.readouterr().out
     for label, _ in DEMO_SETTINGS:
-        assert f"[{label}] finish_reason=" in out
+        assert f"[{label}" in out
+    assert out.count("finish_reason=") == len(DEMO_SETTINGS)
+    assert "[greedy, min_tokens 20 (min_tokens cut to --max-tokens 2)]" in out
 
 
 def test_main_reports_a_bad_setting_by_name(capsys):
