@@ -139,3 +139,34 @@ def test_first_cell_finds_the_code_from_the_repository_root_too():
     nbclient.NotebookClient(probe, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(ROOT)}}).execute()
     assert f"repository root: {ROOT}" in _text(probe)
+
+
+@pytest.mark.skipif(not BUNDLED.exists(), reason="data/model/ (the bundled model) is not there yet")
+def test_chapter_quotes_what_the_bundled_model_does():
+    # The prose quotes the bundled model's size, validation loss and completions; a retrained
+    # model must come with an updated chapter. Sizes are counted by transformers, the text is
+    # produced by the S01 loop on the chapter's model.
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from s01_generation_loop import Engine
+    from s03_transformer import load
+
+    chapter = (ROOT / "chapters" / "s03-transformer.md").read_text(encoding="utf-8")
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(BUNDLED.parent))
+    assert f"**{sum(p.numel() for p in hf.parameters()):,}**" in chapter
+    log = json.loads((BUNDLED.parent / "training_log.json").read_text())
+    assert f"its loss is {log['final_val_loss']:.2f} nats per token" in chapter
+    assert f"a perplexity of {log['final_val_perplexity']:.1f}" in chapter
+    model, tokenizer = load(BUNDLED.parent)
+    engine = Engine(model, tokenizer, max_context=model.config.max_position_embeddings)
+    greedy = engine.generate("Romeo.\n", 60)
+    assert f"```text\n{greedy.text}\n```" in chapter
+    assert f"after {len(greedy.token_ids)} tokens" in chapter
+    sampled = engine.generate("Juliet.\n", 60, 0.8, 1)
+    assert f"`{sampled.text}`" in chapter
+    sampled = engine.generate("Romeo.\n", 40, 0.8, 1)
+    assert f"```text\n{sampled.text}\n```" in chapter
