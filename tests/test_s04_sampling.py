@@ -406,7 +406,7 @@ BASE = np.log(f32([0.4, 0.3, 0.2, 0.1]))
 
 
 def chi2_survival(x, dof):
-    """P(X > x) for X ~ chi-square with 1..5 degrees of freedom, in closed form (odd dof via
+    """P(X > x) for X ~ chi-square with `dof` degrees of freedom, in closed form (odd dof via
     erfc, even dof via the Poisson sum; Abramowitz & Stegun 26.4.4-26.4.5)."""
     if dof % 2 == 0:
         return math.exp(-x / 2) * sum((x / 2) ** j / math.factorial(j) for j in range(dof // 2))
@@ -451,6 +451,21 @@ def draw_counts(logits, params, seed, output_ids=()):
 def test_sampled_frequencies_match_the_processed_distribution(params, output_ids, expected):
     stat, dof = chi_square(draw_counts(BASE, params, seed=1234, output_ids=output_ids), expected)
     assert stat < CHI2_CRITICAL_0_001[dof], f"chi2 = {stat:.2f} with {dof} dof"
+
+
+@pytest.mark.slow
+def test_chi_square_statistics_over_many_seeds_follow_their_distribution():
+    # One seed gives one draw of the statistic (seed 1234 above gives 14.0 for t0.5, a
+    # p-value of 0.003: unusual, not alarming). If the sampler is right, the statistics of 20
+    # independent seeds sum to one draw from chi-square with 20 * 3 = 60 degrees of freedom;
+    # both tails are checked at 0.1%: too large means bias, too small means draws too regular.
+    params, expected = SamplingParams(temperature=0.5), np.array([16, 9, 4, 1]) / 30
+    total = 0.0
+    for seed in range(20):
+        gen = np.random.default_rng(seed)
+        counts = np.bincount([sample(BASE, params, gen) for _ in range(5000)], minlength=4)
+        total += chi_square(counts, expected)[0]
+    assert 0.001 < chi2_survival(total, 60) < 0.999, f"sum of statistics {total:.1f}"
 
 
 @pytest.mark.slow
