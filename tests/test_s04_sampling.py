@@ -58,7 +58,7 @@ def test_params_are_frozen_and_normalised():
     assert none.stop == () and none.stop_token_ids == ()
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.temperature = 0.5
-    hash(p)  # frozen and made of tuples: usable as a dict key
+    assert {p: "ok"}[SamplingParams(stop=("\n",), stop_token_ids=(3, 4))] == "ok"  # hashable
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -106,7 +106,8 @@ def test_invalid_params_name_the_parameter_and_range(kwargs, message):
     dict(min_tokens=16), dict(logprobs=0), dict(logprobs=20), dict(seed=0),
 ])
 def test_boundary_values_are_accepted(kwargs):
-    SamplingParams(**kwargs)
+    params = SamplingParams(**kwargs)
+    assert all(getattr(params, name) == value for name, value in kwargs.items())
 
 
 # --- processors on hand-computed vectors ----------------------------------------------------
