@@ -3,6 +3,7 @@
     python benchmarks/bench_s06_torch.py                      # CUDA + bf16 if present, else CPU fp32
     python benchmarks/bench_s06_torch.py --device cpu --threads 2 --qwen-tokens 8
     python benchmarks/bench_s06_torch.py --skip-qwen          # the bundled model only
+    python benchmarks/bench_s06_torch.py --json out.json      # also save the figures
 
 A benchmark, not a test: it prints, never asserts speed. Two models, each run by both engines
 in the same process, on the same weights, device and dtype:
@@ -41,6 +42,7 @@ threads for both engines.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -246,6 +248,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="plain runs per engine (best kept)")
     parser.add_argument("--skip-qwen", action="store_true", help="only the bundled model")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the figures to this JSON file (for the notebook)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -261,6 +265,10 @@ def main(argv=None) -> None:
     print("The machine is shared: figures vary from run to run; compare rows of one run.\n")
     header = (f"{'engine':<16} {'tokens/s':>9} {'CPU ms':>8} {'ms/step':>8} {'model ms':>9} "
               f"{'other ms':>9} {'other %':>8}")
+    report = {"torch": torch.__version__, "device": str(device), "device_name": where,
+              "dtype": str(dtype).removeprefix("torch."), "threads": args.threads,
+              "attention": args.attention, "load_average_before": os.getloadavg()[0],
+              "models": []}
     models = [("bundled", args.bundled_tokens)] + ([] if args.skip_qwen else [("qwen", args.qwen_tokens)])
     for name, n_tokens in models:
         label, hf, ours, tokenizer, prompt = prepare(name, device, dtype, args.attention, args.seed)
@@ -286,11 +294,22 @@ def main(argv=None) -> None:
                   f"{r.step_ms:>8.2f} {r.model_ms:>9.2f} {r.other_ms:>9.2f} "
                   f"{r.other_ms / r.step_ms:>8.0%}")
         mine, theirs = runs["ours (S06)"], runs["HF generate()"]
+        report["models"].append({
+            "model": label, "prompt_tokens": len(prompt), "generated_tokens": n_tokens,
+            "greedy_agreement": agreement(mine.token_ids, theirs.token_ids),
+            "engines": {key: {"tokens_per_s": r.tokens_per_s(n_tokens),
+                              "cpu_ms_per_token": r.cpu_ms_per_token(n_tokens),
+                              "step_ms": r.step_ms, "model_ms": r.model_ms,
+                              "other_ms": r.other_ms} for key, r in runs.items()}})
         print(f"ratio ours / HF: {mine.tokens_per_s(n_tokens) / theirs.tokens_per_s(n_tokens):.2f}x "
               f"tokens/s (wall), {theirs.cpu_ms_per_token(n_tokens) / mine.cpu_ms_per_token(n_tokens):.2f}x "
               f"by CPU time; greedy token ids: {agreement(mine.token_ids, theirs.token_ids)}\n")
         del hf, ours, engines
     print(f"load average after: {os.getloadavg()[0]:.1f}")
+    if args.json is not None:
+        report["load_average_after"] = os.getloadavg()[0]
+        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        print(f"figures written to {args.json}")
 
 
 if __name__ == "__main__":
