@@ -273,19 +273,18 @@ def main(argv=None) -> None:
     for name, n_tokens in models:
         label, hf, ours, tokenizer, prompt = prepare(name, device, dtype, args.attention, args.seed)
         print(f"== {label}: {len(prompt)} prompt tokens, {n_tokens} generated, greedy, batch 1")
-        repeats = args.repeats if name == "bundled" else max(1, args.repeats - 1)
         engines = {"ours (S06)": OurEngine(ours, tokenizer, prompt, n_tokens),
                    "HF generate()": HFEngine(hf, prompt, n_tokens, device)}
         runs = {key: Run() for key in engines}
         with torch.inference_mode():
             for engine in engines.values():
                 engine.once()                                   # warm-up
-            for _ in range(repeats):                            # interleaved: same conditions
+            for _ in range(args.repeats):                       # interleaved: same conditions
                 for key, engine in engines.items():
                     wall, cpu, _ = timed(engine.once, device)
                     runs[key].wall_s.append(wall)
                     runs[key].cpu_s.append(cpu)
-            for _ in range(repeats):                            # the split: fastest run kept
+            for _ in range(args.repeats):                       # the split: fastest run kept
                 for key, engine in engines.items():
                     engine.split(runs[key])
         print(header)
