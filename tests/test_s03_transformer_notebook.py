@@ -170,3 +170,28 @@ def test_chapter_quotes_what_the_bundled_model_does():
     assert f"`{sampled.text}`" in chapter
     sampled = engine.generate("Romeo.\n", 40, 0.8, 1)
     assert f"```text\n{sampled.text}\n```" in chapter
+
+
+@pytest.mark.skipif(not BUNDLED.exists(), reason="data/model/ (the bundled model) is not there yet")
+def test_chapter_figure_and_quiz_state_the_bundled_dimensions():
+    # The walkthrough, the cost table, the figure and a quiz question use the bundled model's
+    # dimensions; they must be those of data/model/config.json (a retrained model of another
+    # size must come with updated prose).
+    import json
+
+    from s03_transformer import TransformerConfig, bytes_per_token, flops_per_token
+
+    cfg = TransformerConfig.from_pretrained(BUNDLED.parent)
+    c, n_layers, h, hkv, d, i = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                                 cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size)
+    chapter = " ".join((ROOT / "chapters" / "s03-transformer.md").read_text().split())
+    assert (f"$C = {c}$, $L = {n_layers}$ layers, $H = {h}$ query heads and $H_{{kv}} = {hkv}$ "
+            f"key/value heads of $D = {d}$ dimensions, an MLP of inner width $I = {i}$, a "
+            f"vocabulary of $V = " + f"{cfg.vocab_size:,}".replace(",", "{,}") + "$") in chapter
+    assert f"**{flops_per_token(cfg, 1):,}** | **{bytes_per_token(cfg, 1):,}**" in chapter
+    figure = (ROOT / "chapters" / "figures" / "s03-block.svg").read_text()
+    assert (f"bundled model: C = {c}, H = {h}, Hkv = {hkv}, D = {d}, I = {i}, L = {n_layers}, "
+            f"V = {cfg.vocab_size}") in figure
+    quiz = json.loads((ROOT / "site" / "quizzes" / "s03-transformer.json").read_text())
+    assert any(f"(C = {c}, H = {h}, Hkv = {hkv}, D = {d}, I = {i})" in q["question"]
+               for q in quiz["questions"])
