@@ -15,7 +15,8 @@ A benchmark, not a test: it prints and writes, never asserts speed. What runs:
                   fused scaled_dot_product_attention), with --threads torch threads; and
                   once more with SDPA and 1 thread (on a shared machine a parallel region
                   can wait milliseconds for its second thread: this row shows what that costs).
-    HF generate   transformers' model.generate(), its own DynamicCache, SDPA attention.
+    HF generate   transformers' model.generate(), its own DynamicCache, SDPA attention; with
+                  --threads threads, and once more with 1 thread, for the same reason.
   Models:
     bundled       data/model (the course's tiny Qwen3-architecture model); while it has not
                   been trained, a random model of its shape, said in the output and the JSON.
@@ -46,6 +47,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import hashlib
 import os
 import sys
 import time
@@ -100,7 +102,8 @@ def load_models(name: str, seed: int, device: torch.device, attentions: list[str
         hf = AutoModelForCausalLM.from_pretrained(bundled, dtype=torch.float32).eval()
         config = s03.TransformerConfig.from_pretrained(bundled)
         weights = s03.load_state_dict(bundled)
-        note = "trained checkpoint data/model"
+        digest = hashlib.sha256((bundled / "model.safetensors").read_bytes()).hexdigest()
+        note = f"trained checkpoint data/model (model.safetensors sha256 {digest[:16]}...)"
     else:
         start = time.perf_counter()
         hf = random_qwen3(BUNDLED_SHAPE if name == "bundled" else QWEN3_0_6B, seed)
@@ -224,6 +227,19 @@ def attention_call_s(config: s03.TransformerConfig, context_len: int, threads: i
         torch.set_num_threads(before)
 
 
+def measure_at_threads(device: str, threads: int) -> dict[int, s07.MachinePeaks]:
+    """S07 `measure_peaks` at 1 thread and at `threads` threads (restored afterwards)."""
+    before = torch.get_num_threads()
+    try:
+        out = {}
+        for t in sorted({1, threads}):
+            torch.set_num_threads(t)
+            out[t] = s07.measure_peaks(device)
+        return out
+    finally:
+        torch.set_num_threads(before)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda (S06 and HF; NumPy is CPU)")
@@ -251,7 +267,7 @@ def main(argv=None) -> None:
     print(f"{facts['cpu_model']}, {facts['usable_cores']} usable cores, torch {facts['torch']} "
           f"({facts['torch_threads']} threads), numpy {facts['numpy']}, transformers "
           f"{facts['transformers']}; load average {facts['load_average_1min']:.1f}")
-    peaks_before = s07.measure_peaks(args.device)
+    peaks_before = measure_at_threads(args.device, args.threads)
     project_tokenizer = s03.CheckpointTokenizer(TOKENIZER_JSON, [EOS_ID])
     out_dir = Path(args.out).parent
     measured = []   # (name, note, cfg, runs, workloads) per model
@@ -285,7 +301,10 @@ def main(argv=None) -> None:
         if args.threads != 1 and "sdpa" in s06_engines:
             engines.append(WithThreads("S06 torch (sdpa, 1 thread)", s07.HookedEngine.for_cached(
                 "", s06_engines["sdpa"]), 1))
-        engines.append(s07.HFGenerateEngine("HF generate()", hf, tokenizer, pad_token_id=EOS_ID))
+        hf_engine = s07.HFGenerateEngine("HF generate()", hf, tokenizer, pad_token_id=EOS_ID)
+        engines.append(hf_engine)
+        if args.threads != 1:
+            engines.append(WithThreads("HF generate() (1 thread)", hf_engine, 1))
         runs = []
         for workload in workloads:
             for engine in engines:
@@ -307,22 +326,28 @@ def main(argv=None) -> None:
         del numpy_model, torch_models, hf, engines, s06_engines
         gc.collect()
 
-    # The machine's limits, measured before and after the runs; the floors use the better of
-    # the two (a floor is what the machine can do at best, and other jobs come and go).
-    peaks_after = s07.measure_peaks(args.device)
-    both = "the better of two measurements, before and after the runs: "
+    # The machine's limits, measured before and after the runs, each at 1 and at --threads
+    # threads; the floors use the best of them (a floor is what the machine can do at best,
+    # and other jobs come and go).
+    peaks_after = measure_at_threads(args.device, args.threads)
+    measurements = {f"{when}, {t} thread(s)": m for when, at in (("before", peaks_before),
+                                                                 ("after", peaks_after))
+                    for t, m in at.items()}
+    best_bw = max(measurements, key=lambda k: measurements[k].bandwidth_bytes_per_s)
+    best_mm = max(measurements, key=lambda k: measurements[k].matmul_flops_per_s)
     peaks = s07.MachinePeaks(
-        max(peaks_before.bandwidth_bytes_per_s, peaks_after.bandwidth_bytes_per_s),
-        max(peaks_before.matmul_flops_per_s, peaks_after.matmul_flops_per_s),
-        both + peaks_before.bandwidth_method, both + peaks_before.matmul_method)
-    gb, gflop = 1e9, 1e9
-    print(f"\nbandwidth {peaks.bandwidth_bytes_per_s / gb:.2f} GB/s (before "
-          f"{peaks_before.bandwidth_bytes_per_s / gb:.2f}, after "
-          f"{peaks_after.bandwidth_bytes_per_s / gb:.2f}; {peaks_before.bandwidth_method})\n"
-          f"matmul    {peaks.matmul_flops_per_s / gflop:.1f} GFLOP/s (before "
-          f"{peaks_before.matmul_flops_per_s / gflop:.1f}, after "
-          f"{peaks_after.matmul_flops_per_s / gflop:.1f}; {peaks_before.matmul_method})\n"
-          f"ridge     {peaks.ridge_intensity:.1f} FLOP/byte\n")
+        measurements[best_bw].bandwidth_bytes_per_s, measurements[best_mm].matmul_flops_per_s,
+        f"best of {len(measurements)} measurements (before / after the runs, 1 / "
+        f"{args.threads} threads), here {best_bw}: {measurements[best_bw].bandwidth_method}",
+        f"best of {len(measurements)} measurements (before / after the runs, 1 / "
+        f"{args.threads} threads), here {best_mm}: {measurements[best_mm].matmul_method}")
+    print()
+    for key, m in measurements.items():
+        print(f"{key:<22} bandwidth {m.bandwidth_bytes_per_s / 1e9:6.2f} GB/s, matmul "
+              f"{m.matmul_flops_per_s / 1e9:6.1f} GFLOP/s")
+    print(f"used: bandwidth {peaks.bandwidth_bytes_per_s / 1e9:.2f} GB/s, matmul "
+          f"{peaks.matmul_flops_per_s / 1e9:.1f} GFLOP/s, ridge {peaks.ridge_intensity:.1f} "
+          f"FLOP/byte\n")
     all_runs: list[s07.BenchmarkRun] = []
     models_info, workloads_info, agreements = {}, {}, {}
     for name, note, cfg, runs, workloads in measured:
@@ -396,8 +421,7 @@ def main(argv=None) -> None:
     results = s07.results_json(all_runs, facts, peaks, extra={
         "command": "python benchmarks/bench_s07_engines.py " + " ".join(sys.argv[1:]),
         "load_average_1min_after": facts_after["load_average_1min"],
-        "roofline_before": dataclasses.asdict(peaks_before),
-        "roofline_after": dataclasses.asdict(peaks_after),
+        "roofline_measurements": {k: dataclasses.asdict(m) for k, m in measurements.items()},
         "peak_memory_end": s07.peak_memory(),
         "numpy_blas_threads_env": {k: os.environ.get(k) for k in
                                    ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
