@@ -69,6 +69,9 @@ def test_notebook_runs_headless_and_shows_its_plots(executed):
     text = _text(executed)
     assert "forward by hand == model.forward: True" in text
     assert "GQA by reshape == MHA on repeated K/V: True" in text
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+               for o in _outputs(executed))
+    assert re.search(r"explorer ready: \d+ tokens, layer 0, head 0", text)
 
 
 def _dims(text: str) -> dict[str, float]:
