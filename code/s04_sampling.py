@@ -1,4 +1,4 @@
-"""S04, sampling: `SamplingParams`, the logits-processor pipeline, seeds and logprobs.
+r"""S04, sampling: `SamplingParams`, the logits-processor pipeline, seeds and logprobs.
 
 What is new since S03
     S01 turned logits into a token with one knob, the temperature. Serving APIs expose about a
@@ -51,7 +51,7 @@ What it does not handle yet
 
 Run it
     python code/s04_sampling.py                      # one prompt, a tour of settings
-    python code/s04_sampling.py --top-p 0.9 --temperature 0.8 --stop "\n"   # your own
+    python code/s04_sampling.py --top-p 0.9 --temperature 0.8 --stop $'\n'   # your own
 
 Tests
     tests/test_s04_sampling.py: every processor against hand-computed vectors (each boundary of
@@ -283,8 +283,8 @@ def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
     """Scale logits by 1 / temperature (temperature > 0).
 
     We return (logits - max) / T rather than HF's logits / T: softmax cannot tell them apart,
-    and with the max at 0 every entry is <= 0, so even T = 1e-6 cannot overflow to +inf (large
-    gaps may underflow to -inf, which is the right answer: probability 0).
+    and with the max at 0 every entry is <= 0, so even T = 1e-6 cannot make exp() overflow to
+    +inf (for a large gap exp() underflows to 0, which is the right answer: probability 0).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 here (0 means greedy; got {temperature})")

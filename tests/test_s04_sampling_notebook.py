@@ -4,8 +4,12 @@ Executed with nbclient on a temporary copy (the notebook in the repository is ne
 from notebooks/, Jupyter's usual working directory. Checks: no cell fails, the plots and the
 widget are there, and the numbers it prints agree with values worked out here by hand or in
 closed form (the penalty-order example, the min-p / top-p order example), not by the code under
-test. The notebook runs on whatever `load_demo_model()` returns (the bundled transformer once it
-is trained, S02's bigram model before), so nothing here depends on one model's numbers.
+test. The notebook runs on whatever `load_demo_model()` returns (the bundled transformer in
+data/model/, S02's bigram model without it), so those checks hold for any model. The last two
+tests are of another kind: the chapter quotes what the bundled model does (the kept-token
+table, the chi-square value, the tour of `python code/s04_sampling.py`), and they check that
+those quotes are what the notebook and the engine print now, so a retrained model must come with
+an updated chapter. They skip when data/model/ is not there.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ nbclient = pytest.importorskip("nbclient")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "s04_sampling.ipynb"
+CHAPTER = ROOT / "chapters" / "s04-sampling.md"
+BUNDLED = ROOT / "data" / "model" / "model.safetensors"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
@@ -123,3 +129,71 @@ def test_first_cell_finds_the_code_from_the_repository_root_too():
     nbclient.NotebookClient(probe, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(ROOT)}}).execute()
     assert f"repository root: {ROOT}" in _text(probe)
+
+
+def _chapter_prose() -> str:
+    # Line breaks in the Markdown source are spaces in the text the reader sees.
+    return " ".join(CHAPTER.read_text(encoding="utf-8").split())
+
+
+def _quoted(text: str) -> str:
+    return "`" + text.replace("\n", "\\n") + "`"   # the chapter writes a line break as \n
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not BUNDLED.exists(), reason="data/model/ (the bundled model) is not there")
+def test_chapter_quotes_what_the_notebook_measures_on_the_bundled_model(executed):
+    text, chapter = _text(executed), _chapter_prose()
+    assert "model: bundled model" in text
+    (h_flat, top_flat), (h_sharp, top_sharp) = re.findall(
+        r"(?:flat|peaked) context: H = ([\d.]+) nats, top p = ([\d.]+)", text)
+    assert f"flat (entropy {h_flat} nats" in chapter and f"at {top_flat})" in chapter
+    assert f"sharp ({h_sharp} nats" in chapter and f"at {top_sharp})" in chapter
+    for name in ("top_k 5", "top_k 50", "top_p 0.5", "top_p 0.9", "min_p 0.05", "min_p 0.1"):
+        (k_flat, m_flat), (k_sharp, m_sharp) = re.findall(
+            rf"^  {re.escape(name)}\s+(\d+)\s+([\d.]+)\s+[\d.]+$", text, re.MULTILINE)
+        row = f"| `{name.replace(' ', '=')}` | {k_flat} | {m_flat} | {k_sharp} | {m_sharp} |"
+        assert row in chapter, row
+    nan = re.search(r"nan entries = (\d+)", text).group(1)
+    assert f"{nan} of the 2,048 logits are positive" in chapter
+    assert f"returns NaN for those {nan} tokens" in chapter
+    chi2, dof = re.search(r"chi-square statistic ([\d.]+) with (\d+) degrees", text).groups()
+    assert f"$X^2 = {chi2}$ with {dof} degrees of freedom" in chapter
+
+
+@pytest.mark.skipif(not BUNDLED.exists(), reason="data/model/ (the bundled model) is not there")
+def test_chapter_quotes_the_tour_on_the_bundled_model():
+    # The texts are what `python code/s04_sampling.py` prints with its defaults (20 tokens,
+    # seed 0), produced here by the same engine and settings.
+    from s04_sampling import DEMO_SETTINGS, Engine, SamplingParams, load_demo_model
+
+    chapter = _chapter_prose()
+    model, tokenizer, _ = load_demo_model()
+    engine = Engine(model, tokenizer, model.config.max_position_embeddings)
+    settings = dict(DEMO_SETTINGS)
+    prompt = "HAMLET:\nTo be, or not to be"
+
+    def run(label, max_tokens=20, eng=engine):
+        params = SamplingParams(max_tokens=max_tokens, seed=0, logprobs=3, **settings[label])
+        return eng.generate(prompt, params)
+
+    words = "zero one two three four five six seven eight nine ten eleven twelve".split()
+    assert chapter.count(f"{words[len(DEMO_SETTINGS)]} settings, seed 0") == 2
+    greedy = run("greedy")
+    assert greedy.finish_reason == "stop"
+    assert f"greedy gives {_quoted(greedy.text)} and stops" in chapter
+    assert f"EOS has probability {math.exp(greedy.logprobs[-1].logprob):.2f}" in chapter
+    for label in ("greedy, min_tokens 20", "greedy, min_tokens 20, repetition_penalty 1.3",
+                  "greedy, min_tokens 20, frequency_penalty 1.0"):
+        assert _quoted(run(label).text) in chapter, label
+    hot = run("temperature 1.5")
+    unlikely = sum(math.exp(lp.logprob) < 0.01 for lp in hot.logprobs)
+    assert f"{_quoted(hot.text)}, words" in chapter
+    assert f"{unlikely} of the {len(hot.token_ids)} tokens had probability below 0.01" in chapter
+    first = run("temperature 1, top_k 5", max_tokens=1)
+    sampler = run("temperature 1, top_k 5", max_tokens=1,
+                  eng=Engine(model, tokenizer, model.config.max_position_embeddings,
+                             logprobs_mode="processed_logprobs"))
+    assert (f"the first token {_quoted(tokenizer.decode(first.token_ids))} has probability "
+            f"{math.exp(first.logprobs[0].logprob):.3f} under the model and "
+            f"{math.exp(sampler.logprobs[0].logprob):.3f} under the sampler") in chapter
