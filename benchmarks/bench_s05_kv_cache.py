@@ -12,8 +12,8 @@ It prints tokens per second, the time per step at several context lengths for bo
 step should stay nearly flat, the uncached one grows with the context), the closed-form
 multiply-adds of each step beside it, and the cache's memory for this model and context.
 
-Model: the bundled model (data/model) when it exists; otherwise a random model with the
-bundled model's Qwen3 shape (scripts/train_bundled_model.py defaults), and the output says so.
+Model: the bundled model (data/model) when it exists; otherwise a random Qwen3 model of the
+default shape of scripts/train_bundled_model.py, and the output says so.
 Timing does not depend on the weights' values, only on the shapes. The bundled model was
 trained on 256-token windows; to time 1,000+ token contexts its position limit is raised here
 (RoPE has no table, so this only means the text quality past 256 tokens is untrained, which a
@@ -55,7 +55,7 @@ TOKENIZER_JSON = ROOT / "data" / "tokenizer.json"
 
 
 def bundled_shape(vocab_size: int, max_positions: int) -> s03.TransformerConfig:
-    """The bundled model's architecture (scripts/train_bundled_model.py defaults)."""
+    """The default architecture of scripts/train_bundled_model.py (a stand-in for data/model)."""
     return s03.TransformerConfig(
         model_type="qwen3", vocab_size=vocab_size, hidden_size=192, num_hidden_layers=6,
         num_attention_heads=6, num_key_value_heads=2, head_dim=32, intermediate_size=512,
@@ -86,8 +86,8 @@ def load_model(model_dir: Path | None, positions: int):
                       rng.normal(0.0, 0.02, shape).astype(np.float32))
                for name, shape in s03.expected_tensors(config).items()}
     return (s03.Transformer(config, weights), tokenizer,
-            "NOT the bundled model (data/model does not exist yet): a random model of its "
-            "Qwen3 shape")
+            "NOT the bundled model (data/model does not exist yet): a random Qwen3 model of "
+            "the training script's default shape")
 
 
 def prompt_of(tokenizer, n_tokens: int) -> str:

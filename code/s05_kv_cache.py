@@ -567,7 +567,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         same = "the same tokens" if reference.token_ids == completion.token_ids else \
             "DIFFERENT tokens (a bug: please report it)"
         print(f"wall time: {cached_s:.2f} s with the cache, {uncached_s:.2f} s without "
-              f"({uncached_s / cached_s:.1f}x), {same}\n")
+              f"({uncached_s / cached_s:.1f}x), {same}. (One run, noisy; short contexts "
+              "gain little. benchmarks/bench_s05_kv_cache.py measures step by step.)\n")
     print(format_work_table(cfg, s.prompt_tokens, s.passes))
 
 
