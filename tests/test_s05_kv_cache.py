@@ -405,9 +405,12 @@ def test_matmul_counting_by_hand():
     b = np.ones((4, 5), np.float32)
     np.testing.assert_array_equal(a @ b, np.full((3, 5), 4.0))
     assert work.weight_macs == 3 * 4 * 5                    # 60
-    out = np.ones((2, 3, 4), np.float32) @ a.T[:, :3].T.T   # (2, 3, 4) @ (4, 3): 2*3*4*3 = 72
-    assert work.weight_macs == 60 + 72 and type(out) is np.ndarray
-    assert matmul_macs((4,), (4, 6)) == 24 and matmul_macs((7, 1, 2, 3), (5, 3, 8)) == 7 * 5 * 2 * 3 * 8
+    out = np.ones((2, 3, 4), np.float32) @ a.T    # a view counts too: 2 x (3, 4) @ (4, 3) = 72
+    assert work.weight_macs == 60 + 72 and type(out) is np.ndarray   # results are plain arrays
+    np.testing.assert_array_equal(np.ones(3) * a[0, :3], np.ones(3))  # elementwise, not counted
+    assert work.weight_macs == 132
+    assert matmul_macs((4,), (4, 6)) == 24
+    assert matmul_macs((7, 1, 2, 3), (5, 3, 8)) == 7 * 5 * 2 * 3 * 8  # broadcast batch 7 x 5
 
 
 def test_one_prefill_and_one_decode_counted_by_hand(tiny_by_name):
