@@ -1,5 +1,11 @@
 """Shared test set-up: chapter modules live in code/ and import each other by name."""
+import os
 import sys
+
+# The tests run many tiny matmuls; multi-threaded OpenBLAS spends more time waking threads than
+# computing on them (S05's test file: 65 s with the default, 33 s with one thread on 2 cores).
+# Set before numpy is imported; an explicit setting in the environment wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from pathlib import Path
 
 import pytest
