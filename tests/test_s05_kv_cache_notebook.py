@@ -6,7 +6,8 @@ itself that every counted pass equals `generation_work` and that both engines pr
 tokens), the plots and the widget are there, and the numbers it prints agree with values worked
 out here by hand from the model shape it prints: the cache's bytes per token and the total
 multiply-adds of both engines, written out term by term below, never taken from the code under
-test. Timings are printed by the notebook but never asserted.
+test. Timings are printed by the notebook but never asserted. The counts and memory numbers the
+chapter page quotes are checked against the same hand-worked formulas.
 """
 from __future__ import annotations
 
@@ -144,3 +145,39 @@ def test_first_cell_finds_the_code_from_the_repository_root_too():
     nbclient.NotebookClient(probe, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(ROOT)}}).execute()
     assert f"repository root: {ROOT}" in _text(probe)
+
+
+def test_chapter_quotes_the_counts_worked_here():
+    """The chapter's counted numbers (a 160-pass generation from a 16-token prompt on the bundled
+    model's shape, which data/model/config.json gives) equal the closed form written out here,
+    and its memory numbers equal 2 L Hkv D bytes per token worked by hand."""
+    import json
+
+    chapter = (ROOT / "chapters" / "s05-kv-cache.md").read_text(encoding="utf-8")
+    config_path = ROOT / "data" / "model" / "config.json"
+    if not config_path.exists():
+        pytest.skip("bundled model not trained yet (scripts/train_bundled_model.py)")
+    cfg = json.loads(config_path.read_text())
+    layers, c, h, hkv, d, inter, vocab = (cfg["num_hidden_layers"], cfg["hidden_size"],
+                                          cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                                          cfg["head_dim"], cfg["intermediate_size"],
+                                          cfg["vocab_size"])
+    w = c * h * d + 2 * c * hkv * d + h * d * c + 3 * c * inter   # one token, one layer
+    assert (w, layers * w, c * vocab, 2 * h * d * layers) == (196_608, 1_179_648, 262_144, 1_536)
+    contexts = range(16, 16 + 160)
+    uncached = sum(n * (layers * w + c * vocab) + 2 * h * d * layers * n * n for n in contexts)
+    cached = (16 * layers * w + c * vocab + 2 * h * d * layers * 16 * 16
+              + sum(layers * w + c * vocab + 2 * h * d * layers * n for n in contexts[1:]))
+    attention_u = sum(2 * h * d * layers * n * n for n in contexts)
+    attention_c = 2 * h * d * layers * (16 * 16 + sum(contexts[1:]))
+    kv_read = sum(2 * layers * hkv * d * 4 * n for n in contexts)
+    last_u = 175 * (layers * w + c * vocab) + 2 * h * d * layers * 175 ** 2
+    last_c = layers * w + c * vocab + 2 * h * d * layers * 175
+    for value in (uncached, cached, attention_u, attention_c, kv_read, last_u, last_c,
+                  2 * layers * hkv * d * 4, 256 * 2 * layers * hkv * d * 4):
+        quoted = (f"{value:,}" in chapter) or (f"{value:,}".replace(",", "{,}") in chapter)
+        assert quoted, f"{value:,} is not quoted in the chapter (as text or as math)"
+    assert f"({uncached / cached:.1f} times less)" in chapter
+    for per_token in (2 * 28 * 8 * 128 * 2, 2 * 32 * 8 * 128 * 2, 2 * 32 * 32 * 128 * 2):
+        assert f"{per_token:,}" in chapter                   # Qwen3-0.6B, Llama 3 8B, Llama 2 7B
+    assert f"{2 * 28 * 8 * 128 * 2 * 40_960:,} bytes" in chapter
