@@ -85,7 +85,9 @@ def test_same_tokens_as_numpy_and_bytes_by_hand(executed):
     assert f"token id 8 bytes per step; float32 logits row {4 * vocab:,} bytes" in text
     assert "Qwen3-0.6B: token id 8 bytes per step; float32 logits row 607,744 bytes" in text
     m = re.search(r"greedy tokens agree for the first (\d+) of 40", text)
-    assert m and int(m.group(1)) >= 4    # the chapter's stated bfloat16 prefix
+    assert m
+    if "NOT the bundled model" not in text:   # random weights have near-ties everywhere
+        assert int(m.group(1)) >= 4           # the bfloat16 prefix the S06 tests state
 
 
 @pytest.mark.slow
