@@ -493,10 +493,13 @@ def test_bundled_model_logits_match_transformers(bundled_hf):
 
 
 @bundled
-def test_bundled_model_greedy_matches_hf_generate(bundled_hf):
+@pytest.mark.parametrize("prompt, stop_reason", [
+    ("Shall I compare thee to a summer's day?\n", "max_tokens"),  # greedy runs all 40 tokens
+    ("Romeo.\n", "eos"),                                          # a short speech, then EOS
+])
+def test_bundled_model_greedy_matches_hf_generate(bundled_hf, prompt, stop_reason):
     hf, hf_tok = bundled_hf
     model, tokenizer = load(BUNDLED_MODEL_DIR)
-    prompt = "Ham.\nTo be, or not to be"
     ids = tokenizer.encode(prompt)
     eos = hf_tok.convert_tokens_to_ids("<|endoftext|>")
     assert tokenizer.eos_id == eos == hf.generation_config.eos_token_id == hf.config.eos_token_id
@@ -506,6 +509,8 @@ def test_bundled_model_greedy_matches_hf_generate(bundled_hf):
     expected = out[0, len(ids):].tolist()
     result = Engine(model, tokenizer, max_context=model.config.max_position_embeddings).generate(prompt, 40)
     assert result.token_ids == expected, first_difference(result.token_ids, expected)
+    assert result.stats.stop_reason == stop_reason
+    assert len(expected) == 40 if stop_reason == "max_tokens" else expected[-1] == eos
     assert result.text == hf_tok.decode(expected, skip_special_tokens=True)
 
 
