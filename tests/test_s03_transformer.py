@@ -13,6 +13,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file as save_torch
 from transformers import (
@@ -352,6 +354,11 @@ def qwen3_dir(tmp_path_factory):
     return directory
 
 
+@pytest.fixture(scope="module")
+def qwen3_model(qwen3_dir):
+    return Transformer.from_pretrained(qwen3_dir)
+
+
 def copy_with(qwen3_dir, tmp_path, config_changes=None, drop_tensor=None):
     target = tmp_path / "ckpt"
     shutil.copytree(qwen3_dir, target)
@@ -466,6 +473,16 @@ def test_explicit_positions_give_the_rows_of_a_longer_pass(qwen3_dir):
         x_last = block.finish(x_last, attention(q, k_cat, v_cat, pos[-1:], pos))
         x_all = block.forward(x_all, pos)
     np.testing.assert_allclose(model.head(x_last)[0], full[-1], rtol=1e-4, atol=2e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ids=st.lists(st.integers(0, V - 1), min_size=2, max_size=40), data=st.data())
+def test_causality_a_prefix_gets_the_same_logits(qwen3_model, ids, data):
+    """Row t depends only on tokens 0..t: the rows of a prefix pass equal the first rows of
+    the full pass. (The property that lets S05 cache keys and values.)"""
+    model = qwen3_model
+    k = data.draw(st.integers(1, len(ids) - 1))
+    np.testing.assert_allclose(model.forward(ids[:k]), model.forward(ids)[:k], rtol=1e-5, atol=1e-5)
 
 
 # --- the bundled model ----------------------------------------------------------------------
