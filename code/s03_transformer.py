@@ -624,11 +624,15 @@ class Qwen3Block:
         return h + swiglu_mlp(m, self.w["mlp.gate_proj.weight"], self.w["mlp.up_proj.weight"],
                               self.w["mlp.down_proj.weight"])
 
+    def attention_scale(self) -> float:
+        """1/sqrt(D), the softmax temperature of q.k (same method on `GPT2Block`)."""
+        return self.config.head_dim ** -0.5
+
     def forward(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """The whole layer without a cache: every token attends to the tokens of x up to itself.
         x: float32 (T, C); positions: ints (T,). Returns float32 (T, C)."""
         q, k, v = self.qkv(x, positions)
-        return self.finish(x, attention(q, k, v, positions, positions))
+        return self.finish(x, attention(q, k, v, positions, positions, self.attention_scale()))
 
 
 LlamaBlock = Qwen3Block  # the same layer; config.qk_norm is False for Llama

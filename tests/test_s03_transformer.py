@@ -470,7 +470,7 @@ def test_explicit_positions_give_the_rows_of_a_longer_pass(qwen3_dir):
         np.testing.assert_allclose(k, k_all[:, -1:], rtol=1e-5, atol=1e-6)
         k_cat = np.concatenate([k_all[:, :-1], k], axis=1)
         v_cat = np.concatenate([v_all[:, :-1], v], axis=1)
-        x_last = block.finish(x_last, attention(q, k_cat, v_cat, pos[-1:], pos))
+        x_last = block.finish(x_last, attention(q, k_cat, v_cat, pos[-1:], pos, block.attention_scale()))
         x_all = block.forward(x_all, pos)
     np.testing.assert_allclose(model.head(x_last)[0], full[-1], rtol=1e-4, atol=2e-5)
 
