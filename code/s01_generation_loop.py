@@ -54,6 +54,24 @@ _NO_SPACE_BEFORE = set(".,;:!?)]'-")
 _NO_SPACE_AFTER = set("([-")
 
 
+def is_int(x) -> bool:
+    """True for a Python or NumPy integer; False for bool (True is not a count or an id)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def is_real(x) -> bool:
+    """True for a Python or NumPy int or float; False for bool, complex, str, Fraction, ..."""
+    return isinstance(x, (int, float, np.integer, np.floating)) \
+        and not isinstance(x, (bool, np.bool_))
+
+
+def check_seed(seed) -> None:
+    """Raise ValueError unless seed is None or an integer >= 0 (what `np.random.default_rng`
+    takes; a bool is not a seed)."""
+    if seed is not None and (not is_int(seed) or seed < 0):
+        raise ValueError(f"seed must be None or an integer >= 0 (got {seed!r})")
+
+
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
 # ---------------------------------------------------------------------------------------------
@@ -132,9 +150,12 @@ class WordTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Token ids -> text. `<eos>` ends nothing here and decodes to nothing; the Engine stops
-        before it. Raises ValueError for an id outside [0, vocab_size)."""
+        before it. Raises ValueError for an id that is not an integer (5.9 is not rounded, True
+        is not 1) or lies outside [0, vocab_size)."""
         out: list[str] = []
         for i in ids:
+            if not is_int(i):
+                raise ValueError(f"token ids must be integers (got {i!r})")
             i = int(i)
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"token id {i} is outside the vocabulary [0, {self.vocab_size})")
@@ -184,10 +205,11 @@ class BigramModel:
               unk_id: int | None = 1) -> "BigramModel":
         """Count bigrams in `token_ids` (a 1-D int sequence) and smooth them into logits.
 
-        Raises ValueError if alpha <= 0, fewer than 2 ids are given, or an id is out of range.
+        Raises ValueError if alpha is not a finite number > 0, fewer than 2 ids are given, or an
+        id is out of range.
         """
-        if alpha <= 0:
-            raise ValueError(f"alpha must be > 0 for smoothing (got {alpha})")
+        if not is_real(alpha) or not np.isfinite(alpha) or alpha <= 0:
+            raise ValueError(f"alpha must be a finite number > 0 for smoothing (got {alpha!r})")
         ids = np.asarray(token_ids, dtype=np.int64)
         if ids.ndim != 1 or ids.size < 2:
             raise ValueError("token_ids must be a 1-D sequence of at least 2 ids")
@@ -248,24 +270,47 @@ def build_default(max_vocab: int = 4096,
 # Sampler
 # ---------------------------------------------------------------------------------------------
 
+def check_temperature(temperature) -> None:
+    """Raise ValueError unless temperature is a finite int or float (NumPy's too) >= 0.
+    A bool is not a temperature: True would silently mean 1."""
+    if not is_real(temperature) or not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (got {temperature!r})")
+
+
 def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
     """Pick the next token id from one row of logits.
 
-    logits: float (V,). temperature 0 is greedy: the argmax (the lowest id on a tie). Otherwise
-    the token is drawn from softmax(logits / temperature): below 1 sharpens the distribution,
-    above 1 flattens it. Each draw consumes exactly one `rng.random()`. Raises ValueError for a
-    negative or non-finite temperature, or a row with no finite logit.
+    logits: float (V,); each entry finite, or -inf for a token that can never be drawn.
+    temperature 0 is greedy: the argmax (the lowest id on a tie). Otherwise the token is drawn
+    from softmax(logits / temperature): below 1 sharpens the distribution, above 1 flattens it.
+    Each draw consumes exactly one `rng.random()`.
+
+    The weights are computed as exp((logits - max) / temperature): the max is subtracted
+    *before* dividing, so every exponent is <= 0 and nothing overflows, whatever the logits and
+    the temperature (dividing first turns 1e308 / 0.5, or anything / 1e-310, into inf, and
+    inf - inf into NaN). A gap to the max that the division pushes below about -745 gives weight
+    exactly 0, which is the true probability to float64 precision, so a temperature far below
+    every gap picks the greedy token; tokens tied at the max keep equal weights and share the
+    probability, the limit of softmax as temperature -> 0.
+
+    Raises ValueError for a temperature that is not a finite number >= 0 (see
+    `check_temperature`), and for a row that is not 1-D and non-empty, holds NaN or +inf (+inf
+    has no probability: softmax would be inf / inf; S04's `check_logits` has the same rule), or
+    has no finite entry.
     """
-    if not np.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (got {temperature})")
+    check_temperature(temperature)
     logits = np.asarray(logits, dtype=np.float64)
-    if logits.ndim != 1 or not np.isfinite(logits).any() or np.isnan(logits).any():
-        raise ValueError("logits must be a 1-D row with at least one finite value and no NaN")
+    if logits.ndim != 1 or logits.size == 0:
+        raise ValueError(f"logits must be a non-empty 1-D row (V,), got shape {logits.shape}")
+    if np.isnan(logits).any() or np.isposinf(logits).any():
+        raise ValueError("logits must not contain NaN or +inf")
+    if not np.isfinite(logits).any():
+        raise ValueError("logits must have at least one finite entry (every token is ruled out)")
     if temperature == 0:
         return int(np.argmax(logits))
-    scaled = logits / temperature
-    scaled -= scaled.max()  # softmax is shift-invariant; this keeps exp() from overflowing
-    weights = np.exp(scaled)  # unnormalised probabilities; -inf logits get weight 0
+    with np.errstate(over="ignore"):  # a gap that overflows is -inf: weight 0, as it should be
+        scaled = (logits - logits.max()) / temperature  # all <= 0; the max is exactly 0
+    weights = np.exp(scaled)  # unnormalised probabilities in [0, 1]; -inf logits get weight 0
     # Inverse-CDF sampling with one uniform number per token: the first id whose cumulative
     # weight exceeds u * total. (numpy's rng.choice(p=...) does the same; doing it by hand keeps
     # one random number per step, so the course's JavaScript simulator can replay it exactly.)
@@ -343,30 +388,33 @@ class Engine:
     """
 
     def __init__(self, model, tokenizer, max_context: int):
-        if not isinstance(max_context, (int, np.integer)) or max_context < 1:
+        if not is_int(max_context) or max_context < 1:
             raise ValueError(f"max_context must be an integer >= 1 (got {max_context!r})")
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = int(max_context)
 
-    def check_request(self, prompt: str, max_tokens: int, temperature: float) -> list[int]:
+    def check_request(self, prompt: str, max_tokens: int, temperature: float,
+                      seed: int | None = None) -> list[int]:
         """Validate one request and return the prompt's token ids.
 
-        Raises ValueError naming the rule: prompt must be a non-empty string that encodes to at
-        least one token; max_tokens must be an integer >= 1; temperature must be finite and >= 0;
-        the prompt may not be longer than max_context tokens (no silent truncation).
+        Raises ValueError naming the rule: prompt must be a non-empty str and must encode to at
+        least one token (whether whitespace is a token is the tokenizer's business: S01's "\\n"
+        is one, "   " encodes to nothing); max_tokens must be an integer >= 1; temperature must
+        be a finite number >= 0; seed must be None or an integer >= 0; the prompt may not be
+        longer than max_context tokens (no silent truncation). Bools are not numbers here.
         """
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt must be a non-empty string")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) \
-                or max_tokens < 1:
+        if not isinstance(prompt, str) or not prompt:
+            got = "''" if isinstance(prompt, str) else f"a {type(prompt).__name__}"
+            raise ValueError(f"prompt must be a non-empty string (got {got})")
+        if not is_int(max_tokens) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1 (got {max_tokens!r})")
-        if not isinstance(temperature, (int, float, np.floating)) or not np.isfinite(temperature) \
-                or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (got {temperature!r})")
+        check_temperature(temperature)
+        check_seed(seed)
         prompt_ids = list(self.tokenizer.encode(prompt))
         if not prompt_ids:
-            raise ValueError("prompt must contain at least one token")
+            raise ValueError("prompt must contain at least one token (the tokenizer encodes "
+                             "it to none)")
         if len(prompt_ids) > self.max_context:
             raise ValueError(
                 f"prompt is {len(prompt_ids)} tokens but max_context is {self.max_context}; "
@@ -394,8 +442,9 @@ class Engine:
         were generated ("max_tokens"), or when the context holds max_context tokens and another
         pass would exceed it ("context_full"; a prompt of exactly max_context tokens stops before
         the first pass). seed makes sampling reproducible (unused when temperature is 0).
+        Raises ValueError for a bad request before any pass (see `check_request`).
         """
-        ids = self.check_request(prompt, max_tokens, temperature)
+        ids = self.check_request(prompt, max_tokens, temperature, seed)
         rng = np.random.default_rng(seed)
         stats = Stats(prompt_tokens=len(ids))
         out: list[int] = []
@@ -465,8 +514,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     tokenizer, model = build_default()
     print(f"trained a bigram model: V = {model.vocab_size:,} words, "
           f"{time.perf_counter() - start:.2f} s")
-    engine = Engine(model, tokenizer, max_context=args.max_context)
     try:
+        engine = Engine(model, tokenizer, max_context=args.max_context)
         result = engine.generate(args.prompt, args.max_tokens, args.temperature, args.seed)
     except ValueError as err:
         parser.error(str(err))

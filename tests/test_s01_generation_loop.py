@@ -82,10 +82,18 @@ def test_special_strings_in_user_text_are_not_special():
 
 def test_decode_skips_eos_and_rejects_bad_ids():
     assert TOK.decode([2, 0, 3]) == "a b"
+    assert TOK.decode(np.array([2, 3], dtype=np.int64)) == "a b"  # NumPy integers are ids
     with pytest.raises(ValueError, match="outside the vocabulary"):
         TOK.decode([7])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         TOK.decode([-1])
+
+
+@pytest.mark.parametrize("bad_id", [5.9, 2.0, True, np.float32(3.0), "2"])
+def test_decode_rejects_non_integer_ids_instead_of_truncating(bad_id):
+    # int(5.9) would silently decode id 5; True would silently be id 1.
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        TOK.decode([2, bad_id])
 
 
 def test_vocab_is_most_frequent_words_deterministically():
@@ -111,6 +119,12 @@ def test_forward_shape_is_T_by_V(default):
     assert logits.shape == (len(ids), tokenizer.vocab_size)
     assert np.all(np.isneginf(logits[:, tokenizer.unk_id]))  # <unk> is never predicted
     np.testing.assert_allclose(np.exp(logits).sum(axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, -1.0, float("nan"), float("inf"), True])
+def test_bigram_alpha_must_be_finite_and_positive(alpha):
+    with pytest.raises(ValueError, match="alpha must be a finite number > 0"):
+        BigramModel.train([2, 3, 2], vocab_size=4, alpha=alpha)
 
 
 def test_forward_bad_input():
@@ -158,10 +172,61 @@ def test_temperature_sharpens():
     assert abs(freq - 0.04 / 0.68) < 0.015
 
 
-@pytest.mark.parametrize("temperature", [-0.1, float("nan"), float("inf")])
+@pytest.mark.parametrize("temperature", [-0.1, float("nan"), float("inf"), True, False, "1"])
 def test_sample_rejects_bad_temperature(temperature):
     with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         sample(np.zeros(3), temperature, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("temperature", [np.int64(1), np.float32(0.5), np.float16(2.0), 1])
+def test_sample_accepts_numpy_and_int_temperatures(temperature):
+    # Only id 1 has a finite logit, so any valid temperature must draw it.
+    logits = np.array([-np.inf, 0.0, -np.inf])
+    assert sample(logits, temperature, np.random.default_rng(0)) == 1
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-310, 1e-320, 5e-324])
+def test_a_vanishing_temperature_is_greedy_not_garbage(temperature):
+    # logits / 1e-310 overflows to inf (and inf - inf is NaN); subtracting the max first cannot.
+    # The gaps to the max (2, 1, 2.5) divided by such a temperature are far below -745, where
+    # exp() is exactly 0 in float64: the argmax, id 2, is the only possible draw.
+    rng = np.random.default_rng(0)
+    logits = np.array([1.0, 2.0, 3.0, 0.5], dtype=np.float32)
+    assert [sample(logits, temperature, rng) for _ in range(50)] == [2] * 50
+
+
+def test_huge_logits_do_not_overflow():
+    rng = np.random.default_rng(0)
+    # Gaps of 1e308 and 2e308 (the latter overflows to -inf): both weights are 0 by hand.
+    assert [sample(np.array([1e308, -1e308, 0.0]), 0.5, rng) for _ in range(50)] == [0] * 50
+    assert [sample(np.array([-1e308, 1e308]), 1.0, rng) for _ in range(50)] == [1] * 50
+
+
+def test_tied_maxima_share_the_probability_at_any_temperature():
+    # Two tied maxima at 1e308 (1e308 / 0.5 = inf before the fix): 1/2 each, the third 0.
+    rng = np.random.default_rng(0)
+    n = 4000
+    counts = np.bincount([sample(np.array([1e308, 1e308, -1e308]), 0.5, rng) for _ in range(n)],
+                         minlength=3)
+    # 4 standard errors of a binomial proportion at p = 0.5, n = 4000: 4 * sqrt(0.25 / n) = 0.032.
+    np.testing.assert_allclose(counts / n, [0.5, 0.5, 0.0], atol=0.032)
+    # The same limit for a tiny temperature on ordinary logits: ids 0 and 1 tie, id 2 never.
+    draws = {sample(np.array([3.0, 3.0, 1.0]), 1e-300, rng) for _ in range(200)}
+    assert draws == {0, 1}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("logits, message", [
+    ([np.inf, 0.0], r"must not contain NaN or \+inf"),
+    ([0.0, np.nan], r"must not contain NaN or \+inf"),
+    ([-np.inf, -np.inf], "at least one finite entry"),
+    ([], "non-empty 1-D row"),
+    ([[0.0, 1.0]], "non-empty 1-D row"),
+])
+def test_sample_rejects_bad_logits(logits, message, temperature):
+    # +inf has no probability (softmax would be inf / inf), at any temperature, greedy included.
+    with pytest.raises(ValueError, match=message):
+        sample(np.array(logits), temperature, np.random.default_rng(0))
 
 
 # --- stop policy at every boundary ----------------------------------------------------------
@@ -216,11 +281,23 @@ def test_each_pass_sees_the_whole_growing_context():
 
 # --- bad input ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("prompt", ["", "   \n"])
-def test_empty_prompt(prompt):
+@pytest.mark.parametrize("prompt", ["", None, b"a", ["a"]])
+def test_prompt_must_be_a_non_empty_string(prompt):
     with pytest.raises(ValueError, match="prompt must be a non-empty string"):
         Engine(ScriptedModel({}), TOK, 8).generate(prompt, 3)
 
+
+@pytest.mark.parametrize("prompt", ["   ", "\t \t"])
+def test_prompt_that_encodes_to_no_token(prompt):
+    with pytest.raises(ValueError, match="prompt must contain at least one token"):
+        Engine(ScriptedModel({}), TOK, 8).generate(prompt, 3)
+
+
+@pytest.mark.parametrize("prompt, ids", [("\n", [6]), ("   \n", [6]), ("\n\n", [6, 6])])
+def test_a_line_break_is_a_token_so_it_is_a_valid_prompt(prompt, ids):
+    g = Engine(ScriptedModel({}), TOK, 8).generate(prompt, 1)
+    assert TOK.encode(prompt) == ids and g.stats.prompt_tokens == len(ids)
+    assert g.token_ids == [2]  # ScriptedModel's default argmax
 
 def test_prompt_of_only_punctuation_outside_vocab_still_encodes_to_unk():
     g = Engine(ScriptedModel({}), TOK, 8).generate("zebra", 1)
@@ -233,10 +310,29 @@ def test_bad_max_tokens(max_tokens):
         Engine(ScriptedModel({}), TOK, 8).generate("a", max_tokens)
 
 
-@pytest.mark.parametrize("temperature", [-1.0, float("nan")])
+@pytest.mark.parametrize("temperature", [-1.0, float("nan"), True, np.float16("nan"), "0"])
 def test_bad_temperature(temperature):
     with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         Engine(ScriptedModel({}), TOK, 8).generate("a", 3, temperature)
+
+
+def test_numpy_temperature_and_seed_are_accepted():
+    # temperature np.int64(0) is greedy: the scripted argmax ids, by hand.
+    g = Engine(ScriptedModel({1: 3, 2: 4}), TOK, 8).generate("a", 2, np.int64(0), np.int64(5))
+    assert g.token_ids == [3, 4]
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True, "0", np.int64(-2)])
+def test_bad_seed(seed):
+    with pytest.raises(ValueError, match="seed must be None or an integer >= 0"):
+        Engine(ScriptedModel({}), TOK, 8).generate("a", 3, 0.5, seed)
+
+
+def test_bad_seed_is_rejected_even_when_greedy_and_before_any_pass():
+    model = ScriptedModel({})
+    with pytest.raises(ValueError, match=r"seed must be None or an integer >= 0 \(got -1\)"):
+        Engine(model, TOK, 8).generate("a", 3, 0.0, -1)
+    assert model.seen == []
 
 
 def test_prompt_longer_than_context_is_an_error_not_a_truncation():
@@ -244,7 +340,7 @@ def test_prompt_longer_than_context_is_an_error_not_a_truncation():
         Engine(ScriptedModel({}), TOK, 3).generate("a b c a", 1)
 
 
-@pytest.mark.parametrize("max_context", [0, -1, 2.0])
+@pytest.mark.parametrize("max_context", [0, -1, 2.0, True, np.bool_(True)])
 def test_bad_max_context(max_context):
     with pytest.raises(ValueError, match="max_context must be an integer >= 1"):
         Engine(ScriptedModel({}), TOK, max_context)
@@ -308,3 +404,16 @@ def test_main_reports_bad_input_without_a_traceback(capsys):
         main(["--max-tokens", "0"])
     assert exc.value.code == 2
     assert "max_tokens must be an integer >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "-1"], "seed must be None or an integer >= 0"),
+    (["--max-context", "0"], "max_context must be an integer >= 1"),
+    (["--prompt", "   "], "prompt must contain at least one token"),
+])
+def test_main_reports_bad_engine_settings_without_a_traceback(capsys, args, message):
+    from s01_generation_loop import main
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert f"error: {message}" in capsys.readouterr().err

@@ -23,7 +23,7 @@ def generate_with_stop(engine: Engine, prompt: str, max_tokens: int, stop: Seque
                        temperature: float = 0.0, seed: int | None = None) -> Generation:
     if not stop or any(not isinstance(s, str) or s == "" for s in stop):
         raise ValueError("stop must be a non-empty list of non-empty strings")
-    ids = engine.check_request(prompt, max_tokens, temperature)
+    ids = engine.check_request(prompt, max_tokens, temperature, seed)
     rng = np.random.default_rng(seed)
     stats = Stats(prompt_tokens=len(ids))
     out: list[int] = []
@@ -50,7 +50,7 @@ def generate_with_stop(engine: Engine, prompt: str, max_tokens: int, stop: Seque
 
 def stream(engine: Engine, prompt: str, max_tokens: int, temperature: float = 0.0,
            seed: int | None = None) -> Iterator[str]:
-    ids = engine.check_request(prompt, max_tokens, temperature)
+    ids = engine.check_request(prompt, max_tokens, temperature, seed)
     rng = np.random.default_rng(seed)
     out: list[int] = []
     sent = ""
