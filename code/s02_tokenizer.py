@@ -88,6 +88,24 @@ SPLIT_PATTERN = (
 # Byte-pair merging, encode, decode
 # ---------------------------------------------------------------------------------------------
 
+def check_text(text: str, name: str = "text") -> None:
+    """Raise ValueError unless `text` is a str that UTF-8 can encode.
+
+    A Python str may hold a lone surrogate (U+D800-U+DFFF), e.g. from `"\\ud800"` or from
+    command-line bytes that were not UTF-8 (Python maps them to U+DC80-U+DCFF). Such a string is
+    not valid Unicode and has no UTF-8 bytes, so it has no byte-level tokens either.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a str (got {type(text).__name__})")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"{name} must be valid Unicode without lone surrogates: "
+                             f"{text[err.start]!r} at index {err.start} has no UTF-8 "
+                             "encoding") from None
+
+
 def bpe_merge(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
     """Split one pre-token into token ids by merging adjacent parts, lowest rank first.
 
@@ -211,8 +229,13 @@ class BPETokenizer:
         A piece that is itself a token becomes that token directly (tiktoken does this lookup
         first; for BPE-trained ranks it rarely differs from merging, but it is the definition).
         Results are cached per piece: natural text repeats its words, so most pieces are
-        looked up, not merged.
+        looked up, not merged. Raises ValueError for text that is not a str of valid Unicode
+        (see `check_text`).
         """
+        check_text(text)
+        return self._encode_ordinary(text)
+
+    def _encode_ordinary(self, text: str) -> list[int]:
         ids: list[int] = []
         cache, ranks = self._cache, self.ranks
         for piece in self._split.findall(text):
@@ -237,21 +260,32 @@ class BPETokenizer:
 
         allowed_special: the special-token strings to recognise in `text` ("all" for every
         one). By default none is: "<|endoftext|>" typed by a user encodes as ordinary text
-        (pieces "<|", "endoftext", "|>"), never as the EOS id. Raises ValueError for a name
-        that is not a special token of this tokenizer.
+        (pieces "<|", "endoftext", "|>"), never as the EOS id. Raises ValueError for text that
+        is not a str of valid Unicode (see `check_text`), for allowed_special that is neither
+        "all" nor a collection of strings, and for a name that is not a special token of this
+        tokenizer.
         """
+        check_text(text)
         if isinstance(allowed_special, str):
             if allowed_special != "all":
                 raise ValueError("allowed_special must be 'all' or a collection of special tokens")
             allowed = set(self.special_tokens)
         else:
-            allowed = set(allowed_special)
+            if allowed_special is None or isinstance(allowed_special, (bytes, dict)) \
+                    or not hasattr(allowed_special, "__iter__"):
+                raise ValueError(f"allowed_special must be 'all' or a collection of special "
+                                 f"tokens (got {allowed_special!r})")
+            allowed_list = list(allowed_special)
+            if not all(isinstance(name, str) for name in allowed_list):
+                raise ValueError(f"allowed_special must be 'all' or a collection of special "
+                                 f"tokens, which are strings (got {allowed_list!r})")
+            allowed = set(allowed_list)
             unknown = allowed - set(self.special_tokens)
             if unknown:
                 raise ValueError(f"allowed_special names tokens that are not special tokens: "
                                  f"{sorted(unknown)}")
         if not allowed:
-            return self.encode_ordinary(text)
+            return self._encode_ordinary(text)
         # Longest first, so a special token that is a prefix of another never wins wrongly.
         alternatives = sorted(allowed, key=len, reverse=True)
         splitter = regex.compile("(" + "|".join(regex.escape(s) for s in alternatives) + ")")
@@ -260,20 +294,28 @@ class BPETokenizer:
             if i % 2:  # odd chunks are the captured special tokens
                 ids.append(self.special_tokens[chunk])
             elif chunk:
-                ids.extend(self.encode_ordinary(chunk))
+                ids.extend(self._encode_ordinary(chunk))
         return ids
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """Ids -> the raw bytes they stand for. An id with no token (negative, past the
         vocabulary, or a padded embedding row of a checkpoint) contributes the UTF-8 bytes of
-        U+FFFD, so decoding never raises; `encode` never produces such an id."""
+        U+FFFD, so decoding integers never raises; `encode` never produces such an id.
+        Raises ValueError for an id that is not an integer (Python's or NumPy's): 65.7 is not
+        silently read as 65, nor True as 1."""
         replacement = "\ufffd".encode("utf-8")
-        return b"".join(self.id_to_bytes.get(int(i), replacement) for i in ids)
+        pieces = []
+        for i in ids:
+            if not s01.is_int(i):
+                raise ValueError(f"token ids must be integers (got {i!r})")
+            pieces.append(self.id_to_bytes.get(int(i), replacement))
+        return b"".join(pieces)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Ids -> text. Never raises, whatever the ids and their order: bytes that are not valid
-        UTF-8 (half of an emoji, say) become U+FFFD (errors="replace"), and so does an id with no
-        token (see `decode_bytes`). Special tokens decode to their text."""
+        """Ids -> text. Never raises for integer ids, whatever their values and order: bytes
+        that are not valid UTF-8 (half of an emoji, say) become U+FFFD (errors="replace"), and
+        so does an id with no token (see `decode_bytes`). Special tokens decode to their text.
+        Raises ValueError for an id that is not an integer."""
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def pieces(self, text: str) -> list[bytes]:
@@ -422,10 +464,15 @@ def train_bpe(text: str, vocab_size: int, pattern: str = SPLIT_PATTERN,
     "ab"+"c" and "a"+"bc"), no new token is made; the existing one is reused, which is what
     encoding by rank does too.
 
-    Raises ValueError if vocab_size leaves no room for the bytes and special tokens, or if the
-    text runs out of pairs before reaching vocab_size.
+    Raises ValueError if text is not a str of valid Unicode (see `check_text`), vocab_size is
+    not an integer, leaves no room for the bytes and special tokens, or the text runs out of
+    pairs before reaching vocab_size.
     Follows Sennrich et al. (2016), Algorithm 1, with GPT-2's byte-level start.
     """
+    check_text(text)
+    if not s01.is_int(vocab_size):
+        raise ValueError(f"vocab_size must be an integer (got {vocab_size!r})")
+    vocab_size = int(vocab_size)
     n_ordinary = vocab_size - len(special_tokens)
     if n_ordinary < 256:
         raise ValueError(f"vocab_size must be at least 256 + {len(special_tokens)} special tokens "
@@ -584,19 +631,25 @@ class StopStringMatcher:
     independent of how the text was split into tokens or deltas.
     `flush()` at the end of generation releases the held-back text when no stop string came.
 
-    stop: a list of stop strings, one string, or None (none). Raises ValueError for a stop
-    string that is empty or not a str.
+    stop: stop strings (any iterable, read once, so a generator works), one string, or None
+    (none). Raises ValueError for a stop string that is empty, not a str or not valid Unicode,
+    and for a `stop` that is not an iterable of them (bytes, a number, a dict).
     """
 
-    def __init__(self, stop: Sequence[str] | str | None = ()):
+    def __init__(self, stop: Iterable[str] | str | None = ()):
         if stop is None:             # JSON null from an API request: no stop strings
             stop = ()
         elif isinstance(stop, str):
-            stop = [stop]
+            stop = (stop,)
+        elif isinstance(stop, (bytes, dict)) or not hasattr(stop, "__iter__"):
+            raise ValueError(f"stop must be a string, an iterable of strings or None "
+                             f"(got {stop!r})")
+        stop = tuple(stop)           # once: validating must not use up a generator
         for s in stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings (got {s!r})")
-        self.stop = tuple(stop)
+            check_text(s, "stop strings")  # a lone surrogate could never match decoded text
+        self.stop = stop
         self.held = ""
         self.stopped = False
 
@@ -687,6 +740,14 @@ class Engine(s01.Engine):
             raise ValueError(f"model vocab_size {model.vocab_size} exceeds the tokenizer's "
                              f"{tokenizer.vocab_size}: some ids could not be decoded")
 
+    def check_request(self, prompt: str, max_tokens: int, temperature: float,
+                      seed: int | None = None) -> list[int]:
+        """S01's checks (see `s01.Engine.check_request`), and a prompt must be valid Unicode: a
+        lone surrogate (from bytes that were not UTF-8) has no bytes to tokenize."""
+        if isinstance(prompt, str):
+            check_text(prompt, "prompt")
+        return super().check_request(prompt, max_tokens, temperature, seed)
+
     def stream(self, prompt: str, max_tokens: int, temperature: float = 0.0,
                seed: int | None = None, stop: Sequence[str] = ()) -> GenerationStream:
         """Generate like `generate`, yielding text deltas as soon as they are safe to show.
@@ -695,8 +756,8 @@ class Engine(s01.Engine):
         its `result` is the finished `Generation`. The request is validated here, before the
         first token, so a bad one raises at the call, not at the first `next`.
         """
-        prompt_ids = self.check_request(prompt, max_tokens, temperature)
-        matcher = StopStringMatcher(stop)   # validates the stop strings now, too
+        prompt_ids = self.check_request(prompt, max_tokens, temperature, seed)
+        matcher = StopStringMatcher(stop)   # validates (and reads once) the stop strings now
         return GenerationStream(self._run(prompt_ids, max_tokens, temperature, seed, matcher))
 
     def generate(self, prompt: str, max_tokens: int, temperature: float = 0.0,
@@ -809,8 +870,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     stop = args.stop if args.stop is not None else ["\n"]
 
     tokenizer, model = build_default()
-    engine = Engine(model, tokenizer, max_context=args.max_context)
     try:  # validate the request now; the stream itself is lazy and runs at the end
+        check_text(args.text, "--text")  # argv bytes that are not UTF-8 arrive as surrogates
+        engine = Engine(model, tokenizer, max_context=args.max_context)
         stream = engine.stream(args.prompt, args.max_tokens, args.temperature, args.seed, stop)
     except ValueError as err:
         parser.error(str(err))

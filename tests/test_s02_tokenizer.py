@@ -143,6 +143,22 @@ def test_train_bpe_and_tokenizer_reject_bad_input():
         truncate_vocab(train_bpe("aaabdaaabac", 260), 255)
 
 
+@pytest.mark.parametrize("vocab_size", [260.5, 260.0, True, "260", None])
+def test_train_bpe_vocab_size_must_be_an_integer(vocab_size):
+    with pytest.raises(ValueError, match="vocab_size must be an integer"):
+        train_bpe("aaabdaaabac", vocab_size)
+
+
+def test_train_bpe_takes_numpy_integers_and_rejects_invalid_text():
+    # "aaabdaaabac": 3 merges by hand (aa, aab, aaab) need 256 + 3 + 1 special = 260 tokens.
+    tok = train_bpe("aaabdaaabac", np.int64(260))
+    assert tok.vocab_size == 260 and type(tok.vocab_size) is int
+    with pytest.raises(ValueError, match="text must be valid Unicode without lone surrogates"):
+        train_bpe("aaab\ud800daaabac", 260)
+    with pytest.raises(ValueError, match="text must be a str"):
+        train_bpe(b"aaabdaaabac", 260)
+
+
 def test_projects_trained_file_is_reproducible(project):
     # scripts/train_tokenizer.py's recipe: V = 2048 on the whole corpus, deterministic.
     retrained = train_bpe(CORPUS, 2048)
@@ -169,6 +185,48 @@ def test_encode_and_decode_reject_bad_input(project):
         project.encode("x", allowed_special={"<|nope|>"})
     with pytest.raises(ValueError, match="must be 'all' or a collection"):
         project.encode("x", allowed_special="none")
+
+
+@pytest.mark.parametrize("allowed", [None, 5, b"<|endoftext|>", [1], [["x"]], {EOT: 1}])
+def test_allowed_special_must_be_all_or_a_collection_of_strings(project, allowed):
+    with pytest.raises(ValueError, match="allowed_special must be 'all' or a collection"):
+        project.encode("x", allowed_special=allowed)
+
+
+def test_allowed_special_is_read_once_so_a_generator_works(project):
+    assert project.encode(f"a{EOT}", allowed_special=(s for s in [EOT])) == [ord("a"), 2047]
+
+
+@pytest.mark.parametrize("text, where", [("ab\ud800", "'\\\\ud800' at index 2"),
+                                         ("\udcff", "'\\\\udcff' at index 0")])
+def test_encode_rejects_lone_surrogates_naming_the_rule(project, text, where):
+    # "\udcff" is what Python makes of the argv byte 0xFF (surrogateescape): no UTF-8 exists.
+    for encode in (project.encode, project.encode_ordinary,
+                   lambda t: project.encode(t, allowed_special="all")):
+        with pytest.raises(ValueError, match="text must be valid Unicode without lone "
+                                             f"surrogates: {where}"):
+            encode(text)
+
+
+@pytest.mark.parametrize("text", [None, b"abc", 5, ["a"]])
+def test_encode_rejects_non_strings(project, text):
+    with pytest.raises(ValueError, match="text must be a str"):
+        project.encode(text)
+
+
+@pytest.mark.parametrize("bad_id", [65.7, 65.0, True, np.float64(65.0), "A"])
+def test_decode_rejects_non_integer_ids_instead_of_truncating(project, bad_id):
+    # int(65.7) would silently be 65, "A"; True would silently be id 1.
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        project.decode([66, bad_id])
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        StreamingDetokenizer(project).feed(bad_id)
+
+
+def test_decode_takes_numpy_integer_ids(project):
+    # Ids 0-255 are the single bytes: 65, 66 are "A", "B".
+    assert project.decode(np.array([65, 66], dtype=np.int64)) == "AB"
+    assert project.decode([np.int32(65), np.uint8(66)]) == "AB"
 
 
 def test_decode_of_ids_without_a_token_never_raises(project):
@@ -371,6 +429,24 @@ def test_stop_strings_must_be_non_empty():
         StopStringMatcher([""])
     with pytest.raises(ValueError, match="non-empty strings"):
         StopStringMatcher([None])
+    with pytest.raises(ValueError, match="non-empty strings"):
+        StopStringMatcher((s for s in ["a", ""]))
+    with pytest.raises(ValueError, match="stop strings must be valid Unicode"):
+        StopStringMatcher(["a\udcff"])
+
+
+@pytest.mark.parametrize("stop", [5, b"\n", {"\n": 1}])
+def test_stop_must_be_a_string_or_an_iterable_of_strings(stop):
+    with pytest.raises(ValueError, match="stop must be a string, an iterable of strings or None"):
+        StopStringMatcher(stop)
+
+
+@pytest.mark.parametrize("make", [lambda: (s for s in ["b", "zz"]), lambda: iter(["b", "zz"])])
+def test_stop_strings_from_a_generator_are_kept_not_used_up(make):
+    # Validating used to consume the generator and leave no stop strings at all.
+    matcher = StopStringMatcher(make())
+    assert matcher.stop == ("b", "zz")
+    assert run_matcher(make(), ["abc"]) == (["a"], "", True)
 
 
 @settings(max_examples=300, deadline=None)
@@ -506,6 +582,48 @@ def test_engine_rejects_bad_requests_before_the_first_token(project):
         engine.stream("a b c d e f", 5)
     with pytest.raises(ValueError, match="exceeds the tokenizer"):
         Engine(ScriptedModel([], 1, vocab_size=4096), project, max_context=4)
+    with pytest.raises(ValueError, match="max_context must be an integer >= 1"):
+        Engine(ScriptedModel([], 1), project, max_context=0)
+    with pytest.raises(ValueError, match="prompt must be valid Unicode without lone surrogates"):
+        engine.stream("a\udcff", 5)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_bad_seed_raises_at_the_call_not_at_the_first_next(project, seed):
+    engine = Engine(ScriptedModel([], 1), project, max_context=4)
+    with pytest.raises(ValueError, match="seed must be None or an integer >= 0"):
+        engine.stream("x", 3, 0.5, seed=seed)   # no next() needed
+
+
+def test_whitespace_prompt_is_tokens_in_byte_level_bpe(project):
+    # Unlike S01's word tokenizer, every byte is a token: "   " is a valid prompt here.
+    engine = Engine(ScriptedModel([ord("a")], 1), project, max_context=8)
+    result = engine.generate("   ", 1)
+    assert result.stats.prompt_tokens == len(project.encode("   ")) >= 1 and result.text == "a"
+
+
+def test_engine_keeps_stop_strings_given_as_a_generator(project):
+    script = project.encode("a b. c")
+    engine = Engine(ScriptedModel(script, 1), project, max_context=99)
+    result = engine.generate("x", 20, stop=iter(["."]))
+    assert result.text == "a b" and result.stats.stop_reason == "stop_string"
+    deltas, streamed = drain(engine.stream("x", 20, stop=(s for s in ["."])))
+    assert "".join(deltas) == "a b" and streamed.stats.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "-1"], "seed must be None or an integer >= 0"),
+    (["--max-context", "0"], "max_context must be an integer >= 1"),
+    (["--text", "caf\udce9"], "--text must be valid Unicode without lone surrogates"),
+    (["--prompt", "a\udcff"], "prompt must be valid Unicode without lone surrogates"),
+])
+def test_main_reports_bad_input_without_a_traceback(capsys, args, message):
+    # "\udce9" / "\udcff" are what Python makes of argv bytes 0xE9 / 0xFF that are not UTF-8.
+    from s02_tokenizer import main
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert f"error: {message}" in capsys.readouterr().err
 
 
 def test_stats_finish_reason_names():
