@@ -92,6 +92,12 @@ import s02_tokenizer as s02
 # ---------------------------------------------------------------------------------------------
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs allows 0..20; vLLM's default max_logprobs is 20 too.
+# Above this the scaled logits (logits - max) / T of a float32 row start to round to 0 (float32
+# underflow), so tokens with different logits would tie and top_k / top_p / min_p could keep
+# the wrong ones. Up to 100, two different float32 logits stay different after scaling unless
+# both are below about 1e-28 in magnitude. (OpenAI's API allows [0, 2]; vLLM and HF set no cap.)
+MAX_TEMPERATURE = 100.0
+MAX_SEED = 2**63  # seeds lie in [0, 2**63): torch.Generator.manual_seed takes a signed 64-bit int
 
 
 def _is_int(value) -> bool:
@@ -106,8 +112,11 @@ def _is_real(value) -> bool:
 class SamplingParams:
     """How one request turns logits into tokens; names, meanings and defaults follow vLLM.
 
-    temperature         >= 0. 0 is greedy (argmax, lowest id on a tie); 1 leaves the model's
-                        distribution as it is. Default 1.0, as in vLLM and OpenAI.
+    temperature         in [0, 100]. 0 is greedy (argmax, lowest id on a tie); 1 leaves the
+                        model's distribution as it is. Default 1.0, as in vLLM and OpenAI. Any
+                        T > 0 is sampled as it is (a T so small that every other logit scales to
+                        -inf samples among the tied maxima); the cap of 100 keeps distinct
+                        float32 logits distinct after scaling (see MAX_TEMPERATURE).
     top_k               int >= -1. Keep the k most likely tokens; 0 or -1 disables, and so
                         does any k >= V.
     top_p               in [0, 1]. Keep the smallest set of most likely tokens whose probability
@@ -128,12 +137,13 @@ class SamplingParams:
                         generation ends when the output text contains one, cut before it.
     stop_token_ids      token ids (ints >= 0; None = none) that end generation like EOS.
     ignore_eos          keep generating after EOS (EOS becomes an ordinary token).
-    seed                None (fresh entropy) or an int >= 0 for a reproducible request.
+    seed                None (fresh entropy) or an int in [0, 2**63) for a reproducible request.
     logprobs            None, or n in [0, 20]: return the sampled token's logprob and the n
                         most likely tokens' logprobs at every step.
 
     Raises ValueError naming the parameter and its allowed range for any other value.
-    `stop` and `stop_token_ids` are stored as tuples so the object stays hashable and frozen.
+    `stop` and `stop_token_ids` are stored as tuples so the object stays hashable and frozen;
+    any iterable is accepted and read once (a generator is materialised before it is checked).
     """
 
     temperature: float = 1.0
@@ -161,7 +171,7 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a number in {bracket}{lo:g}, {high} "
                                  f"(got {value!r})")
 
-        real("temperature", 0.0, math.inf)
+        real("temperature", 0.0, MAX_TEMPERATURE)
         real("top_p", 0.0, 1.0)
         real("min_p", 0.0, 1.0)
         real("repetition_penalty", 0.0, math.inf, lo_open=True)
@@ -174,22 +184,26 @@ class SamplingParams:
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}] "
                              f"(got {self.min_tokens!r})")
+        # An iterable is read exactly once, into a tuple, before it is checked: checking a
+        # generator first would consume it and leave nothing to store.
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         stop = () if stop is None else stop
-        if not hasattr(stop, "__iter__") or not all(isinstance(s, str) and s for s in stop):
+        stop = tuple(stop) if hasattr(stop, "__iter__") and not isinstance(stop, bytes) else None
+        if stop is None or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a str or a sequence of non-empty str "
                              f"(got {self.stop!r})")
-        object.__setattr__(self, "stop", tuple(stop))
+        object.__setattr__(self, "stop", stop)
         ids = () if self.stop_token_ids is None else self.stop_token_ids
-        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__") \
-                or not all(_is_int(i) and i >= 0 for i in ids):
+        ids = (tuple(ids) if hasattr(ids, "__iter__") and not isinstance(ids, (str, bytes))
+               else None)
+        if ids is None or not all(_is_int(i) and i >= 0 for i in ids):
             raise ValueError(f"stop_token_ids must be a sequence of ints >= 0 "
                              f"(got {self.stop_token_ids!r})")
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
             raise ValueError(f"ignore_eos must be a bool (got {self.ignore_eos!r})")
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
-            raise ValueError(f"seed must be None or an int >= 0 (got {self.seed!r})")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < MAX_SEED):
+            raise ValueError(f"seed must be None or an int in [0, 2**63) (got {self.seed!r})")
         if self.logprobs is not None and (not _is_int(self.logprobs)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}] "
@@ -285,11 +299,16 @@ def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
     We return (logits - max) / T rather than HF's logits / T: softmax cannot tell them apart,
     and with the max at 0 every entry is <= 0, so even T = 1e-6 cannot make exp() overflow to
     +inf (for a large gap exp() underflows to 0, which is the right answer: probability 0).
+    The division runs in float64 by T itself, not by float32(T): T = 1e-50 would round to 0 in
+    float32 and give 0 / 0 = NaN for the max. In float64 the max stays 0 for every T > 0 and a
+    gap too large for float32 becomes -inf on the way back, so a T that small samples among the
+    tied maxima (the limit T -> 0), and -inf / T stays -inf.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 here (0 means greedy; got {temperature})")
-    with np.errstate(over="ignore"):
-        return ((logits - logits.max()) / np.float32(temperature)).astype(np.float32)
+    gaps = logits.astype(np.float64) - float(logits.max())    # (V,), the max at exactly 0
+    with np.errstate(over="ignore"):                           # a gap beyond float32 -> -inf
+        return (gaps / float(temperature)).astype(np.float32)
 
 
 def apply_min_p(logits: np.ndarray, min_p: float) -> np.ndarray:
@@ -387,17 +406,17 @@ def draw(processed: np.ndarray, params: SamplingParams, generator: np.random.Gen
     Greedy (temperature 0): the argmax, lowest id on a tie; the generator is not touched.
     Otherwise inverse-CDF sampling with one uniform draw u in [0, 1): the token whose interval
     of the cumulative distribution (float64) contains u * total. A removed token has an empty
-    interval, so it can never be drawn.
+    interval, so it can never be drawn. Raises ValueError (`check_logits`) for a row with NaN or
+    +inf or without a finite entry, which no distribution comes from.
     """
+    processed = check_logits(processed)
     if params.greedy:
         return int(np.argmax(processed))
     cdf = np.cumsum(softmax(processed).astype(np.float64))   # (V,)
     u = generator.random() * cdf[-1]
-    token = int(np.searchsorted(cdf, u, side="right"))  # the first token with cdf > u
-    # u <= 1 - 2**-53, so u * total rounds to a float below total: token < V, and
-    # cdf[token] > u >= cdf[token - 1] means the token's probability is > 0.
-    assert token < cdf.size
-    return token
+    # u <= 1 - 2**-53, so u * total rounds to a float below total: the token is < V, and
+    # cdf[token] > u >= cdf[token - 1] means its probability is > 0.
+    return int(np.searchsorted(cdf, u, side="right"))  # the first token with cdf > u
 
 
 def sample(logits: np.ndarray, params: SamplingParams, generator: np.random.Generator,
@@ -426,8 +445,16 @@ class TokenLogprobs:
 
 
 def compute_logprobs(logits: np.ndarray, token_id: int, n: int) -> TokenLogprobs:
-    """log-softmax of `logits` (V,), then the sampled token's entry and the top n entries."""
+    """log-softmax of `logits` (V,), then the sampled token's entry and the top n entries.
+
+    Raises ValueError for invalid logits (`check_logits`), a token_id that is not an int in
+    [0, V), or an n that is not an int >= 0.
+    """
     logp = log_softmax(check_logits(logits))                 # (V,)
+    if not _is_int(token_id) or not 0 <= token_id < logp.size:
+        raise ValueError(f"token_id must be an int in [0, V={logp.size}) (got {token_id!r})")
+    if not _is_int(n) or n < 0:
+        raise ValueError(f"n must be an int >= 0 (got {n!r})")
     top = np.argsort(-logp, kind="stable")[:n]
     return TokenLogprobs(token_id=int(token_id), logprob=float(logp[token_id]),
                          top_logprobs=tuple((int(i), float(logp[i])) for i in top))
@@ -651,6 +678,17 @@ DEMO_SETTINGS: list[tuple[str, dict]] = [
 ]
 
 
+def is_valid_text(text: str) -> bool:
+    """True when `text` encodes to UTF-8. Python turns command-line bytes that are not UTF-8
+    into lone surrogates (PEP 383), which no tokenizer can encode; the CLIs of S04-S06 check
+    their text arguments with this and report such bytes as a usage error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def load_demo_model(name_or_path: str | None = None):
     """(model, tokenizer, description) for the demo.
 
@@ -698,6 +736,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         knobs.add_argument(f"--{flag}", type=kind, default=None)
     knobs.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     args = parser.parse_args(argv)
+    for flag, text in [("--prompt", args.prompt)] + [("--stop", s) for s in args.stop or []]:
+        if not is_valid_text(text):
+            parser.error(f"{flag} must be valid UTF-8 text (it holds undecodable bytes)")
 
     custom = {name: value for name, value in vars(args).items() if value is not None and name in {
         "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",

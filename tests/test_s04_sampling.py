@@ -62,9 +62,9 @@ def test_params_are_frozen_and_normalised():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(temperature=-0.1), r"temperature must be a number in \[0, inf\)"),
-    (dict(temperature=float("nan")), r"temperature must be a number in \[0, inf\)"),
-    (dict(temperature=float("inf")), r"temperature must be a number in \[0, inf\)"),
+    (dict(temperature=-0.1), r"temperature must be a number in \[0, 100\]"),
+    (dict(temperature=float("nan")), r"temperature must be a number in \[0, 100\]"),
+    (dict(temperature=float("inf")), r"temperature must be a number in \[0, 100\]"),
     (dict(temperature="1"), r"temperature must be a number"),
     (dict(top_k=-2), r"top_k must be an int >= -1"),
     (dict(top_k=2.0), r"top_k must be an int >= -1"),
@@ -90,8 +90,13 @@ def test_params_are_frozen_and_normalised():
     (dict(stop_token_ids=0), r"stop_token_ids must be a sequence of ints >= 0"),
     (dict(stop=0), r"stop must be a str or a sequence of non-empty str"),
     (dict(ignore_eos="yes"), r"ignore_eos must be a bool"),
-    (dict(seed=-1), r"seed must be None or an int >= 0"),
-    (dict(seed=1.5), r"seed must be None or an int >= 0"),
+    (dict(seed=-1), r"seed must be None or an int in \[0, 2\*\*63\)"),
+    (dict(seed=1.5), r"seed must be None or an int in \[0, 2\*\*63\)"),
+    (dict(seed=2**63), r"seed must be None or an int in \[0, 2\*\*63\)"),   # torch's limit
+    (dict(seed=2**70), r"seed must be None or an int in \[0, 2\*\*63\)"),
+    (dict(seed=True), r"seed must be None or an int in \[0, 2\*\*63\)"),
+    (dict(temperature=100.001), r"temperature must be a number in \[0, 100\]"),
+    (dict(temperature=1e39), r"temperature must be a number in \[0, 100\]"),
     (dict(logprobs=-1), r"logprobs must be None or an int in \[0, 20\]"),
     (dict(logprobs=21), r"logprobs must be None or an int in \[0, 20\]"),
 ])
@@ -104,10 +109,24 @@ def test_invalid_params_name_the_parameter_and_range(kwargs, message):
     dict(temperature=0), dict(top_k=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.0),
     dict(min_p=1.0), dict(presence_penalty=-2.0), dict(frequency_penalty=2.0),
     dict(min_tokens=16), dict(logprobs=0), dict(logprobs=20), dict(seed=0),
+    dict(seed=2**63 - 1), dict(temperature=100.0), dict(temperature=5e-324),
 ])
 def test_boundary_values_are_accepted(kwargs):
     params = SamplingParams(**kwargs)
     assert all(getattr(params, name) == value for name, value in kwargs.items())
+
+
+def test_iterables_are_read_once_before_they_are_checked():
+    """A generator used to be checked (consumed) first and stored empty: no stop rule at all."""
+    p = SamplingParams(stop=(s for s in ["x", "y"]), stop_token_ids=(i for i in [1, 2]))
+    assert (p.stop, p.stop_token_ids) == (("x", "y"), (1, 2))
+    assert SamplingParams(stop=iter(["\n"])).stop == ("\n",)
+    with pytest.raises(ValueError, match="stop must be a str or a sequence of non-empty str"):
+        SamplingParams(stop=(s for s in ["x", ""]))
+    with pytest.raises(ValueError, match="stop_token_ids must be a sequence of ints >= 0"):
+        SamplingParams(stop_token_ids=(i for i in [1, -1]))
+    with pytest.raises(ValueError, match="stop must be a str or a sequence of non-empty str"):
+        SamplingParams(stop=b"\n")
 
 
 # --- processors on hand-computed vectors ----------------------------------------------------
@@ -126,6 +145,44 @@ def test_tiny_temperature_is_finite_and_puts_all_mass_on_the_argmax():
     gen = np.random.default_rng(0)
     params = SamplingParams(temperature=1e-6)
     assert {sample(f32([1, 2, 3, -INF]), params, gen) for _ in range(50)} == {2}
+
+
+def test_temperature_below_float32s_range_samples_among_the_tied_maxima():
+    """1e-50 is 0 in float32: dividing by float32(T) gave 0 / 0 = NaN at the max and a bare
+    AssertionError in draw. Divided in float64, every gap becomes -inf and the max stays 0."""
+    params = SamplingParams(temperature=1e-50)
+    assert process_logits(f32([1, 2, 3, 0.5]), params).tolist() == [-INF, -INF, 0.0, -INF]
+    gen = np.random.default_rng(0)
+    assert {sample(f32([1, 2, 3, 0.5]), params, gen) for _ in range(50)} == {2}
+    # T -> 0 is uniform over the tokens tied at the max (greedy would always say 0).
+    tied = [sample(f32([3, 1, 3]), SamplingParams(temperature=5e-324), gen) for _ in range(400)]
+    assert set(tied) == {0, 2} and 150 < tied.count(0) < 250   # Binomial(400, 1/2): +-5 sd
+
+
+def test_the_largest_temperature_keeps_the_order_of_the_logits():
+    """At T = 100 the scaled gaps are hand-computable: (l - 3) / 100. top_k=2 keeps ids 1 and 2
+    (T = 1e39, now refused, rounded every gap to 0 and let id 0 through), min_tokens leaves
+    -inf at -inf (not NaN), and the probabilities are e^(gap) normalised."""
+    logits = f32([1, 2, 3, 0.5])
+    out = process_logits(logits, SamplingParams(temperature=100.0))
+    np.testing.assert_allclose(out, [-0.02, -0.01, 0.0, -0.025], rtol=1e-6)
+    out = process_logits(logits, SamplingParams(temperature=100.0, top_k=2))
+    assert kept(out) == {1, 2}
+    gen = np.random.default_rng(1)
+    assert {sample(logits, SamplingParams(temperature=100.0, top_k=2), gen)
+            for _ in range(200)} == {1, 2}
+    out = process_logits(logits, SamplingParams(temperature=100.0, min_tokens=1), eos_ids=[0])
+    assert not np.isnan(out).any() and out[0] == -INF and kept(out) == {1, 2, 3}
+
+
+def test_draw_rejects_a_row_that_is_not_a_distribution():
+    """draw used to end in `assert token < cdf.size` (a bare AssertionError) on NaN."""
+    gen = np.random.default_rng(0)
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0)):
+        with pytest.raises(ValueError, match="must not contain NaN or \\+inf"):
+            draw(f32([np.nan, 0.0]), params, gen)
+        with pytest.raises(ValueError, match="at least one finite entry"):
+            draw(f32([-INF, -INF]), params, gen)
 
 
 def test_all_equal_logits_stay_uniform():
@@ -305,7 +362,7 @@ finite_logits = st.lists(st.floats(-50, 50, width=32), min_size=1, max_size=40)
 
 @settings(max_examples=150, deadline=None)
 @given(values=finite_logits, n_inf=st.integers(0, 5),
-       temperature=st.sampled_from([1e-6, 0.3, 1.0, 7.0]),
+       temperature=st.sampled_from([5e-324, 1e-50, 1e-6, 0.3, 1.0, 7.0, 100.0]),
        top_k=st.integers(-1, 45), top_p=st.sampled_from([0.0, 1e-6, 0.3, 0.9, 1.0]),
        min_p=st.sampled_from([0.0, 1e-6, 0.5, 1.0]), seed=st.integers(0, 2**32))
 def test_pipeline_is_finite_keeps_the_argmax_and_never_draws_a_removed_token(
@@ -517,6 +574,17 @@ def test_logprobs_match_torch_log_softmax():
     values, indices = torch.topk(ref, 5)
     assert [i for i, _ in lp.top_logprobs] == indices.tolist()
     np.testing.assert_allclose([v for _, v in lp.top_logprobs], values.numpy(), atol=1e-5)
+
+
+def test_logprobs_reject_a_token_or_n_out_of_range():
+    with pytest.raises(ValueError, match=r"token_id must be an int in \[0, V=4\) \(got 7\)"):
+        compute_logprobs(np.zeros(4), 7, 2)
+    with pytest.raises(ValueError, match=r"token_id must be an int in \[0, V=4\)"):
+        compute_logprobs(np.zeros(4), -1, 2)     # would silently read the last entry
+    with pytest.raises(ValueError, match=r"token_id must be an int in \[0, V=4\)"):
+        compute_logprobs(np.zeros(4), 1.0, 2)
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
+        compute_logprobs(np.zeros(4), 1, -1)
 
 
 def test_logprobs_n_zero_and_n_above_vocab_and_minus_inf():
@@ -786,7 +854,9 @@ def test_stream_joined_equals_generate(bpe_bigram, params):
 def test_stream_validates_before_the_first_token():
     engine = Engine(ScriptedModel(), TOK, 8)
     with pytest.raises(ValueError, match="prompt must be a non-empty string"):
-        engine.stream("  ", GREEDY)
+        engine.stream("", GREEDY)
+    with pytest.raises(ValueError, match="prompt must contain at least one token"):
+        engine.stream("  ", GREEDY)                 # S01's toy tokenizer: no words, no tokens
     with pytest.raises(ValueError, match=r"stop_token_ids must lie in \[0, V=7\)"):
         engine.stream("a", SamplingParams(stop_token_ids=[7]))
 
@@ -943,3 +1013,23 @@ def test_main_reports_a_bad_setting_by_name(capsys):
     with pytest.raises(SystemExit):
         main(["--top-p", "5"])
     assert "top_p must be a number in [0, 1]" in capsys.readouterr().err
+
+
+def test_main_reports_undecodable_argv_bytes_not_a_traceback(capsys):
+    """Python turns argv bytes that are not UTF-8 into lone surrogates (PEP 383)."""
+    from s04_sampling import main
+    for argv in (["--prompt", "ab\udcff"], ["--stop", "\udcff", "--max-tokens", "2"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert "must be valid UTF-8 text" in capsys.readouterr().err
+
+
+def test_main_reports_a_corrupt_checkpoint_as_a_usage_error(tmp_path, capsys):
+    from s04_sampling import main
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(tmp_path), "--max-tokens", "2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "config.json" in err and "Traceback" not in err
