@@ -84,13 +84,13 @@ def kv_cache_bytes(config: TransformerConfig, num_tokens: int, dtype_bytes: int 
 
     2 (K and V) x L layers x Hkv heads x D values x num_tokens x dtype_bytes. With GQA only the
     Hkv key/value heads are stored, not the H query heads. dtype_bytes: 4 for float32, 2 for
-    float16/bfloat16. Raises ValueError for num_tokens < 0 or dtype_bytes < 1.
+    float16/bfloat16. Raises ValueError unless num_tokens is an integer >= 0 and dtype_bytes
+    an integer >= 1.
     Source: Pope et al., "Efficiently Scaling Transformer Inference" (2022), on KV cache size.
     """
-    if num_tokens < 0:
-        raise ValueError(f"num_tokens must be >= 0 (got {num_tokens})")
-    if dtype_bytes < 1:
-        raise ValueError(f"dtype_bytes must be >= 1 (got {dtype_bytes})")
+    for name, value, low in (("num_tokens", num_tokens, 0), ("dtype_bytes", dtype_bytes, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low} (got {value!r})")
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
     return per_token * num_tokens * dtype_bytes
 
@@ -160,11 +160,12 @@ class KVCache:
     def truncate(self, num_tokens: int) -> None:
         """Keep only the first num_tokens positions in every layer (the rest is forgotten, not
         zeroed). Used to undo a step that failed half-way; speculative decoding (S15) rolls
-        back rejected tokens the same way. Raises ValueError unless 0 <= num_tokens <= the
-        positions filled in every layer."""
-        if not 0 <= num_tokens <= self.num_cached_max:
-            raise ValueError(f"num_tokens must be in [0, {self.num_cached_max}] "
-                             f"(got {num_tokens})")
+        back rejected tokens the same way. Raises ValueError unless num_tokens is an integer
+        with 0 <= num_tokens <= the positions filled in the fullest layer."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) \
+                or not 0 <= num_tokens <= self.num_cached_max:
+            raise ValueError(f"num_tokens must be an integer in [0, {self.num_cached_max}] "
+                             f"(got {num_tokens!r})")
         self.layer_lens = [min(n, num_tokens) for n in self.layer_lens]
 
     @property
@@ -282,11 +283,16 @@ class CachedTransformer:
     def decode(self, token_id: int) -> np.ndarray:
         """Run one new token at position num_cached against the cache; return the logits of
         the token after it, float32 (V,). The S01 loop's `forward(ids)[-1]`, for 1 row of work
-        instead of len(ids). Raises ValueError when nothing was prefilled or the cache is full.
+        instead of len(ids). Raises ValueError when token_id is not an integer in [0, V),
+        nothing was prefilled, or the cache is full.
         """
+        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) \
+                or not 0 <= token_id < self.vocab_size:
+            raise ValueError(f"token_id must be an integer in [0, V={self.vocab_size}) "
+                             f"(got {token_id!r})")
         if self.cache.num_cached == 0:
             raise ValueError("decode needs a prefilled cache: call prefill(prompt_ids) first")
-        hidden = self.step([token_id])                                  # (1, C)
+        hidden = self.step([int(token_id)])                             # (1, C)
         return self.model.head(hidden)[0].astype(np.float32, copy=False)  # (V,)
 
 
@@ -533,13 +539,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-compare", action="store_true",
                         help="skip the run without a cache (it can be slow on long outputs)")
     args = parser.parse_args(argv)
+    if not s04.is_valid_text(args.prompt):
+        parser.error("--prompt must be valid UTF-8 text (it holds undecodable bytes)")
+    if args.max_context is not None and args.max_context < 1:
+        parser.error(f"--max-context must be >= 1 (got {args.max_context})")
 
     try:
         model, tokenizer = s03.load(args.model)
-    except s03.CheckpointError as err:
-        parser.error(f"{err} (the bundled model is written by scripts/train_bundled_model.py)")
+    except ValueError as err:  # S03's CheckpointError, or a corrupt file's own ValueError
+        hint = (" (the bundled model is written by scripts/train_bundled_model.py)"
+                if args.model == str(s03.BUNDLED_MODEL_DIR) else "")
+        parser.error(f"{err}{hint}")
     cfg = model.config
-    max_context = args.max_context or min(cfg.max_position_embeddings, 2048)
+    max_context = (min(cfg.max_position_embeddings, 2048) if args.max_context is None
+                   else args.max_context)
     try:
         params = s04.SamplingParams(temperature=args.temperature, seed=args.seed,
                                     max_tokens=args.max_tokens)

@@ -159,9 +159,9 @@ def test_kv_cache_bytes_by_hand():
     # the whole 40,960-token window in bf16: 114,688 * 40,960 = 4,697,620,480 bytes (4.4 GiB)
     assert kv_cache_bytes(cfg, 40_960, dtype_bytes=2) == 4_697_620_480
     assert kv_cache_bytes(cfg, 0) == 0
-    with pytest.raises(ValueError, match="num_tokens must be >= 0"):
+    with pytest.raises(ValueError, match="num_tokens must be an integer >= 0"):
         kv_cache_bytes(cfg, -1)
-    with pytest.raises(ValueError, match="dtype_bytes must be >= 1"):
+    with pytest.raises(ValueError, match="dtype_bytes must be an integer >= 1"):
         kv_cache_bytes(cfg, 1, dtype_bytes=0)
 
 
@@ -242,6 +242,33 @@ def test_prompt_too_long_and_a_full_cache_are_errors_that_write_nothing(tiny):
     np.testing.assert_array_equal(runner.cache.v, before[1])
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 97\)"):
         CachedTransformer(model).prefill([1, V])
+
+
+@pytest.mark.parametrize("token_id", [3.7, 3.0, True, "3", -1, V, 10**20, np.int64(V)])
+def test_decode_takes_one_integer_id_in_the_vocabulary(tiny_by_name, token_id):
+    """decode(3.7) used to run (as token 3) and decode(10**20) ended in an OverflowError."""
+    hf, model = tiny_by_name("qwen3_gqa_tied")
+    runner = CachedTransformer(model, max_seq_len=8)
+    runner.prefill([1, 2])
+    with pytest.raises(ValueError, match=r"token_id must be an integer in \[0, V=97\)"):
+        runner.decode(token_id)
+    assert runner.cache.num_cached == 2                      # nothing was written
+    np.testing.assert_allclose(runner.decode(np.int64(3)), hf_logits(hf, [1, 2, 3])[-1],
+                               rtol=1e-4, atol=2e-5)
+
+
+def test_kv_cache_bytes_and_truncate_take_integers(tiny_by_name):
+    hf, model = tiny_by_name("qwen3_gqa_tied")
+    with pytest.raises(ValueError, match="num_tokens must be an integer >= 0"):
+        kv_cache_bytes(model.config, 2.5)
+    with pytest.raises(ValueError, match="dtype_bytes must be an integer >= 1"):
+        kv_cache_bytes(model.config, 2, dtype_bytes=True)
+    runner = CachedTransformer(model, max_seq_len=8)
+    runner.prefill([1, 2, 3])
+    for bad in (1.5, True, "1"):
+        with pytest.raises(ValueError, match=r"num_tokens must be an integer in \[0, 3\]"):
+            runner.cache.truncate(bad)
+    assert runner.cache.num_cached == 3
 
 
 def test_cache_size_must_fit_the_models_positions(tiny):
@@ -375,7 +402,7 @@ def test_a_step_that_fails_half_way_leaves_the_cache_as_it_was(tiny_by_name, mon
                                rtol=1e-4, atol=2e-5)
     runner.cache.truncate(2)
     assert runner.cache.num_cached == 2
-    with pytest.raises(ValueError, match=r"num_tokens must be in \[0, 2\]"):
+    with pytest.raises(ValueError, match=r"num_tokens must be an integer in \[0, 2\]"):
         runner.cache.truncate(3)
 
 
@@ -551,3 +578,23 @@ def test_main_reports_bad_input_as_usage_errors(checkpoint_with_tokenizer, tmp_p
     with pytest.raises(SystemExit):
         main(["--model", str(tmp_path)])
     assert "no config.json" in capsys.readouterr().err
+    for argv, message in [
+            (["--max-context", "0"], "--max-context must be >= 1 (got 0)"),   # was: the default
+            (["--max-context", "-3"], "--max-context must be >= 1 (got -3)"),
+            (["--prompt", "ab\udcff"], "--prompt must be valid UTF-8 text")]:  # PEP 383 bytes
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--model", str(checkpoint_with_tokenizer), "--max-tokens", "2", *argv])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_main_reports_a_corrupt_checkpoint_as_a_usage_error(checkpoint_with_tokenizer, tmp_path,
+                                                            capsys):
+    """A corrupt file's own ValueError (here json's) used to escape as a traceback."""
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint_with_tokenizer, broken)
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(broken), "--max-tokens", "2"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "config.json" in err
+    assert "train_bundled_model" not in err       # the hint is for the bundled model only
