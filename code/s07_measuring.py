@@ -828,8 +828,9 @@ def plot_roofline(peaks: MachinePeaks, points: Sequence[tuple[str, StepCost, flo
                 fontsize=8, color="grey")
     measured = [c.flops / t for _, c, t in points]
     ax.set_ylim(min([roof.min(), *measured]) / 2, peaks.matmul_flops_per_s * 3)
+    colors = plt.get_cmap("tab20").colors          # 20 distinct colours, one per point
     for i, (label, cost, seconds) in enumerate(points):
-        color = f"C{i % 10}"
+        color = colors[(2 * i) % 20 + (2 * i) // 20 % 2]   # dark shades first, then light
         attainable = min(peaks.matmul_flops_per_s,
                          peaks.bandwidth_bytes_per_s * cost.intensity)
         ax.scatter([cost.intensity], [cost.flops / seconds], color=color, zorder=3, label=label)
