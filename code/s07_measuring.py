@@ -25,7 +25,9 @@ What is new since S06
       decode step at batch 1 does about 0.5 FLOP per float32 byte it reads, so its floor is
       `bytes moved / bandwidth` (`bandwidth_floor_s`); a prefill of hundreds of tokens reuses
       every weight hundreds of times and lands on the compute roof. `decode_vs_floor` is the
-      factor an engine's decode step is above that floor.
+      factor an engine's decode step is above that floor. (The floor assumes the weights come
+      from main memory: a model small enough to live in the CPU's caches, like the bundled
+      one at 5.8 MB, is limited by per-operation overheads instead, and its ratio says so.)
 
 What it does not handle yet
     One request at a time (batch 1): the harness sends the next request when the previous one
