@@ -573,17 +573,47 @@ class CachedTransformer:
         return self.model.head(hidden[-1:])[0]                             # (V,)
 
     @torch.inference_mode()
-    def decode(self, token: torch.Tensor) -> torch.Tensor:
-        """One token, int64 (1,) on the device, at position num_cached; returns the logits of
-        the token after it, float32 (V,) on the device. The id is not checked on the host on
-        purpose: that would mean reading it from the device, and it comes from `draw`, which
-        only returns ids in [0, V). Raises ValueError when nothing was prefilled or the cache
-        is full."""
+    def decode(self, token: int | torch.Tensor) -> torch.Tensor:
+        """One token at position num_cached; returns the logits of the token after it, float32
+        (V,) on the device.
+
+        token: a host int, or an int64 (1,) tensor. An int, or a tensor on the CPU when the
+        model is elsewhere, is checked on the host, where reading it costs nothing, and then
+        copied to the device. A tensor already on the model's device (what `draw` returns) is
+        used as it is and not checked: checking it would mean reading it back from the device,
+        a synchronisation per step, and `draw` only returns ids in [0, V). (On the CPU every
+        tensor is on the host, so it is always checked.)
+        Raises ValueError for an id that is not an integer in [0, V), when nothing was
+        prefilled, or when the cache is full.
+        """
+        token = self._token_on_device(token)
         start = self.cache.num_cached
         if start == 0:
             raise ValueError("decode needs a prefilled cache: call prefill(prompt_ids) first")
         hidden = self.model.run(token, start, self.cache)                  # (1, C)
         return self.model.head(hidden)[0]                                  # (V,)
+
+    def _token_on_device(self, token: int | torch.Tensor) -> torch.Tensor:
+        """`decode`'s token as int64 (1,) on the model's device, checked on the host when it
+        is there (see `decode`)."""
+        vocab, device = self.vocab_size, self.model.device
+        message = f"token id must be an integer in [0, V={vocab})"
+        if isinstance(token, torch.Tensor):
+            if token.dtype != torch.int64 or token.shape != (1,):
+                raise ValueError(f"{message}, as an int64 tensor of shape (1,) "
+                                 f"(got {token.dtype}, shape {tuple(token.shape)})")
+            if token.device == device and device.type != "cpu":
+                return token             # from `draw`, on the device: trusted, not read back
+            token_id = int(token[0])    # a host tensor: reading it is free
+        elif isinstance(token, (int, np.integer)) and not isinstance(token, bool):
+            token_id = int(token)
+        else:
+            raise ValueError(f"{message} (got {token!r})")
+        if not 0 <= token_id < vocab:
+            raise ValueError(f"{message} (got {token_id})")
+        if isinstance(token, torch.Tensor):
+            return token.to(device)
+        return torch.tensor([token_id], dtype=torch.int64, device=device)
 
 
 def load(name_or_path: str | Path = s03.BUNDLED_MODEL_DIR, device: str | None = None,
@@ -635,8 +665,9 @@ def apply_presence_frequency_penalties(logits: torch.Tensor, counts: torch.Tenso
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """S04 `apply_temperature`: (logits - max) / T, T > 0."""
-    return (logits - logits.max()) / temperature
+    """S04 `apply_temperature`: (logits - max) / T, T > 0, divided in float64 and returned in
+    float32, so a T that rounds to 0 in float32 (1e-50) cannot turn the max into 0 / 0 = NaN."""
+    return ((logits.double() - logits.max().double()) / temperature).float()
 
 
 def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
@@ -689,6 +720,14 @@ def draw(processed: torch.Tensor, params: s04.SamplingParams, u: torch.Tensor | 
     return torch.minimum(token, last_with_mass)
 
 
+# What the host raises for each negative id `DeviceSampler.draw` can return (S04's messages).
+BAD_ROW_ERRORS = {
+    -1: "min_tokens ruled out every token: the model gave only EOS or stop ids a finite logit",
+    -2: "logits must not contain NaN or +inf",
+    -3: "logits must have at least one finite entry (every token is ruled out)",
+}
+
+
 class DeviceSampler:
     """One request's sampling state on the device, and S04's pipeline over it.
 
@@ -739,9 +778,15 @@ class DeviceSampler:
         row = apply_top_k(row, p.top_k)
         return apply_top_p(row, p.top_p)
 
-    def draw(self, processed: torch.Tensor, num_output_tokens: int) -> torch.Tensor:
-        """Draw from `process`'s output (V,): the next token as an int64 (1,) device tensor, or
-        -1 when min_tokens ruled out every token (the host sees it with the id and raises)."""
+    def draw(self, processed: torch.Tensor, num_output_tokens: int,
+             raw: torch.Tensor | None = None) -> torch.Tensor:
+        """Draw from `process`'s output (V,): the next token as an int64 (1,) device tensor.
+
+        Instead of a token, a negative id from `BAD_ROW_ERRORS` when the host must raise: -1
+        when min_tokens ruled out every token; -2 when the model's logits `raw` (V,) hold NaN
+        or +inf; -3 when they have no finite entry. (S04 checks the row on the host; here the
+        check rides on the one id that crosses anyway, so it costs no extra synchronisation.)
+        """
         u = None
         if self.generator is not None:
             u = torch.rand((), generator=self.generator, device=self.device, dtype=torch.float64)
@@ -749,6 +794,10 @@ class DeviceSampler:
         if num_output_tokens < self.params.min_tokens:
             # Only min_tokens can remove every finite logit; flag it without a host round trip.
             token = torch.where(processed.max() > float("-inf"), token, -1)
+        if raw is not None:
+            top = raw.max()  # NaN if any entry is NaN (max propagates NaN), +inf if any is +inf
+            token = torch.where(torch.isnan(top) | (top == float("inf")), -2,
+                                torch.where(top == float("-inf"), -3, token))
         return token
 
     def update(self, token: torch.Tensor) -> None:
@@ -793,11 +842,15 @@ class Stats(s04.Stats):
 class Engine(s04.Engine):
     """S04's Engine (SamplingParams in, Completion out, `stream`) on a `TorchTransformer`.
 
-    Per request: the preallocated `KVCache` is reset, the prompt is prefilled in one pass,
-    then each step samples on the device (`DeviceSampler`), brings the one token id to the host
+    Per request: the prompt is prefilled in one pass into the preallocated `KVCache`, then
+    each step samples on the device (`DeviceSampler`), brings the one token id to the host
     (`.item()`), applies S04's stop rules in S04's order, and decodes the token, which never
-    left the device, at the next position. Stop rules and finish reasons are S04's; greedy
-    tokens equal S04's / S05's on the same model (float32).
+    left the device, at the next position. Like S05's engine it remembers `cached_ids`, the ids
+    whose K/V the cache holds, and prefills again whenever they are not the request's ids so
+    far (another request streamed in between used the cache). Stop rules and finish reasons are
+    S04's; greedy tokens equal S04's / S05's on the same model (float32). A row of logits with
+    NaN or +inf, or with no finite entry, is S04's ValueError, flagged on the device (see
+    `DeviceSampler.draw`).
 
     model: a TorchTransformer. tokenizer: as S04. max_context: positions in the cache (default
     and maximum: the model's max_position_embeddings). logprobs_mode: as S04. sync_timing:
@@ -817,6 +870,7 @@ class Engine(s04.Engine):
             raise ValueError(f"max_context ({self.max_context}) must be <= the model's "
                              f"max_position_embeddings ({limit})")
         self.runner = CachedTransformer(model, max_seq_len=self.max_context)
+        self.cached_ids: list[int] = []   # the ids whose K/V the cache holds, as in S05
         self.sync_timing = sync_timing
 
     def next_logits(self, ids: list[int]) -> np.ndarray:
@@ -825,10 +879,18 @@ class Engine(s04.Engine):
         return self.model.forward(ids)[-1]
 
     def _model_step(self, ids: list[int], token: torch.Tensor | None) -> torch.Tensor:
-        if token is None:
-            logits = self.runner.prefill(ids)
+        """Raw logits (V,) on the device for the token after `ids`; token: ids[-1] on the device
+        (None for the first step). S05's rule: decode when the cache holds exactly ids[:-1],
+        else prefill all of ids. So two requests streamed in turn on one engine each re-prefill
+        when they get the cache back, instead of decoding on top of the other's keys."""
+        n = len(self.cached_ids)
+        if token is not None and 0 < n == len(ids) - 1 and ids[:n] == self.cached_ids:
+            logits = self.runner.decode(token)                 # the usual step: one new token
+            self.cached_ids.append(ids[-1])
         else:
-            logits = self.runner.decode(token)
+            self.cached_ids = []                               # prefill overwrites the cache,
+            logits = self.runner.prefill(ids)                  # so if it fails, nothing is cached
+            self.cached_ids = list(ids)
         if self.sync_timing:
             synchronize(self.model.device)
         return logits
@@ -852,11 +914,10 @@ class Engine(s04.Engine):
             model_done = time.perf_counter()
             stats.context_lens.append(len(ids))
             processed = sampler.process(raw, len(out))             # (V,), on the device
-            token_dev = sampler.draw(processed, len(out))          # (1,) int64, on the device
+            token_dev = sampler.draw(processed, len(out), raw)     # (1,) int64, on the device
             token = token_dev.item()                               # the one device -> host copy
-            if token < 0:
-                raise ValueError("min_tokens ruled out every token: the model gave only EOS or "
-                                 "stop ids a finite logit")
+            if token < 0:                                          # the device flagged the row
+                raise ValueError(BAD_ROW_ERRORS[token])
             sampler.update(token_dev)
             if logprobs is not None:
                 source = raw if self.logprobs_mode == "raw_logprobs" else processed
@@ -951,7 +1012,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sync-timing", action="store_true",
                         help="wait for the device after each model call (true model time on CUDA)")
     args = parser.parse_args(argv)
-
+    if not s04.is_valid_text(args.prompt):
+        parser.error("--prompt must be valid UTF-8 text (it holds undecodable bytes)")
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be >= 1 (got {args.threads})")

@@ -372,6 +372,12 @@ def test_each_processor_equals_s04s(seed):
     s04.SamplingParams(temperature=0, repetition_penalty=1.3, frequency_penalty=0.5, min_tokens=8),
     s04.SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.02, presence_penalty=1.0,
                        repetition_penalty=1.2, min_tokens=3, stop_token_ids=[7]),
+    # The extremes SamplingParams accepts: 1e-50 is 0 in float32 (S06 drew token 0 from NaN),
+    # 100 is the cap; min_tokens puts -inf rows through the division.
+    s04.SamplingParams(temperature=1e-50, min_tokens=3),
+    s04.SamplingParams(temperature=5e-324),
+    s04.SamplingParams(temperature=100.0, top_k=2, min_tokens=3),
+    s04.SamplingParams(temperature=100.0, top_p=0.5, min_p=0.9),
 ])
 def test_device_sampler_pipeline_equals_s04_process_logits(params):
     """Histories grown token by token on the device equal S04's list-based ones."""
@@ -664,3 +670,125 @@ def test_main_names_a_missing_bundled_model(monkeypatch, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model", str(tmp_path / "model")])
     assert "bundled model is not in" in capsys.readouterr().err
+
+
+# --- regressions: bad input is an error, never wrong tokens -----------------------------------
+
+def test_interleaved_streams_on_one_engine_each_equal_their_solo_run(text_model):
+    """Two requests streamed in turn on one engine share its one KV cache. S06 used to decode
+    each on top of the other's keys (wrong tokens, silently); like S05's engine it now keeps
+    the ids the cache holds and prefills again when they are not the request's."""
+    torch_model, _, make_tokenizer, _ = text_model
+    engine = Engine(torch_model, make_tokenizer(0))
+    a_params = greedy(12, ignore_eos=True)
+    b_params = s04.SamplingParams(temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
+    a_prompt, b_prompt = TEXT_PROMPT, "HAMLET:\nTo be, or not"
+    solo_a = engine.generate(a_prompt, a_params)
+    solo_b = engine.generate(b_prompt, b_params)
+    assert solo_a.token_ids != solo_b.token_ids          # else the test could not fail
+    a, b = engine.stream(a_prompt, a_params), engine.stream(b_prompt, b_params)
+    done: dict[str, s04.Completion] = {}
+    while len(done) < 2:
+        for name, stream in (("a", a), ("b", b)):
+            if name not in done:
+                try:
+                    next(stream)
+                except StopIteration as end:
+                    done[name] = end.value
+    completions_equal(done["a"], solo_a)
+    completions_equal(done["b"], solo_b)
+
+
+def test_nan_logits_from_a_broken_checkpoint_are_s04s_error(text_model, tmp_path):
+    """A checkpoint copy whose final norm weight is NaN: every logit is NaN. S04 raises; S06
+    used to sample token 0 with logprob nan. The device folds the check into the token id."""
+    import safetensors.numpy
+    *_, directory = text_model
+    broken = tmp_path / "nan_norm"
+    shutil.copytree(directory, broken)
+    weights = s03.read_safetensors(broken / "model.safetensors")
+    weights["model.norm.weight"] = np.full_like(weights["model.norm.weight"], np.nan)
+    safetensors.numpy.save_file(weights, str(broken / "model.safetensors"))
+    torch_model, tokenizer = load(broken, device="cpu")
+    numpy_model, _ = s03.load(broken)
+    for params in (greedy(3), s04.SamplingParams(temperature=1.0, seed=0, max_tokens=3),
+                   greedy(1, logprobs=2)):
+        with pytest.raises(ValueError, match=r"logits must not contain NaN or \+inf"):
+            s04.Engine(numpy_model, tokenizer, CONTEXT).generate("Romeo", params)  # the oracle
+        with pytest.raises(ValueError, match=r"logits must not contain NaN or \+inf"):
+            Engine(torch_model, tokenizer).generate("Romeo", params)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (float("inf"), r"logits must not contain NaN or \+inf"),
+    (float("nan"), r"logits must not contain NaN or \+inf"),
+    (None, "logits must have at least one finite entry"),
+])
+def test_logits_rows_s04_rejects_are_rejected_on_the_device_too(text_model, bad, message):
+    torch_model, _, make_tokenizer, _ = text_model
+    engine = Engine(torch_model, make_tokenizer(0))
+    row = torch.full((torch_model.vocab_size,), float("-inf"))
+    if bad is not None:
+        row[:] = 0.0
+        row[5] = bad
+    engine.runner.prefill = lambda ids: row.clone()
+    for params in (greedy(3), s04.SamplingParams(temperature=0.7, seed=1, max_tokens=3)):
+        with pytest.raises(ValueError, match=message):
+            s04.process_logits(row.numpy(), params)                              # the oracle
+        with pytest.raises(ValueError, match=message):
+            engine.generate(TEXT_PROMPT, params)
+
+
+def test_a_temperature_below_float32s_range_gives_the_greedy_tokens(text_model):
+    """T = 1e-50 leaves only the maximum with probability > 0 (no ties in these logits), so
+    its tokens are the greedy ones; S06 used to draw token 0 from a NaN row at every step."""
+    torch_model, _, make_tokenizer, _ = text_model
+    engine = Engine(torch_model, make_tokenizer(0))
+    expected = engine.generate(TEXT_PROMPT, greedy(8, ignore_eos=True)).token_ids
+    tiny_t = s04.SamplingParams(temperature=1e-50, seed=0, max_tokens=8, ignore_eos=True)
+    assert engine.generate(TEXT_PROMPT, tiny_t).token_ids == expected
+
+
+def test_the_largest_seed_runs_and_a_larger_one_is_refused(text_model):
+    """2**70 used to pass SamplingParams and fail in torch with an OverflowError."""
+    torch_model, _, make_tokenizer, _ = text_model
+    engine = Engine(torch_model, make_tokenizer(0))
+    params = dict(temperature=1.0, max_tokens=4, ignore_eos=True)
+    top = s04.SamplingParams(seed=2**63 - 1, **params)
+    assert engine.generate(TEXT_PROMPT, top).token_ids == engine.generate(TEXT_PROMPT, top).token_ids
+    with pytest.raises(ValueError, match=r"seed must be None or an int in \[0, 2\*\*63\)"):
+        s04.SamplingParams(seed=2**70, **params)
+
+
+@pytest.mark.parametrize("token", [
+    2048, -1, 10**20, 1.5, True, torch.tensor([2048]), torch.tensor([-1]),
+    torch.tensor([1.0]), torch.tensor([[1]]), torch.tensor([1, 2]),
+])
+def test_decode_checks_a_host_id_before_it_reaches_the_device(text_model, token):
+    """An id >= V used to end in an IndexError from inside torch (on CUDA, a device assert)."""
+    torch_model, *_ = text_model
+    runner = CachedTransformer(torch_model, max_seq_len=8)
+    runner.prefill([1, 2])
+    with pytest.raises(ValueError, match=r"token id must be an integer in \[0, V=2048\)"):
+        runner.decode(token)
+    assert runner.cache.num_cached == 2                       # nothing was written
+    expected = torch_model.forward([1, 2, 3])[-1]             # the uncached pass (HF-pinned)
+    np.testing.assert_allclose(runner.decode(3).numpy(), expected, rtol=1e-4, atol=2e-5)
+    runner.prefill([1, 2])
+    np.testing.assert_allclose(runner.decode(torch.tensor([3])).numpy(), expected,
+                               rtol=1e-4, atol=2e-5)
+
+
+def test_main_reports_bad_input_as_usage_errors(text_model, tmp_path, capsys):
+    *_, directory = text_model
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    (broken / "config.json").write_text("{not json")
+    for argv, message in [
+            (["--model", str(directory), "--prompt", "ab\udcff"], "must be valid UTF-8 text"),
+            (["--model", str(broken)], "config.json"),
+            (["--model", str(directory), "--max-context", "0"], "max_context must be")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--device", "cpu", "--max-tokens", "2", *argv])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err and "Traceback" not in err
