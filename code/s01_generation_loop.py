@@ -273,7 +273,10 @@ def build_default(max_vocab: int = 4096,
 def check_temperature(temperature) -> None:
     """Raise ValueError unless temperature is a finite int or float (NumPy's too) >= 0.
     A bool is not a temperature: True would silently mean 1."""
-    if not is_real(temperature) or not np.isfinite(temperature) or temperature < 0:
+    if not is_real(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0 (an int or a float, not a "
+                         f"{type(temperature).__name__}; got {temperature!r})")
+    if not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (got {temperature!r})")
 
 

@@ -268,7 +268,8 @@ class BPETokenizer:
         check_text(text)
         if isinstance(allowed_special, str):
             if allowed_special != "all":
-                raise ValueError("allowed_special must be 'all' or a collection of special tokens")
+                raise ValueError(f"allowed_special must be 'all' or a collection of special "
+                                 f"tokens (got {allowed_special!r})")
             allowed = set(self.special_tokens)
         else:
             if allowed_special is None or isinstance(allowed_special, (bytes, dict)) \

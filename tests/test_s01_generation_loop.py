@@ -178,6 +178,12 @@ def test_sample_rejects_bad_temperature(temperature):
         sample(np.zeros(3), temperature, np.random.default_rng(0))
 
 
+def test_a_bool_temperature_is_named_as_such():
+    # True would otherwise silently mean temperature 1.
+    with pytest.raises(ValueError, match=r"an int or a float, not a bool; got True\)"):
+        Engine(ScriptedModel({}), TOK, 8).generate("a", 3, True)
+
+
 @pytest.mark.parametrize("temperature", [np.int64(1), np.float32(0.5), np.float16(2.0), 1])
 def test_sample_accepts_numpy_and_int_temperatures(temperature):
     # Only id 1 has a finite logit, so any valid temperature must draw it.
