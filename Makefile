@@ -25,6 +25,7 @@ run: venv
 	$(PY) code/s01_generation_loop.py
 
 chapter: venv
+	@test -n "$(N)" && ls code/s$(N)_*.py >/dev/null 2>&1 || { echo "usage: make chapter N=01 (two digits; chapters: $$(ls code | sed -n 's/^s\([0-9][0-9]\)_.*/\1/p' | tr '\n' ' '))"; exit 2; }
 	$(PY) code/s$(N)_*.py
 
 test: venv

@@ -40,7 +40,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=ROOT.parent / "shared" / "data" / "shakespeare")
     args = parser.parse_args()
-    corpus = build(args.source)
+    try:
+        corpus = build(args.source)
+    except FileNotFoundError as err:
+        parser.error(f"{err}; pass --source DIR, the folder of plain-text works (one .txt each)")
     out = ROOT / "data" / "shakespeare.txt"
     out.write_text(corpus, encoding="ascii")
     source_md = (args.source / "SOURCE.md").read_text(encoding="utf-8")
