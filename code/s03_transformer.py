@@ -62,10 +62,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -111,40 +112,146 @@ def bfloat16_to_float32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
+_JSON_TYPE_NAMES = {dict: "object", list: "array", str: "string", bool: "boolean",
+                    int: "number", float: "number", type(None): "null"}
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a parsed value's type ("array", "string", ...), for error messages."""
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def read_json_object(path: str | Path) -> dict:
+    """Parse a checkpoint's JSON file (config.json, generation_config.json, an index) that must
+    hold one JSON object. Returns it as a dict.
+
+    Raises CheckpointError naming the file when it cannot be read, is not UTF-8, is not valid
+    JSON (an empty file included), or holds something other than an object (a list, a number).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{path}: not UTF-8 text (invalid byte at offset {err.start})") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read ({err.strerror or err})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err.msg} at line {err.lineno} "
+                              f"column {err.colno})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: not valid JSON (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: must hold a JSON object, found a JSON {_json_type(data)}")
+    return data
+
+
+def _is_int(value: object) -> bool:
+    """True for Python and NumPy integers, False for bools (True is not a count or an id)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value: object) -> bool:
+    """True for ints and floats (Python or NumPy), False for bools, strings, None."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_))
+
+
+def _check_tensor_entry(path: Path, name: str, info: object) -> tuple[str, tuple[int, ...], int, int]:
+    """One header entry of a safetensors file, checked: (dtype tag, shape, begin, end).
+    Raises CheckpointError naming the file, the tensor and the rule broken."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: its header entry must be a JSON object with dtype, shape "
+                              f"and data_offsets, found a JSON {_json_type(info)}")
+    for key in ("dtype", "shape", "data_offsets"):
+        if key not in info:
+            raise CheckpointError(f"{where}: its header entry has no {key!r}")
+    tag, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(tag, str) or tag not in _SAFETENSORS_DTYPES:
+        raise CheckpointError(f"{where} has dtype {tag}, which this reader does not support "
+                              f"(supported: {', '.join(_SAFETENSORS_DTYPES)})")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise CheckpointError(f"{where} has shape {shape!r}: a shape must be a list of "
+                              "integers >= 0")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_int, offsets))
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise CheckpointError(f"{where} has data_offsets {offsets!r}: they must be two integers "
+                              "[begin, end] with 0 <= begin <= end")
+    begin, end = offsets
+    needed = _SAFETENSORS_DTYPES[tag][1] * math.prod(shape)
+    if end - begin != needed:
+        raise CheckpointError(f"{where}: data_offsets [{begin}, {end}] span {end - begin} bytes, "
+                              f"but {tag} {shape} takes {needed} bytes")
+    return tag, tuple(shape), begin, end
+
+
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     """Read every tensor of a .safetensors file; floating-point tensors come back as float32.
 
-    The format: 8 bytes little-endian header length N, N bytes of JSON mapping each tensor name
-    to {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the end of the
-    header), then the raw little-endian tensor bytes. float16 and bfloat16 are widened to float32
-    (exactly); integer tensors keep their dtype.
+    The format: 8 bytes little-endian header length N, N bytes of UTF-8 JSON mapping each
+    tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the
+    end of the header; an optional "__metadata__" entry holds strings), then the raw
+    little-endian tensor bytes, stored back to back: the tensors' byte ranges tile the data
+    section exactly, with no gap, overlap or trailing byte. float16 and bfloat16 are widened to
+    float32 (exactly); integer and bool tensors keep their dtype.
 
-    Raises CheckpointError for a file too short for its header, a dtype this reader does not
-    know, or a tensor whose byte range does not match its shape. Follows the layout described
-    in the huggingface/safetensors README.
+    Raises CheckpointError naming the file (and the tensor) for: a file that cannot be read or
+    is shorter than its 8-byte length field or its header, a header that is not UTF-8 JSON
+    holding an object, an entry without dtype / shape / data_offsets, a dtype this reader does
+    not know, a negative dimension or offset, a byte range whose length does not match dtype
+    and shape, ranges that are not back to back, and a file truncated before the last tensor
+    ends (with both sizes). The same rules as the `safetensors` package; the layout is the
+    huggingface/safetensors README ("Format").
     """
     path = Path(path)
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    if data.size < 8:
-        raise CheckpointError(f"{path}: too short to be a safetensors file ({data.size} bytes)")
+    try:
+        size = path.stat().st_size
+        data = np.memmap(path, dtype=np.uint8, mode="r") if size >= 8 else None
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})"
+                              ) from None
+    if data is None:
+        raise CheckpointError(f"{path}: too short to be a safetensors file ({size} bytes; the "
+                              "header length field alone takes 8)")
     header_len = int(data[:8].view("<u8")[0])
-    if 8 + header_len > data.size:
-        raise CheckpointError(f"{path}: header length {header_len} runs past the end of the file")
-    header = json.loads(bytes(data[8:8 + header_len]).decode("utf-8"))
+    if 8 + header_len > size:
+        raise CheckpointError(f"{path}: header length {header_len} runs past the end of the file "
+                              f"({size} bytes)")
+    try:
+        header = json.loads(bytes(data[8:8 + header_len]).decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{path}: the header is not UTF-8 text (invalid byte at header "
+                              f"offset {err.start}); not a safetensors file?") from None
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise CheckpointError(f"{path}: the header is not valid JSON "
+                              f"({getattr(err, 'msg', 'nested too deeply')})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the header must be a JSON object mapping tensor names to "
+                              f"entries, found a JSON {_json_type(header)}")
     body = data[8 + header_len:]
+    entries = {name: _check_tensor_entry(path, name, info)
+               for name, info in header.items() if name != "__metadata__"}
+    data_end = max((end for *_, end in entries.values()), default=0)
+    if data_end > body.size:
+        raise CheckpointError(
+            f"{path}: the file is truncated: it has {size} bytes, but its header places tensor "
+            f"data up to byte {8 + header_len + data_end}")
+    position = 0  # ranges sorted by start must follow one another from byte 0 to the end
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda e: e[1][2:]):
+        if begin != position:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} starts at data byte {begin}, but the tensor before it "
+                f"ends at byte {position} (tensors must be stored back to back, without gaps "
+                "or overlaps)")
+        position = end
+    if position != body.size:
+        raise CheckpointError(f"{path}: {body.size - position} bytes after the last tensor belong "
+                              "to no tensor (the data section must be covered exactly)")
     tensors: dict[str, np.ndarray] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        tag, shape = info["dtype"], tuple(info["shape"])
-        if tag not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {tag}, which this reader "
-                                  f"does not support (supported: {', '.join(_SAFETENSORS_DTYPES)})")
-        np_dtype, itemsize = _SAFETENSORS_DTYPES[tag]
-        begin, end = info["data_offsets"]
-        if end - begin != itemsize * math.prod(shape) or end > body.size:
-            raise CheckpointError(f"{path}: tensor {name!r} has {end - begin} bytes, expected "
-                                  f"{itemsize * math.prod(shape)} for {tag} {list(shape)}")
+    for name, (tag, shape, begin, end) in entries.items():
+        np_dtype = _SAFETENSORS_DTYPES[tag][0]
         array = body[begin:end].view(np.dtype(np_dtype).newbyteorder("<")).reshape(shape)
         if tag == "BF16":
             array = bfloat16_to_float32(array)
@@ -160,9 +267,11 @@ def load_state_dict(checkpoint_dir: str | Path) -> dict[str, np.ndarray]:
     """All tensors of a checkpoint directory, by their names in the checkpoint.
 
     Reads model.safetensors, or every shard listed in model.safetensors.index.json
-    ("weight_map": tensor name -> shard file). Raises CheckpointError when neither file exists
-    (PyTorch .bin checkpoints are not read: they are pickles, which can run code on load) or a
-    shard named by the index is missing.
+    ("weight_map": tensor name -> shard file name in the same directory). Raises
+    CheckpointError when neither file exists (PyTorch .bin checkpoints are not read: they are
+    pickles, which can run code on load), when the index is not a JSON object with a
+    weight_map of names to shard file names, when a shard is missing or names a path outside
+    the directory, when two shards hold the same tensor, or as `read_safetensors`.
     """
     checkpoint_dir = Path(checkpoint_dir)
     single = checkpoint_dir / "model.safetensors"
@@ -170,13 +279,25 @@ def load_state_dict(checkpoint_dir: str | Path) -> dict[str, np.ndarray]:
     if single.exists():
         return read_safetensors(single)
     if index.exists():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(s, str) for s in weight_map.values()):
+            raise CheckpointError(f"{index}: needs a \"weight_map\" object mapping each tensor "
+                                  "name to the shard file that holds it")
         tensors: dict[str, np.ndarray] = {}
         for shard in sorted(set(weight_map.values())):
-            if not (checkpoint_dir / shard).exists():
+            if Path(shard).name != shard or shard in ("", ".", ".."):
+                raise CheckpointError(f"{index}: shard {shard!r} is not a file name; shards must "
+                                      "sit in the checkpoint directory itself")
+            if not (checkpoint_dir / shard).is_file():
                 raise CheckpointError(f"{checkpoint_dir}: shard {shard} listed in "
                                       "model.safetensors.index.json is missing")
-            tensors.update(read_safetensors(checkpoint_dir / shard))
+            part = read_safetensors(checkpoint_dir / shard)
+            repeated = sorted(set(part) & set(tensors))
+            if repeated:
+                raise CheckpointError(f"{checkpoint_dir}: tensor {repeated[0]!r} is stored in more "
+                                      f"than one shard ({shard} and another)")
+            tensors.update(part)
         return tensors
     raise CheckpointError(
         f"{checkpoint_dir}: no model.safetensors or model.safetensors.index.json (PyTorch .bin "
@@ -256,8 +377,12 @@ class TransformerConfig:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "intermediate_size",
                      "max_position_embeddings"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+        if not _is_real(self.norm_eps) or not math.isfinite(self.norm_eps) or self.norm_eps <= 0:
+            raise ValueError(f"norm_eps must be a finite number > 0 (got {self.norm_eps!r}): it "
+                             "keeps the norm's division away from zero")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -265,12 +390,17 @@ class TransformerConfig:
         if self.model_type == "gpt2":
             if self.num_attention_heads * self.head_dim != self.hidden_size:
                 raise ValueError("GPT-2 needs n_embd == n_head * head_dim")
-        elif self.rope_theta is None or self.rope_theta <= 0:
-            raise ValueError(f"{self.model_type} uses RoPE and needs rope_theta > 0 "
+        elif (not _is_real(self.rope_theta) or not math.isfinite(self.rope_theta)
+              or self.rope_theta <= 0):
+            raise ValueError(f"{self.model_type} uses RoPE and needs a finite rope_theta > 0 "
                              f"(got {self.rope_theta})")
         if self.model_type != "gpt2" and self.head_dim % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions: head_dim must be even "
                              f"(got {self.head_dim})")
+        for eos in self.eos_token_ids:
+            if not _is_int(eos) or not 0 <= eos < self.vocab_size:
+                raise ValueError(f"eos_token_id {eos!r} must be a token id in "
+                                 f"[0, vocab_size={self.vocab_size})")
 
     @property
     def is_rope(self) -> bool:
@@ -284,26 +414,74 @@ class TransformerConfig:
 
         Fields missing from the dict take the defaults of the matching transformers config
         class (Qwen3Config, LlamaConfig, GPT2Config in transformers v5), since save_pretrained
-        may leave defaults out. Both the v5 `rope_parameters` dict and the older top-level
-        `rope_theta` / `rope_scaling` are read. EOS ids: generation_config's eos_token_id when
-        present (an int or a list), else config.json's.
+        may leave defaults out; as there, a null num_key_value_heads means "one K/V head per
+        query head" and a null head_dim / n_inner the family's derived value. Both the v5
+        `rope_parameters` dict and the older top-level `rope_theta` / `rope_scaling` are read.
+        EOS ids: generation_config's eos_token_id when present (an int or a list), else
+        config.json's; every one must be a token id in [0, vocab_size).
 
-        Raises UnsupportedArchitectureError for another model_type or a feature not implemented
+        Raises CheckpointError naming the field and the rule for a value of the wrong type or
+        out of range (a size that is not an integer >= 1, an epsilon or rope theta that is not
+        a finite number > 0, a flag that is not true/false, an EOS id outside the vocabulary),
+        and UnsupportedArchitectureError for another model_type or a feature not implemented
         here (sliding-window attention, an activation other than the family's, a rope type
         other than default/linear/llama3, GPT-2's per-layer attention scaling).
         """
+        if not isinstance(cfg, Mapping):
+            raise CheckpointError(f"config must be a JSON object, found a JSON {_json_type(cfg)}")
+        if generation_config is not None and not isinstance(generation_config, Mapping):
+            raise CheckpointError("generation_config must be a JSON object, found a JSON "
+                                  f"{_json_type(generation_config)}")
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedArchitectureError(
                 f"model_type {model_type!r} (architectures {cfg.get('architectures')}) is not "
                 f"supported; this chapter implements {', '.join(SUPPORTED_MODEL_TYPES)}")
-        gen = generation_config or {}
-        eos = gen.get("eos_token_id", cfg.get("eos_token_id",
-                                              50256 if model_type == "gpt2" else
-                                              2 if model_type == "llama" else None))
-        eos_ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None)
-        common = dict(pad_token_id=gen.get("pad_token_id", cfg.get("pad_token_id")),
-                      eos_token_ids=eos_ids)
+
+        def integer(key: str, default: int | None) -> int:
+            value = cfg.get(key, default)
+            if not _is_int(value) or value < 1:
+                raise CheckpointError(f"config field {key} must be an integer >= 1 (got {value!r})")
+            return int(value)
+
+        def positive(key: str, default: float, where: Mapping = cfg, label: str = "config field"
+                     ) -> float:
+            value = where.get(key, default)
+            if not _is_real(value) or not math.isfinite(value) or value <= 0:
+                raise CheckpointError(f"{label} {key} must be a finite number > 0 (got {value!r})")
+            return float(value)
+
+        def flag(key: str, default: bool) -> bool:
+            value = cfg.get(key, default)
+            if not isinstance(value, bool):
+                raise CheckpointError(f"config field {key} must be true or false (got {value!r})")
+            return value
+
+        def optional_id(key: str, default: int | None, where: Mapping = cfg,
+                        label: str = "config field") -> int | None:
+            value = where.get(key, default)
+            if value is not None and not _is_int(value):
+                raise CheckpointError(f"{label} {key} must be an integer or null (got {value!r})")
+            return value
+
+        gen = dict(generation_config or {})
+        vocab_default = {"gpt2": 50257, "qwen3": 151936, "llama": 32000}[model_type]
+        vocab_size = integer("vocab_size", vocab_default)
+        eos_lists = {}  # both files' EOS ids are checked, though generation_config's win
+        for source, where, default in (
+                ("config.json", cfg, 50256 if model_type == "gpt2" else 2 if model_type == "llama"
+                 else None), ("generation_config.json", gen, None)):
+            eos = where.get("eos_token_id", default)
+            eos_lists[source] = eos if isinstance(eos, list) else [] if eos is None else [eos]
+            for i in eos_lists[source]:
+                if not _is_int(i) or not 0 <= i < vocab_size:
+                    raise CheckpointError(f"eos_token_id {i!r} ({source}) must be a token id in "
+                                          f"[0, vocab_size={vocab_size})")
+        eos_list = (eos_lists["generation_config.json"]
+                    if gen.get("eos_token_id") is not None else eos_lists["config.json"])
+        pad = (optional_id("pad_token_id", None, gen, "generation_config.json field")
+               if gen.get("pad_token_id") is not None else optional_id("pad_token_id", None))
+        common = dict(pad_token_id=pad, eos_token_ids=tuple(int(i) for i in eos_list))
 
         if model_type == "gpt2":
             act = cfg.get("activation_function", "gelu_new")
@@ -316,19 +494,18 @@ class TransformerConfig:
                     "GPT-2 scale_attn_by_inverse_layer_idx=True is not supported")
             if cfg.get("add_cross_attention", False):
                 raise UnsupportedArchitectureError("GPT-2 cross-attention is not supported")
-            hidden = cfg.get("n_embd", 768)
-            heads = cfg.get("n_head", 12)
+            hidden, heads = integer("n_embd", 768), integer("n_head", 12)
+            inner = 4 * hidden if cfg.get("n_inner") is None else integer("n_inner", None)
             return cls(
-                model_type="gpt2", vocab_size=cfg.get("vocab_size", 50257), hidden_size=hidden,
-                num_hidden_layers=cfg.get("n_layer", 12), num_attention_heads=heads,
-                num_key_value_heads=heads, head_dim=hidden // heads,
-                intermediate_size=cfg.get("n_inner") or 4 * hidden,
-                max_position_embeddings=cfg.get("n_positions", 1024),
-                norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
-                tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+                model_type="gpt2", vocab_size=vocab_size, hidden_size=hidden,
+                num_hidden_layers=integer("n_layer", 12), num_attention_heads=heads,
+                num_key_value_heads=heads, head_dim=hidden // heads, intermediate_size=inner,
+                max_position_embeddings=integer("n_positions", 1024),
+                norm_eps=positive("layer_norm_epsilon", 1e-5),
+                tie_word_embeddings=flag("tie_word_embeddings", True),
                 attention_bias=True, mlp_bias=True, hidden_act="gelu_tanh",
-                scale_attn_weights=cfg.get("scale_attn_weights", True),
-                bos_token_id=cfg.get("bos_token_id", 50256), **common)
+                scale_attn_weights=flag("scale_attn_weights", True),
+                bos_token_id=optional_id("bos_token_id", 50256), **common)
 
         is_qwen3 = model_type == "qwen3"
         act = cfg.get("hidden_act", "silu")
@@ -339,51 +516,76 @@ class TransformerConfig:
         if cfg.get("use_sliding_window", False) or "sliding_attention" in layer_types:
             raise UnsupportedArchitectureError(
                 f"{model_type} sliding-window attention is not supported")
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        rope_theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+        rope_key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+        rope = cfg.get(rope_key) or {}
+        if not isinstance(rope, Mapping):
+            raise CheckpointError(f"config field {rope_key} must be an object (got {rope!r})")
+        rope = dict(rope)
+        rope_theta = (positive("rope_theta", None, rope, f"config field {rope_key}:")
+                      if rope.get("rope_theta") is not None else positive("rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "linear", "llama3"):
             raise UnsupportedArchitectureError(
                 f"rope_type {rope_type!r} is not supported (default, linear, llama3)")
-        if rope_type == "llama3":
-            rope.setdefault("original_max_position_embeddings",
-                            cfg.get("max_position_embeddings", 2048))
-        rope_scaling = None if rope_type == "default" else {"rope_type": rope_type, **{
-            k: float(v) for k, v in rope.items()
-            if k in ("factor", "low_freq_factor", "high_freq_factor",
-                     "original_max_position_embeddings")}}
         if rope.get("partial_rotary_factor", 1.0) != 1.0:
             raise UnsupportedArchitectureError("partial_rotary_factor != 1 is not supported")
-        hidden = cfg.get("hidden_size", 4096)
-        heads = cfg.get("num_attention_heads", 32)
-        head_dim = cfg.get("head_dim") or (128 if is_qwen3 else hidden // heads)
+        max_positions = integer("max_position_embeddings", 32768 if is_qwen3 else 2048)
+        rope_scaling = None
+        if rope_type != "default":
+            label = f"config field {rope_key}:"
+            rope_scaling = {"rope_type": rope_type, "factor": positive("factor", None, rope, label)}
+            if rope_type == "llama3":
+                low = positive("low_freq_factor", None, rope, label)
+                high = positive("high_freq_factor", None, rope, label)
+                if high <= low:
+                    raise CheckpointError(f"{label} high_freq_factor ({high}) must be greater than "
+                                          f"low_freq_factor ({low})")
+                original = rope.get("original_max_position_embeddings", max_positions)
+                if not _is_int(original) or original < 1:
+                    raise CheckpointError(f"{label} original_max_position_embeddings must be an "
+                                          f"integer >= 1 (got {original!r})")
+                rope_scaling.update(low_freq_factor=low, high_freq_factor=high,
+                                    original_max_position_embeddings=float(original))
+        hidden, heads = integer("hidden_size", 4096), integer("num_attention_heads", 32)
+        # As in transformers: Qwen3Config's class default is 128 / 32, LlamaConfig derives both;
+        # an explicit null means "derive" (one K/V head per query head, C / H dims per head).
+        head_dim = (hidden // heads if cfg.get("head_dim", 0 if is_qwen3 else None) is None
+                    else integer("head_dim", 128))
+        kv_heads = (heads if cfg.get("num_key_value_heads", 0 if is_qwen3 else None) is None
+                    else integer("num_key_value_heads", 32))
         return cls(
-            model_type=model_type, vocab_size=cfg.get("vocab_size", 151936 if is_qwen3 else 32000),
-            hidden_size=hidden, num_hidden_layers=cfg.get("num_hidden_layers", 32),
-            num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or (32 if is_qwen3 else heads),
-            head_dim=head_dim,
-            intermediate_size=cfg.get("intermediate_size", 22016 if is_qwen3 else 11008),
-            max_position_embeddings=cfg.get("max_position_embeddings", 32768 if is_qwen3 else 2048),
-            norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            rope_theta=float(rope_theta), rope_scaling=rope_scaling, qk_norm=is_qwen3,
-            attention_bias=cfg.get("attention_bias", False),
-            mlp_bias=False if is_qwen3 else cfg.get("mlp_bias", False),
-            hidden_act="silu", bos_token_id=cfg.get("bos_token_id", None if is_qwen3 else 1),
+            model_type=model_type, vocab_size=vocab_size, hidden_size=hidden,
+            num_hidden_layers=integer("num_hidden_layers", 32), num_attention_heads=heads,
+            num_key_value_heads=kv_heads, head_dim=head_dim,
+            intermediate_size=integer("intermediate_size", 22016 if is_qwen3 else 11008),
+            max_position_embeddings=max_positions,
+            norm_eps=positive("rms_norm_eps", 1e-6),
+            tie_word_embeddings=flag("tie_word_embeddings", False),
+            rope_theta=rope_theta, rope_scaling=rope_scaling, qk_norm=is_qwen3,
+            attention_bias=flag("attention_bias", False),
+            mlp_bias=False if is_qwen3 else flag("mlp_bias", False),
+            hidden_act="silu", bos_token_id=optional_id("bos_token_id", None if is_qwen3 else 1),
             **common)
 
     @classmethod
     def from_pretrained(cls, checkpoint_dir: str | Path) -> "TransformerConfig":
         """Read config.json (and generation_config.json when present) from a directory.
-        Raises CheckpointError when config.json is missing."""
+        Raises CheckpointError naming the directory when config.json is missing, when either
+        file is not a readable JSON object, or for any value `from_hf_dict` or the class
+        rejects (UnsupportedArchitectureError for an architecture not implemented here)."""
         checkpoint_dir = Path(checkpoint_dir)
         cfg_path = checkpoint_dir / "config.json"
         if not cfg_path.exists():
             raise CheckpointError(f"{checkpoint_dir}: no config.json")
         gen_path = checkpoint_dir / "generation_config.json"
-        gen = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.exists() else None
-        return cls.from_hf_dict(json.loads(cfg_path.read_text(encoding="utf-8")), gen)
+        gen = read_json_object(gen_path) if gen_path.exists() else None
+        cfg = read_json_object(cfg_path)
+        try:
+            return cls.from_hf_dict(cfg, gen)
+        except CheckpointError as err:  # keep the subclass, name the checkpoint
+            raise type(err)(f"{checkpoint_dir}: {err}") from None
+        except ValueError as err:       # the dataclass's own consistency checks
+            raise CheckpointError(f"{checkpoint_dir}: config.json: {err}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -742,7 +944,8 @@ def check_state_dict(config: TransformerConfig, state_dict: Mapping[str, np.ndar
     they get it here. Known non-weight buffers are dropped, and so is a stored lm_head.weight
     when the head is tied (it is then a copy of the embeddings).
     Raises MissingTensorError listing the missing tensors, CheckpointError for a tensor with the
-    wrong shape or an unexpected tensor (which means an architecture feature the config did not
+    wrong shape or a dtype that is not floating point (an I32 tensor is not reinterpreted as
+    weights), or an unexpected tensor (which means an architecture feature the config did not
     announce and this code would silently ignore).
     """
     tensors = dict(state_dict)
@@ -763,6 +966,11 @@ def check_state_dict(config: TransformerConfig, state_dict: Mapping[str, np.ndar
         raise CheckpointError(f"checkpoint has tensor(s) the {config.model_type} config does not "
                               f"account for: {', '.join(unexpected[:8])}")
     for name, shape in expected.items():
+        dtype = np.asarray(tensors[name]).dtype
+        if not np.issubdtype(dtype, np.floating):
+            # An integer tensor's bytes are not weights: casting them would run garbage.
+            raise CheckpointError(f"tensor {name} has dtype {dtype}: model weights must be "
+                                  "floating point (F32, F16, BF16 or F64 in safetensors)")
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"tensor {name} has shape {list(tensors[name].shape)}, the config "
                                   f"implies {list(shape)}")
@@ -803,7 +1011,11 @@ class Transformer:
         `load_state_dict`, `check_state_dict`) or UnsupportedArchitectureError."""
         checkpoint_dir = resolve_checkpoint(name_or_path)
         config = TransformerConfig.from_pretrained(checkpoint_dir)
-        return cls(config, load_state_dict(checkpoint_dir))
+        state_dict = load_state_dict(checkpoint_dir)
+        try:
+            return cls(config, state_dict)
+        except CheckpointError as err:  # keep the subclass, name the checkpoint
+            raise type(err)(f"{checkpoint_dir}: {err}") from None
 
     @property
     def vocab_size(self) -> int:
@@ -812,19 +1024,19 @@ class Transformer:
     def check_positions(self, token_ids: Sequence[int], positions: Sequence[int] | None
                         ) -> tuple[np.ndarray, np.ndarray]:
         """Validate a step's input. Returns ids and positions as int64 (T,).
-        Raises ValueError for an empty or non-1-D sequence, an id outside [0, V), positions of
-        another length, or a position outside [0, max_position_embeddings)."""
-        ids = np.asarray(token_ids, dtype=np.int64)
-        if ids.ndim != 1 or ids.size == 0:
-            raise ValueError("forward needs a non-empty 1-D sequence of token ids")
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
-        pos = np.arange(ids.size) if positions is None else np.asarray(positions, dtype=np.int64)
+        Raises ValueError for an empty or non-1-D sequence, an id or position that is not an
+        integer (1.5 or True is never truncated to an id), an id outside [0, V) (however large:
+        2**63 is out of range, not an overflow), positions of another length, or a position
+        outside [0, max_position_embeddings)."""
+        ids = _integers_in_range(token_ids, self.vocab_size, "token ids", "forward needs a "
+                                 "non-empty 1-D sequence of token ids", f"[0, {self.vocab_size})")
+        limit = self.config.max_position_embeddings
+        if positions is None:
+            return ids, np.arange(ids.size)
+        pos = _integers_in_range(positions, limit, "positions", "positions must be a 1-D sequence",
+                                 f"[0, max_position_embeddings={limit})")
         if pos.shape != ids.shape:
             raise ValueError(f"positions must have one entry per token ({ids.size}), got {pos.shape}")
-        limit = self.config.max_position_embeddings
-        if pos.min() < 0 or pos.max() >= limit:
-            raise ValueError(f"positions must lie in [0, max_position_embeddings={limit})")
         return ids, pos
 
     def embed(self, token_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -856,6 +1068,31 @@ class Transformer:
         return self.head(x).astype(np.float32, copy=False)
 
 
+def _integers_in_range(values: Sequence[int], limit: int, what: str, shape_rule: str,
+                       bounds: str) -> np.ndarray:
+    """values as int64 (T,), after checking they are a non-empty 1-D run of integers in
+    [0, limit). NumPy alone would truncate 1.5 to 1, read True as 1, overflow on 2**63 or turn
+    [3, 2**63] into floats, hence the explicit checks (Python values one by one, arrays by
+    dtype). Raises ValueError with `shape_rule`, or naming `what` and `bounds`."""
+    if isinstance(values, (list, tuple)):
+        if not values or any(isinstance(v, (list, tuple, np.ndarray)) for v in values):
+            raise ValueError(shape_rule)
+        if not all(_is_int(v) for v in values):
+            bad = next(v for v in values if not _is_int(v))
+            raise ValueError(f"{what} must be integers (got {bad!r})")
+        if not all(0 <= v < limit for v in values):
+            raise ValueError(f"{what} must lie in {bounds}")
+        return np.array(values, dtype=np.int64)
+    raw = np.asarray(values)
+    if raw.ndim != 1 or raw.size == 0:
+        raise ValueError(shape_rule)
+    if raw.dtype.kind not in "iu":
+        raise ValueError(f"{what} must be integers (got dtype {raw.dtype})")
+    if raw.min() < 0 or raw.max() >= limit:
+        raise ValueError(f"{what} must lie in {bounds}")
+    return raw.astype(np.int64, copy=False)
+
+
 def _strip(tensors: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     return {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
 
@@ -868,10 +1105,13 @@ class CheckpointTokenizer:
     """A checkpoint's tokenizer.json, with the interface S01's Engine needs.
 
     encode(text) -> ids adds the checkpoint's special tokens the way `transformers` does by
-    default (for example Llama's BOS; nothing for GPT-2, Qwen3 or the bundled model); decode
-    drops special tokens. eos_id is the first EOS id of the config (generation_config.json
-    first); eos_ids lists all of them. Read with the HF `tokenizers` library, which runs any
-    tokenizer.json, including the one S02 exports.
+    default (for example Llama's BOS; nothing for GPT-2, Qwen3 or the bundled model), and, as
+    S02's `BPETokenizer.encode`, treats special-token strings typed in the text as plain text:
+    a user who writes "<|endoftext|>" gets its ordinary pieces, never the EOS id, unless the
+    caller allows it with `allowed_special`. decode drops special tokens. eos_id is the first
+    EOS id of the config (generation_config.json first); eos_ids lists all of them. Read with
+    the HF `tokenizers` library, which runs any tokenizer.json, including the one S02 exports.
+    Raises CheckpointError when tokenizer.json is missing or unreadable, or no EOS id is known.
     """
 
     def __init__(self, tokenizer_json: str | Path, eos_ids: Sequence[int]):
@@ -879,7 +1119,17 @@ class CheckpointTokenizer:
         path = Path(tokenizer_json)
         if not path.exists():
             raise CheckpointError(f"{path.parent}: no tokenizer.json")
-        self.tokenizer = Tokenizer.from_file(str(path))
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # tokenizers raises a bare Exception for a malformed file
+            raise CheckpointError(f"{path}: not a tokenizer.json the HF tokenizers library can "
+                                  f"read ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                                  ) from None
+        # Special-token strings in the text are ordinary text (HF's `split_special_tokens`).
+        self.tokenizer.encode_special_tokens = True
+        self._with_specials = None  # a second copy that recognises them, built on first need
+        self.special_tokens = {token.content: token_id for token_id, token
+                               in self.tokenizer.get_added_tokens_decoder().items() if token.special}
         if not eos_ids:
             raise CheckpointError(f"{path.parent}: neither generation_config.json nor config.json "
                                   "names an eos_token_id")
@@ -897,8 +1147,47 @@ class CheckpointTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
+    def encode(self, text: str, allowed_special: Iterable[str] | str = ()) -> list[int]:
+        """Text -> token ids, with the checkpoint's template tokens (a BOS) added.
+
+        allowed_special: as in S02's `BPETokenizer.encode`, the special-token strings to
+        recognise in `text` ("all" for every one); by default none is. With some allowed, the
+        text is split at them, the pieces between are encoded as ordinary text and the special
+        ids put between (the same ids HF gives with its special-token matching on, for
+        byte-level BPE tokenizers). Raises ValueError when `text` is not a str or is not valid
+        Unicode (a lone surrogate such as "\\ud800" has no UTF-8 encoding), or for an allowed
+        name that is not a special token of this tokenizer.
+        """
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str (got {type(text).__name__})")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"text must be valid Unicode: {err.object[err.start]!r} at index "
+                             f"{err.start} is a lone surrogate, which has no UTF-8 encoding"
+                             ) from None
+        if isinstance(allowed_special, str):
+            if allowed_special != "all":
+                raise ValueError("allowed_special must be 'all' or a collection of special tokens")
+            allowed = set(self.special_tokens)
+        else:
+            allowed = set(allowed_special)
+            unknown = allowed - set(self.special_tokens)
+            if unknown:
+                raise ValueError(f"allowed_special names tokens that are not special tokens: "
+                                 f"{sorted(unknown)}")
+        if not allowed or not any(s in text for s in allowed):
+            return self.tokenizer.encode(text).ids
+        from tokenizers import Encoding, Tokenizer
+        if self._with_specials is None:
+            self._with_specials = Tokenizer.from_str(self.tokenizer.to_str())
+            self._with_specials.encode_special_tokens = False
+        # Longest first, so a special token that is a prefix of another never wins wrongly.
+        pattern = "(" + "|".join(re.escape(s) for s in sorted(allowed, key=len, reverse=True)) + ")"
+        parts = [(self._with_specials if i % 2 else self.tokenizer).encode(
+                     chunk, add_special_tokens=False)
+                 for i, chunk in enumerate(re.split(pattern, text)) if chunk]
+        return self.tokenizer.post_process(Encoding.merge(parts, growing_offsets=True)).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -1061,10 +1350,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0, help="random seed for sampling")
     args = parser.parse_args(argv)
+    try:  # a command line in another encoding arrives as lone surrogates (surrogateescape)
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        parser.error("--prompt must be valid UTF-8 text (the command line held bytes that are "
+                     "not UTF-8)")
 
     try:
         model, tokenizer = load(args.model)
-    except CheckpointError as err:
+    except CheckpointError as err:  # every loading problem is one, naming the file
         parser.error(str(err))
     cfg = model.config
     print(f"{cfg.model_type}: {parameter_count(cfg):,} parameters, L={cfg.num_hidden_layers}, "

@@ -569,3 +569,296 @@ def test_main_prints_completion_and_breakdown(capsys):
     out = capsys.readouterr().out
     assert "--- completion ---" in out and "layer 0" in out and "lm head" in out
     assert "inside one layer" in out and "mlp" in out
+
+
+# --- broken checkpoints: every problem is a CheckpointError naming the file and the rule ----
+
+def write_safetensors(path, header: dict, data: bytes) -> None:
+    """A safetensors file written by hand: 8-byte little-endian header length, JSON, data."""
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+def two_tensor_file(tmp_path):
+    """A valid file from the `safetensors` package ("a": F32 (2, 3), "b": F32 (4,)), with its
+    header and data section split apart for editing."""
+    path = tmp_path / "ok.safetensors"
+    save_numpy({"a": np.arange(6, dtype=np.float32).reshape(2, 3),
+                "b": np.ones(4, dtype=np.float32)}, str(path))
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return raw, json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def edited(header, name, **changes):
+    header = json.loads(json.dumps(header))
+    header[name].update(changes)
+    return header
+
+
+@pytest.mark.parametrize("case, match", [
+    ("empty", r"too short to be a safetensors file \(0 bytes"),
+    ("not_utf8", "the header is not UTF-8 text"),
+    ("not_json", "the header is not valid JSON"),
+    ("list", "the header must be a JSON object mapping tensor names to entries, found a JSON array"),
+    ("no_dtype", "tensor 'a': its header entry has no 'dtype'"),
+    ("negative_offsets", r"tensor 'a' has data_offsets \[-24, 0\]: they must be two integers"),
+    ("negative_shape", r"tensor 'a' has shape \[-2, -3\]: a shape must be a list of integers >= 0"),
+    ("span", r"data_offsets \[0, 24\] span 24 bytes, but F32 \[2, 2\] takes 16 bytes"),
+    ("overlap", "tensor 'b' starts at data byte 8, but the tensor before it ends at byte 24"),
+    ("trailing", "4 bytes after the last tensor belong to no tensor"),
+])
+def test_broken_safetensors_files_are_named_errors(tmp_path, case, match):
+    """Each file is also refused by the `safetensors` package itself (the oracle that the file
+    is really broken); ours says which rule it breaks."""
+    from safetensors.numpy import load_file
+    raw, header, data = two_tensor_file(tmp_path)
+    path = tmp_path / "broken.safetensors"
+    if case == "empty":
+        path.write_bytes(b"")
+    elif case == "not_utf8":
+        path.write_bytes((4).to_bytes(8, "little") + b"\xff\xfe{}" + data)
+    elif case == "not_json":
+        path.write_bytes((4).to_bytes(8, "little") + b"{bad" + data)
+    elif case == "list":
+        path.write_bytes((2).to_bytes(8, "little") + b"[]")
+    elif case == "no_dtype":
+        header = json.loads(json.dumps(header))
+        del header["a"]["dtype"]
+        write_safetensors(path, header, data)
+    elif case == "negative_offsets":
+        write_safetensors(path, edited(header, "a", data_offsets=[-24, 0]), data)
+    elif case == "negative_shape":
+        write_safetensors(path, edited(header, "a", shape=[-2, -3]), data)
+    elif case == "span":
+        write_safetensors(path, edited(header, "a", shape=[2, 2]), data)
+    elif case == "overlap":
+        write_safetensors(path, edited(header, "b", data_offsets=[8, 24]), data)
+    elif case == "trailing":
+        write_safetensors(path, header, data + b"\0" * 4)
+    with pytest.raises(Exception):
+        load_file(str(path))
+    with pytest.raises(CheckpointError, match=match) as err:
+        read_safetensors(path)
+    assert str(path) in str(err.value)
+
+
+def test_truncated_safetensors_message_states_both_sizes(tmp_path):
+    """The message gives the real size on disk and the size the header needs (the original
+    file's length, known from the safetensors package that wrote it)."""
+    raw, _, _ = two_tensor_file(tmp_path)
+    path = tmp_path / "cut.safetensors"
+    path.write_bytes(raw[:-10])
+    with pytest.raises(CheckpointError, match=rf"the file is truncated: it has {len(raw) - 10} "
+                                              rf"bytes, but its header places tensor data up to "
+                                              rf"byte {len(raw)}$"):
+        read_safetensors(path)
+
+
+def test_integer_tensor_is_not_reinterpreted_as_weights(qwen3_dir, tmp_path):
+    """An I32 tensor where a weight should be (same byte count as F32) is refused, naming
+    the tensor and the dtype, instead of being cast to garbage floats."""
+    target = copy_with(qwen3_dir, tmp_path)
+    tensors = read_safetensors(target / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].view(np.int32)
+    save_numpy(tensors, str(target / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="tensor model.norm.weight has dtype int32: model "
+                                              "weights must be floating point"):
+        Transformer.from_pretrained(target)
+
+
+def test_broken_index_files_are_named_errors(qwen3_dir, tmp_path):
+    target = copy_with(qwen3_dir, tmp_path)
+    (target / "model.safetensors").rename(target / "shard-1.safetensors")
+    index = target / "model.safetensors.index.json"
+    index.write_text("{bad")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: not valid JSON"):
+        load_state_dict(target)
+    index.write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(CheckpointError, match='needs a "weight_map" object mapping each tensor'):
+        load_state_dict(target)
+    index.write_text(json.dumps({"weight_map": {"x": "../shard-1.safetensors"}}))
+    with pytest.raises(CheckpointError, match="is not a file name; shards must sit in the "
+                                              "checkpoint directory"):
+        load_state_dict(target)
+    shutil.copy(target / "shard-1.safetensors", target / "shard-2.safetensors")
+    index.write_text(json.dumps({"weight_map": {"x": "shard-1.safetensors",
+                                                "y": "shard-2.safetensors"}}))
+    with pytest.raises(CheckpointError, match="is stored in more than one shard"):
+        load_state_dict(target)
+
+
+@pytest.mark.parametrize("file, text, match", [
+    ("config.json", "{not json", r"config\.json: not valid JSON \(Expecting property name"),
+    ("config.json", "", r"config\.json: not valid JSON \(Expecting value at line 1 column 1\)"),
+    ("config.json", "[1, 2]", r"config\.json: must hold a JSON object, found a JSON array"),
+    ("generation_config.json", "{bad", r"generation_config\.json: not valid JSON"),
+])
+def test_broken_json_files_are_named_errors(qwen3_dir, tmp_path, file, text, match):
+    target = copy_with(qwen3_dir, tmp_path)
+    (target / file).write_text(text)
+    with pytest.raises(CheckpointError, match=match):
+        Transformer.from_pretrained(target)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"hidden_size": None}, r"config field hidden_size must be an integer >= 1 \(got None\)"),
+    ({"vocab_size": "97"}, r"config field vocab_size must be an integer >= 1 \(got '97'\)"),
+    ({"num_key_value_heads": 0}, r"num_key_value_heads must be an integer >= 1 \(got 0\)"),
+    ({"max_position_embeddings": 96.5}, r"max_position_embeddings must be an integer >= 1 \(got 96.5\)"),
+    ({"rms_norm_eps": -1.0}, r"rms_norm_eps must be a finite number > 0 \(got -1.0\)"),
+    ({"rms_norm_eps": 0.0}, r"rms_norm_eps must be a finite number > 0 \(got 0.0\)"),
+    ({"rms_norm_eps": float("nan")}, r"rms_norm_eps must be a finite number > 0 \(got nan\)"),
+    ({"tie_word_embeddings": "yes"}, r"tie_word_embeddings must be true or false"),
+    ({"eos_token_id": 97}, r"eos_token_id 97 \(config\.json\) must be a token id in \[0, vocab_size=97\)"),
+    ({"eos_token_id": [0, -1]}, r"eos_token_id -1 \(config\.json\) must be a token id in \[0, vocab_size=97\)"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}},
+     r"rope_parameters: factor must be a finite number > 0 \(got None\)"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+     r"rope_parameters: rope_theta must be a finite number > 0 \(got 0\)"),
+])
+def test_config_values_that_break_a_rule_are_named(qwen3_dir, tmp_path, changes, match):
+    target = copy_with(qwen3_dir, tmp_path, changes)
+    with pytest.raises(CheckpointError, match=match):
+        TransformerConfig.from_pretrained(target)
+
+
+def test_generation_config_eos_out_of_vocabulary_is_named(qwen3_dir, tmp_path):
+    target = copy_with(qwen3_dir, tmp_path)
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 200]}))
+    with pytest.raises(CheckpointError, match=r"eos_token_id 200 \(generation_config\.json\) "
+                                              r"must be a token id in \[0, vocab_size=97\)"):
+        Transformer.from_pretrained(target)
+
+
+@pytest.mark.parametrize("name, changes", [
+    ("qwen3_gqa_tied", {"num_key_value_heads": None}),  # null: one K/V head per query head
+    ("llama_linear_tied", {"num_key_value_heads": None, "head_dim": None}),
+])
+def test_null_fields_default_as_in_transformers(tmp_path, name, changes):
+    """Only a null (or, for Llama, missing) num_key_value_heads means H; 0 is an error (above)."""
+    from transformers import AutoConfig
+    directory = tmp_path / name
+    build_tiny(name, directory)
+    cfg = json.loads((directory / "config.json").read_text())
+    cfg.update(changes)
+    (directory / "config.json").write_text(json.dumps(cfg))
+    hf = AutoConfig.from_pretrained(directory)
+    ours = TransformerConfig.from_pretrained(directory)
+    assert (ours.num_key_value_heads, ours.head_dim) == (hf.num_key_value_heads, hf.head_dim)
+    assert ours.num_key_value_heads == ours.num_attention_heads
+
+
+# --- the checkpoint tokenizer: user text never turns into special tokens --------------------
+
+BUNDLED_TOKENIZER = BUNDLED_MODEL_DIR / "tokenizer.json"
+TEXTS_WITH_SPECIALS = ["a<|endoftext|>b", "<|endoftext|>", "Romeo.<|endoftext|>\n<|endoftext|>x",
+                       "<|endof", "x <|endoftext|> y"]
+
+
+@pytest.mark.skipif(not BUNDLED_TOKENIZER.exists(), reason="no bundled tokenizer")
+def test_checkpoint_tokenizer_encodes_special_strings_as_text_like_s02():
+    """Oracles: S02's BPETokenizer on the same tokenizer.json (itself pinned to tiktoken), and
+    HF tokenizers' own special-token matching for the explicit allowed_special="all"."""
+    from tokenizers import Tokenizer
+
+    from s02_tokenizer import BPETokenizer
+    from s03_transformer import CheckpointTokenizer
+    ours = CheckpointTokenizer(BUNDLED_TOKENIZER, [2047])
+    s02 = BPETokenizer.load_hf(BUNDLED_TOKENIZER)
+    hf = Tokenizer.from_file(str(BUNDLED_TOKENIZER))  # matches specials by default
+    eos = s02.eos_id
+    assert eos == hf.token_to_id("<|endoftext|>")
+    for text in TEXTS_WITH_SPECIALS:
+        assert ours.encode(text) == s02.encode(text), text
+        assert eos not in ours.encode(text), text
+        assert ours.encode(text, allowed_special="all") == s02.encode(text, allowed_special="all") \
+            == hf.encode(text).ids, text
+        assert ours.encode(text, allowed_special={"<|endoftext|>"}) == hf.encode(text).ids, text
+    with pytest.raises(ValueError, match=r"allowed_special names tokens that are not special tokens: \['<\|im_end\|>'\]"):
+        ours.encode("x", allowed_special={"<|im_end|>"})
+    with pytest.raises(ValueError, match="allowed_special must be 'all' or a collection"):
+        ours.encode("x", allowed_special="<|endoftext|>")
+
+
+@pytest.mark.skipif(not BUNDLED_TOKENIZER.exists(), reason="no bundled tokenizer")
+def test_allowing_some_special_tokens_keeps_the_template(tmp_path):
+    """A tokenizer with two special tokens and a BOS template (Llama style): allowing one of
+    them gives what HF's own matching gives on text where only that one occurs, BOS included."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    from s03_transformer import CheckpointTokenizer
+    hf = Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    hf.add_special_tokens(["<|im_end|>"])
+    bos = hf.token_to_id("<|endoftext|>")
+    hf.post_processor = TemplateProcessing(single="<|endoftext|> $A",
+                                           special_tokens=[("<|endoftext|>", bos)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    ours = CheckpointTokenizer(tmp_path / "tokenizer.json", [bos])
+    text = "Romeo<|im_end|> and<|im_end|>Juliet"
+    expected = hf.encode(text).ids
+    assert expected[0] == bos and expected.count(hf.token_to_id("<|im_end|>")) == 2
+    assert ours.encode(text, allowed_special={"<|im_end|>"}) == expected
+    plain = ours.encode(text)
+    assert plain[0] == bos and hf.token_to_id("<|im_end|>") not in plain
+    assert ours.decode(plain) == text
+
+
+@pytest.mark.skipif(not BUNDLED_TOKENIZER.exists(), reason="no bundled tokenizer")
+def test_checkpoint_tokenizer_rejects_text_that_is_not_unicode(tmp_path):
+    from s03_transformer import CheckpointTokenizer
+    ours = CheckpointTokenizer(BUNDLED_TOKENIZER, [2047])
+    with pytest.raises(ValueError, match=r"text must be valid Unicode: '\\ud800' at index 2 is a "
+                                         "lone surrogate"):
+        ours.encode("ab\ud800")
+    with pytest.raises(ValueError, match="text must be a str"):
+        ours.encode(b"ab")
+    (tmp_path / "tokenizer.json").write_text("{bad")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: not a tokenizer\.json the HF "
+                                              "tokenizers library can read"):
+        CheckpointTokenizer(tmp_path / "tokenizer.json", [0])
+
+
+def test_forward_rejects_ids_that_are_not_integers_or_out_of_int64(qwen3_model):
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        qwen3_model.forward([1.5])
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        qwen3_model.forward([True, 3])
+    for huge in (2**63, 2**70, -2**70):
+        with pytest.raises(ValueError, match=r"token ids must lie in \[0, 97\)"):
+            qwen3_model.forward([3, huge])
+    with pytest.raises(ValueError, match="positions must be integers"):
+        qwen3_model.forward([3, 4], positions=[0.5, 1.7])
+
+
+# --- the command line: bad input is an argparse error, never a traceback --------------------
+
+@bundled
+@pytest.mark.parametrize("file, content, match", [
+    ("config.json", b"{bad", "config.json: not valid JSON"),
+    ("model.safetensors", b"", "model.safetensors: too short to be a safetensors file"),
+    ("tokenizer.json", b"{bad", "tokenizer.json: not a tokenizer.json"),
+])
+def test_main_reports_a_broken_checkpoint_as_a_usage_error(tmp_path, capsys, file, content, match):
+    target = tmp_path / "model"
+    shutil.copytree(BUNDLED_MODEL_DIR, target)
+    (target / file).write_bytes(content)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(target), "--max-tokens", "2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and match in err and str(target) in err
+
+
+def test_main_rejects_a_prompt_that_is_not_utf8():
+    """Run as a learner would: a prompt argument holding the byte 0xff (not UTF-8) reaches
+    Python as a lone surrogate; the CLI answers with a usage error, exit status 2."""
+    import subprocess
+    import sys
+    script = BUNDLED_MODEL_DIR.parents[1] / "code" / "s03_transformer.py"
+    run = subprocess.run([sys.executable, str(script), "--prompt", b"ab\xff", "--max-tokens", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "error: --prompt must be valid UTF-8 text" in run.stderr
+    assert "Traceback" not in run.stderr
