@@ -125,6 +125,13 @@ def resolve_device_dtype(device: str | None = None, dtype: str | None = None
     return torch_device, DTYPES[dtype]
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """True when a and b name the same device; "cuda" without an index matches any CUDA
+    device index (torch.device("cuda") != torch.device("cuda:0") although tensors created on
+    the first land on the second)."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
 def synchronize(device: torch.device) -> None:
     """Wait until the device has finished all queued work (CUDA); a no-op on the CPU, where
     every torch call returns only when its work is done."""
@@ -484,7 +491,10 @@ class TorchTransformer(nn.Module):
         model's dtype, before the final norm (`head` does the rest).
         """
         t_len = token_ids.shape[0]
-        x = F.embedding(token_ids, self.embed_tokens)                       # (T, C)
+        try:
+            x = F.embedding(token_ids, self.embed_tokens)                   # (T, C)
+        except IndexError as err:  # CPU only (CUDA asserts on the device): nothing is cached yet
+            raise ValueError(f"token id must be an integer in [0, V={self.vocab_size})") from err
         if self.embed_positions is not None:
             x = x + self.embed_positions[start:start + t_len]
             cos = sin = None
@@ -577,12 +587,14 @@ class CachedTransformer:
         """One token at position num_cached; returns the logits of the token after it, float32
         (V,) on the device.
 
-        token: a host int, or an int64 (1,) tensor. An int, or a tensor on the CPU when the
-        model is elsewhere, is checked on the host, where reading it costs nothing, and then
-        copied to the device. A tensor already on the model's device (what `draw` returns) is
-        used as it is and not checked: checking it would mean reading it back from the device,
-        a synchronisation per step, and `draw` only returns ids in [0, V). (On the CPU every
-        tensor is on the host, so it is always checked.)
+        token: a host int, or an int64 (1,) tensor. An int, or a tensor on another device than
+        the model's (a CPU tensor for a CUDA model), is checked on the host, where it is, and
+        then copied to the device. A tensor already on the model's device (what `draw` returns)
+        is used as it is, never read: on CUDA that would be a synchronisation per step, and
+        `draw` only returns ids in [0, V). On the CPU an id out of range then fails in the
+        embedding lookup, before anything is cached, and `TorchTransformer.run` turns that into
+        the ValueError; on CUDA it would be a device-side assert, which is why host ids are
+        checked before they go there.
         Raises ValueError for an id that is not an integer in [0, V), when nothing was
         prefilled, or when the cache is full.
         """
@@ -599,12 +611,12 @@ class CachedTransformer:
         vocab, device = self.vocab_size, self.model.device
         message = f"token id must be an integer in [0, V={vocab})"
         if isinstance(token, torch.Tensor):
-            if token.dtype != torch.int64 or token.shape != (1,):
+            if token.dtype != torch.int64 or token.shape != (1,):   # metadata: free to read
                 raise ValueError(f"{message}, as an int64 tensor of shape (1,) "
                                  f"(got {token.dtype}, shape {tuple(token.shape)})")
-            if token.device == device and device.type != "cpu":
-                return token             # from `draw`, on the device: trusted, not read back
-            token_id = int(token[0])    # a host tensor: reading it is free
+            if same_device(token.device, device):
+                return token                 # as `draw` left it: never read back (see decode)
+            token_id = int(token.cpu()[0])   # a host tensor for a model elsewhere
         elif isinstance(token, (int, np.integer)) and not isinstance(token, bool):
             token_id = int(token)
         else:

@@ -32,7 +32,7 @@ from s06_torch import (
     CachedTransformer, DeviceSampler, Engine, KVCache, StepTimes, TorchTransformer,
     apply_min_p, apply_min_tokens, apply_presence_frequency_penalties, apply_repetition_penalty,
     apply_temperature, apply_top_k, apply_top_p, attention, compute_logprobs, draw, load, main,
-    resolve_device_dtype,
+    resolve_device_dtype, same_device,
 )
 from test_s03_transformer import (
     EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny, first_difference, hf_greedy, hf_logits,
@@ -770,7 +770,7 @@ def test_decode_checks_a_host_id_before_it_reaches_the_device(text_model, token)
     runner = CachedTransformer(torch_model, max_seq_len=8)
     runner.prefill([1, 2])
     with pytest.raises(ValueError, match=r"token id must be an integer in \[0, V=2048\)"):
-        runner.decode(token)
+        runner.decode(token)     # an int: checked on the host; a CPU tensor: by the lookup
     assert runner.cache.num_cached == 2                       # nothing was written
     expected = torch_model.forward([1, 2, 3])[-1]             # the uncached pass (HF-pinned)
     np.testing.assert_allclose(runner.decode(3).numpy(), expected, rtol=1e-4, atol=2e-5)
@@ -792,3 +792,12 @@ def test_main_reports_bad_input_as_usage_errors(text_model, tmp_path, capsys):
             main(["--device", "cpu", "--max-tokens", "2", *argv])
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_same_device_treats_cuda_without_an_index_as_any_cuda_device():
+    """decode trusts a tensor on the model's device without reading it; a model on "cuda" holds
+    tokens on "cuda:0", and a plain == would call them different and read every token back."""
+    cuda, cuda0, cuda1, cpu = (torch.device(d) for d in ("cuda", "cuda:0", "cuda:1", "cpu"))
+    assert torch.device("cuda") != torch.device("cuda:0")       # why the helper exists
+    assert same_device(cuda, cuda0) and same_device(cuda1, cuda) and same_device(cpu, cpu)
+    assert not same_device(cuda0, cuda1) and not same_device(cpu, cuda0)
