@@ -1,7 +1,7 @@
 """Tests for chapter S01: tokenizer, bigram model, sampler, stop policy, bad input, cost table."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from s01_generation_loop import (
