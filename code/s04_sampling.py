@@ -92,10 +92,13 @@ import s02_tokenizer as s02
 # ---------------------------------------------------------------------------------------------
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs allows 0..20; vLLM's default max_logprobs is 20 too.
-# Above this the scaled logits (logits - max) / T of a float32 row start to round to 0 (float32
-# underflow), so tokens with different logits would tie and top_k / top_p / min_p could keep
-# the wrong ones. Up to 100, two different float32 logits stay different after scaling unless
-# both are below about 1e-28 in magnitude. (OpenAI's API allows [0, 2]; vLLM and HF set no cap.)
+# Far above this the scaled logits (logits - max) / T of a float32 row round to 0 (float32
+# underflow), so tokens with different logits tie and top_k / top_p / min_p can keep the wrong
+# ones (T = 1e39 kept id 0 of [1, 2, 3, 0.5] under top_k=2). Up to 100 a nonzero scaled gap
+# stays above float32's smallest normal number (1.2e-38) unless the logits involved are all
+# below about 1e-28 in magnitude, so scaling keeps their order as well as it does at T = 1.
+# At T = 100 a gap of 10 in logits is a factor e^0.1 = 1.1 in probability: nearly flat already.
+# (OpenAI's API allows [0, 2]; vLLM and HF set no cap.)
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63  # seeds lie in [0, 2**63): torch.Generator.manual_seed takes a signed 64-bit int
 
@@ -115,8 +118,8 @@ class SamplingParams:
     temperature         in [0, 100]. 0 is greedy (argmax, lowest id on a tie); 1 leaves the
                         model's distribution as it is. Default 1.0, as in vLLM and OpenAI. Any
                         T > 0 is sampled as it is (a T so small that every other logit scales to
-                        -inf samples among the tied maxima); the cap of 100 keeps distinct
-                        float32 logits distinct after scaling (see MAX_TEMPERATURE).
+                        -inf samples among the tied maxima); the cap of 100 keeps scaled
+                        float32 logits clear of underflow (see MAX_TEMPERATURE).
     top_k               int >= -1. Keep the k most likely tokens; 0 or -1 disables, and so
                         does any k >= V.
     top_p               in [0, 1]. Keep the smallest set of most likely tokens whose probability
