@@ -598,3 +598,8 @@ def test_main_reports_a_corrupt_checkpoint_as_a_usage_error(checkpoint_with_toke
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "config.json" in err
     assert "train_bundled_model" not in err       # the hint is for the bundled model only
+    (broken / "config.json").write_text((checkpoint_with_tokenizer / "config.json").read_text())
+    (broken / "tokenizer.json").write_text("{bad")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(broken), "--max-tokens", "2"])
+    assert exit_info.value.code == 2 and "tokenizer.json" in capsys.readouterr().err

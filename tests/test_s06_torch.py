@@ -784,9 +784,13 @@ def test_main_reports_bad_input_as_usage_errors(text_model, tmp_path, capsys):
     broken = tmp_path / "broken"
     shutil.copytree(directory, broken)
     (broken / "config.json").write_text("{not json")
+    bad_tokenizer = tmp_path / "bad_tokenizer"
+    shutil.copytree(directory, bad_tokenizer)
+    (bad_tokenizer / "tokenizer.json").write_text("{bad")
     for argv, message in [
             (["--model", str(directory), "--prompt", "ab\udcff"], "must be valid UTF-8 text"),
             (["--model", str(broken)], "config.json"),
+            (["--model", str(bad_tokenizer)], "tokenizer.json"),
             (["--model", str(directory), "--max-context", "0"], "max_context must be")]:
         with pytest.raises(SystemExit) as exit_info:
             main(["--device", "cpu", "--max-tokens", "2", *argv])
