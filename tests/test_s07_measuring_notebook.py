@@ -197,3 +197,49 @@ def test_chapter_batch_trade_off_follows_from_the_roofs():
                    if b * QWEN_FLOPS(s) / peak >= (QWEN_SHARED_VALUES + b * QWEN_PER_REQUEST_VALUES(s)) * 4 / bw)
     assert f"the ridge is crossed from $B = {ridge_b}$" in text
     assert f"{QWEN_FLOPS(s):,}" in text.replace("{,}", ",")
+
+
+def test_chapter_prose_figures_are_the_committed_run():
+    text = " ".join(CHAPTER.read_text().split())
+    models = RESULTS["models"]
+
+    def point(model: str, prefix: str) -> dict:
+        return next(p for p in models[model]["roofline_points"] if p["label"].startswith(prefix))
+
+    b_dec, b_pre = point("bundled", "S05 NumPy + cache decode"), point("bundled", "S05 NumPy + cache prefill")
+    q_dec, q_pre = point("qwen3-0.6b", "S05 NumPy + cache decode"), point("qwen3-0.6b", "S05 NumPy + cache prefill")
+    assert (f"a decode step of the bundled model at context 28 does {b_dec['intensity']:.2f} FLOP/byte, "
+            f"a prefill of 169 tokens {b_pre['intensity']:.1f}; for the Qwen3-0.6B shape, "
+            f"{q_dec['intensity']:.2f} and {q_pre['intensity']:.1f} at 183 tokens") in text
+    sdpa2 = point("qwen3-0.6b", "S06 torch (sdpa) prefill")
+    peak = RESULTS["roofline"]["matmul_flops_per_s"]
+    assert (f"{sdpa2['flops']:,} FLOPs at {sdpa2['intensity']:.1f} FLOP/byte, far right of the ridge: "
+            f"S06 with SDPA did it in {sdpa2['measured_s'] * 1e3:,.1f} ms, "
+            f"{sdpa2['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+            f"{sdpa2['achieved_flops_per_s'] / peak:.0%}".replace("%", " %")) in text
+    sdpa1 = point("qwen3-0.6b", "S06 torch (sdpa, 1 thread) prefill")
+    assert (f"S06 with SDPA took {sdpa2['measured_s'] * 1e3:,.1f} ms at two threads, "
+            f"{sdpa1['measured_s'] * 1e3:,.1f} ms at one") in text
+    best_decode = point("qwen3-0.6b", "S06 torch (sdpa, 1 thread) decode")
+    floor_flops = best_decode["flops"] / run_of("qwen3-0.6b", "S06 torch (sdpa, 1 thread)",
+                                               "chat-short")["decode_floor_s"]
+    assert (f"The step ran at {best_decode['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s; running at "
+            f"its floor would take {floor_flops / 1e9:.1f} GFLOP/s") in text
+    # Two threads against one on the bundled model's chat-short, ITL p50.
+    itl = lambda e: run_of("bundled", e, "chat-short")["itl_s"]["p50"]   # noqa: E731
+    assert (f"a factor of {itl('S06 torch (sdpa)') / itl('S06 torch (sdpa, 1 thread)'):.1f} in ITL p50 "
+            f"for our engine and {itl('HF generate()') / itl('HF generate() (1 thread)'):.1f}") in text
+    bundled_floor = run_of("bundled", "S05 NumPy + cache", "chat-short")["decode_floor_s"]
+    assert f"{models['bundled']['weights_bytes_float32'] / 1e6:.1f} MB of weights" in text
+    assert f"floor the table divides by is {bundled_floor * 1e3:.2f} ms" in text
+    prof = RESULTS["s06_decode_profile"]["qwen3-0.6b"]
+    manual, sdpa = prof["manual"], prof["sdpa"]
+    shares = {o["op"]: o["share"] for o in manual["top_ops"]}
+    assert (f"{manual['wall_s_per_step_profiled'] * 1e3:,.0f} ms per hand-written step, "
+            f"{shares['aten::copy_']:.0%} of the CPU time in `aten::copy_` and "
+            f"{shares['aten::bmm']:.0%} in `aten::bmm`, and {sdpa['wall_s_per_step_profiled'] * 1e3:.0f} ms "
+            f"per SDPA step, {sdpa['attention_share_of_self_cpu']:.0%} of it").replace("%", " %") in text
+    calls = prof["attention_call_s"]
+    assert (f"{calls['manual, 2 thread(s)'] * 1e6:.0f} µs (hand-written) or "
+            f"{calls['sdpa, 2 thread(s)'] * 1e6:.0f} µs (SDPA) at two threads") in text
+    assert all(v == "equal" for m in RESULTS["greedy_agreement_vs_s05"].values() for v in m.values())
