@@ -594,9 +594,10 @@ def test_cuda_decode_and_sampling_never_wait_for_the_device(tiny):
     torch.cuda.set_sync_debug_mode("error")
     try:
         for step in range(8):
-            token = sampler.draw(sampler.process(logits, step), step)
+            # raw logits passed too: the NaN / +inf flag must not wait for the device either
+            token = sampler.draw(sampler.process(logits, step), step, logits)
             sampler.update(token)
-            logits = runner.decode(token)
+            logits = runner.decode(token)   # model on "cuda", token on "cuda:0": never read
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert runner.cache.num_cached == len(PROMPT) + 8
