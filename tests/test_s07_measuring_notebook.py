@@ -24,6 +24,7 @@ nbclient = pytest.importorskip("nbclient")
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "s07_measuring.ipynb"
 CHAPTER = ROOT / "chapters" / "s07-measuring.md"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 RESULTS = json.loads((ROOT / "results" / "s07_engines.json").read_text())
 
 # Qwen3-0.6B by hand (see tests/exercises/test_ex_s07_measuring.py for the derivation): FLOPs
@@ -82,6 +83,9 @@ def test_notebook_runs_headless_and_shows_its_plots(executed):
     assert not [o for o in _outputs(executed) if o.output_type == "error"]
     images = [o for o in _outputs(executed) if "image/png" in o.get("data", {})]
     assert len(images) >= 5  # rooflines, ITL CDFs, TTFT, floor ratios, batch trade-off
+    assert any(WIDGET_MIME in o.get("data", {}) for o in _outputs(executed))
+    pairs = {(r["model"], r["workload"]) for r in RESULTS["runs"]}
+    assert f"widget ready: {len(pairs)} model/workload pairs" in _text(executed)
 
 
 @pytest.mark.slow
