@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("code", "tests/exercises"):
+for sub in ("code", "tests", "tests/exercises"):
     path = str(ROOT / sub)
     if path not in sys.path:
         sys.path.insert(0, path)

@@ -9,7 +9,6 @@ worked out here by closed form, not by the code under test.
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,10 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+from notebook_testing import WIDGET_MIME, execute, outputs as _outputs, stream_text as _text  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "s01_generation_loop.ipynb"
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 def sum_sq(m: int) -> int:
@@ -28,22 +28,7 @@ def sum_sq(m: int) -> int:
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    copy = tmp_path_factory.mktemp("nb") / NOTEBOOK.name
-    shutil.copy(NOTEBOOK, copy)
-    nb = nbformat.read(copy, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    client.execute()  # raises CellExecutionError, with the cell and traceback, if a cell fails
-    nbformat.write(nb, copy)  # kept in the temp folder for a look after a failure
-    return nb
-
-
-def _outputs(nb):
-    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
-
-
-def _text(nb) -> str:
-    return "\n".join(out.get("text", "") for out in _outputs(nb) if out.output_type == "stream")
+    return execute(NOTEBOOK, tmp_path_factory.mktemp("nb"))
 
 
 def test_committed_notebook_is_valid_and_has_no_outputs():

@@ -1,0 +1,41 @@
+"""Helpers shared by the notebook tests (tests/test_sNN_*notebook.py).
+
+A notebook is executed with nbclient on a temporary copy (the one in the repository is never
+written), with Jupyter's usual working directory, notebooks/, unless told otherwise.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nbclient
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def execute(notebook: Path, workdir: Path, timeout: int = 180):
+    """Run a copy of `notebook` in `workdir` (a temp folder) from notebooks/; return it executed.
+
+    Raises nbclient's CellExecutionError, with the failing cell and its traceback, if a cell
+    fails. The executed copy is written back to `workdir` for a look after a failure.
+    """
+    copy = Path(workdir) / notebook.name
+    shutil.copy(notebook, copy)
+    nb = nbformat.read(copy, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": str(notebook.parent)}})
+    client.execute()
+    nbformat.write(nb, copy)
+    return nb
+
+
+def outputs(nb) -> list:
+    """Every output of every code cell, in order."""
+    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+
+
+def stream_text(nb) -> str:
+    """All printed (stdout/stderr stream) text of an executed notebook."""
+    return "\n".join(out.get("text", "") for out in outputs(nb) if out.output_type == "stream")
