@@ -243,6 +243,8 @@ def test_chapter_prose_figures_are_the_committed_run():
             f"{shares['aten::copy_']:.0%} of the CPU time in `aten::copy_` and "
             f"{shares['aten::bmm']:.0%} in `aten::bmm`, and {sdpa['wall_s_per_step_profiled'] * 1e3:.0f} ms "
             f"per SDPA step, {sdpa['attention_share_of_self_cpu']:.0%} of it").replace("%", " %") in text
+    assert (f"in the run itself the same SDPA engine's ITL p50 was "
+            f"{ms(run_of('qwen3-0.6b', 'S06 torch (sdpa)', 'chat-short')['itl_s']['p50'])} ms") in text
     calls = prof["attention_call_s"]
     assert (f"{calls['manual, 2 thread(s)'] * 1e6:.0f} µs (hand-written) or "
             f"{calls['sdpa, 2 thread(s)'] * 1e6:.0f} µs (SDPA) at two threads") in text
