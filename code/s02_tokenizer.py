@@ -50,6 +50,12 @@ Shape legend (the whole course): T tokens in this step, V vocabulary.
 """
 from __future__ import annotations
 
+import os
+
+# Before NumPy loads: on matmuls this small, BLAS threads cost more than they give
+# (set OPENBLAS_NUM_THREADS in the environment to choose another count).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import heapq
 import json
@@ -858,8 +864,9 @@ def compression_table(train_text: str, test_text: str,
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 2: byte-level BPE, streaming, stop strings.")
-    parser.add_argument("--text", default="To be, or not to be: that is the question. Café 😀 日本",
-                        help="text to tokenize and show")
+    parser.add_argument("--text", default=None,
+                        help="text to tokenize, then stream one token at a time "
+                             "(default: a line for the pieces, 'é😀' for the stream)")
     parser.add_argument("--prompt", default="Ham.\nTo be, or not to be", help="text to continue")
     parser.add_argument("--max-tokens", type=int, default=60, help="most tokens to generate")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -869,23 +876,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-context", type=int, default=256, help="context window in tokens")
     args = parser.parse_args(argv)
     stop = args.stop if args.stop is not None else ["\n"]
+    # Without --text: a line for the pieces, and a short pair whose emoji spans several tokens
+    # for the stream. With it, both show the learner's text.
+    text, streamed = args.text, args.text
+    if args.text is None:
+        text, streamed = "To be, or not to be: that is the question. Café 😀 日本", "é😀"
 
     tokenizer, model = build_default()
     try:  # validate the request now; the stream itself is lazy and runs at the end
-        check_text(args.text, "--text")  # argv bytes that are not UTF-8 arrive as surrogates
+        check_text(text, "--text")  # argv bytes that are not UTF-8 arrive as surrogates
         engine = Engine(model, tokenizer, max_context=args.max_context)
         stream = engine.stream(args.prompt, args.max_tokens, args.temperature, args.seed, stop)
     except ValueError as err:
         parser.error(str(err))
     print(f"project tokenizer: {TOKENIZER_PATH.relative_to(ROOT)}, V = {tokenizer.vocab_size}, "
           f"eos_id = {tokenizer.eos_id}")
-    print(f"\n--- {len(tokenizer.encode_ordinary(args.text))} tokens for "
-          f"{len(args.text.encode())} bytes of {args.text!r} ---")
-    print(show_pieces(tokenizer, args.text))
+    print(f"\n--- {len(tokenizer.encode_ordinary(text))} tokens for "
+          f"{len(text.encode())} bytes of {text!r} ---")
+    print(show_pieces(tokenizer, text))
 
-    print("\n--- one token at a time: decode alone vs StreamingDetokenizer ---")
+    print(f"\n--- {streamed!r} one token at a time: decode alone vs StreamingDetokenizer ---")
     detokenizer = StreamingDetokenizer(tokenizer)
-    for i in tokenizer.encode_ordinary("é😀"):
+    for i in tokenizer.encode_ordinary(streamed):
         print(f"id {i:>4}  decode([id]) = {tokenizer.decode([i])!r:8}  "
               f"delta = {detokenizer.feed(i)!r}")
 

@@ -59,6 +59,12 @@ heads, Hkv key/value heads, D head dim, V vocabulary, L layers; C is the hidden 
 """
 from __future__ import annotations
 
+import os
+
+# Before NumPy loads: on matmuls this small, BLAS threads cost more than they give
+# (set OPENBLAS_NUM_THREADS in the environment to choose another count).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import json
 import math

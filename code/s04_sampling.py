@@ -76,6 +76,12 @@ Shape legend (the whole course): T tokens in this step, V vocabulary.
 """
 from __future__ import annotations
 
+import os
+
+# Before NumPy loads: on matmuls this small, BLAS threads cost more than they give
+# (set OPENBLAS_NUM_THREADS in the environment to choose another count).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import math
 import time

@@ -61,6 +61,12 @@ heads, Hkv key/value heads, D head dim, V vocabulary, L layers; C is the hidden 
 """
 from __future__ import annotations
 
+import os
+
+# Before NumPy loads: on matmuls this small, BLAS threads cost more than they give
+# (set OPENBLAS_NUM_THREADS in the environment to choose another count).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import math
 import time
@@ -504,12 +510,14 @@ def generation_work(config: TransformerConfig, prompt_len: int, passes: int, cac
 # ---------------------------------------------------------------------------------------------
 
 def format_work_table(config: TransformerConfig, prompt_len: int, passes: int,
-                      max_rows: int = 8) -> str:
+                      max_rows: int = 16) -> str:
     """Closed-form work per pass and in total, the S01 loop (no cache) next to this engine,
-    as aligned text. Shows the first pass, a few evenly spaced ones and the last."""
+    as aligned text. Shows every pass when there are at most `max_rows`, else `max_rows` evenly
+    spaced ones from the first to the last."""
     uncached = generation_work(config, prompt_len, passes, cached=False)
     cached = generation_work(config, prompt_len, passes, cached=True)
-    shown = sorted({0, passes - 1, *np.linspace(0, passes - 1, max_rows).astype(int).tolist()})
+    shown = range(passes) if passes <= max_rows else \
+        sorted({0, passes - 1, *np.linspace(0, passes - 1, max_rows).astype(int).tolist()})
     lines = [f"{'pass':>5} {'context n':>10} {'MACs, no cache':>16} {'MACs, cache':>14} "
              f"{'ratio':>7} {'K/V bytes read (both)':>22}"]
     for i in shown if passes else []:
@@ -535,7 +543,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0, help="random seed for sampling")
     parser.add_argument("--max-context", type=int, default=None,
-                        help="cache size in tokens (default: the model's context, at most 2048)")
+                        help="cache size in tokens, at most the model's context window "
+                             "(max_position_embeddings; default: that window, capped at 2048)")
     parser.add_argument("--no-compare", action="store_true",
                         help="skip the run without a cache (it can be slow on long outputs)")
     args = parser.parse_args(argv)
@@ -551,6 +560,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 if args.model == str(s03.BUNDLED_MODEL_DIR) else "")
         parser.error(f"{err}{hint}")
     cfg = model.config
+    if args.max_context is not None and args.max_context > cfg.max_position_embeddings:
+        parser.error(f"--max-context must be at most the model's context window, "
+                     f"max_position_embeddings = {cfg.max_position_embeddings} "
+                     f"(got {args.max_context})")
     max_context = (min(cfg.max_position_embeddings, 2048) if args.max_context is None
                    else args.max_context)
     try:

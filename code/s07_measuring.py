@@ -61,10 +61,15 @@ heads, Hkv key/value heads, D head dim, V vocabulary, L layers; C hidden size.
 """
 from __future__ import annotations
 
+import os
+
+# Before NumPy loads: on matmuls this small, BLAS threads cost more than they give
+# (set OPENBLAS_NUM_THREADS in the environment to choose another count).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import json
 import math
-import os
 import platform
 import resource
 import statistics
@@ -936,14 +941,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"ridge point: {peaks.ridge_intensity:.1f} FLOP/byte; a decode step here does "
           f"{decode_step_cost(cfg, workload.max_context).intensity:.2f}, a prefill of "
           f"{workload.requests[0].prompt_tokens} tokens "
-          f"{prefill_cost(cfg, workload.requests[0].prompt_tokens).intensity:.1f}\n")
+          f"{prefill_cost(cfg, workload.requests[0].prompt_tokens).intensity:.1f}\n", flush=True)
     torch_model = s06.TorchTransformer.from_pretrained(args.model)
     engines = [
         HookedEngine.for_cached("S05 NumPy + KV cache", s05.Engine(model, tokenizer, max_context)),
         HookedEngine.for_cached("S06 torch", s06.Engine(torch_model, tokenizer, max_context))]
     runs = []
     for engine in engines:
-        run = run_benchmark(engine, workload, model=Path(args.model).name)
+        # A bar only on a terminal, where it erases itself: in a log or a pipe its carriage
+        # returns are not undone, and the table would start on the bar's line.
+        run = run_benchmark(engine, workload, model=Path(args.model).name,
+                            progress=sys.stderr.isatty())
         attach_floor(run, cfg, peaks)
         runs.append(run)
     print(format_table(runs))

@@ -671,3 +671,20 @@ def test_export_refuses_a_pattern_oniguruma_reads_differently(cl100k):
     # "(\p{N}{1,3})+" (any run of digits) in Oniguruma, which would change the ids of numbers.
     with pytest.raises(ValueError, match="possessive"):
         cl100k.to_hf_json()
+
+
+@pytest.mark.parametrize("args, streamed, deltas", [
+    # "ñ" is the two UTF-8 bytes C3 B1, one token each in the project's vocabulary: the first
+    # shows nothing, the second the whole character.
+    (["--text", "ñ!"], "ñ!", ["''", "'ñ'", "'!'"]),
+    ([], "é😀", ["''", "'é'", "''", "''", "''", "'😀'"]),  # the default example
+])
+def test_main_streams_the_text_given(capsys, monkeypatch, args, streamed, deltas):
+    import s02_tokenizer
+    monkeypatch.setattr(s02_tokenizer, "compression_table", lambda *a, **k: [])  # seconds saved
+    s02_tokenizer.main(args + ["--max-tokens", "1"])
+    out = capsys.readouterr().out
+    section = out.split(" one token at a time")[1].split("--- compression")[0]
+    assert out.split(" one token at a time")[0].endswith(f"--- {streamed!r}")
+    assert [line.split("delta = ")[1] for line in section.splitlines() if "delta = " in line] \
+        == deltas

@@ -581,6 +581,8 @@ def test_main_reports_bad_input_as_usage_errors(checkpoint_with_tokenizer, tmp_p
     for argv, message in [
             (["--max-context", "0"], "--max-context must be >= 1 (got 0)"),   # was: the default
             (["--max-context", "-3"], "--max-context must be >= 1 (got -3)"),
+            (["--max-context", "65"], "--max-context must be at most the model's context "
+                                      "window, max_position_embeddings = 64 (got 65)"),
             (["--prompt", "ab\udcff"], "--prompt must be valid UTF-8 text")]:  # PEP 383 bytes
         with pytest.raises(SystemExit) as exit_info:
             main(["--model", str(checkpoint_with_tokenizer), "--max-tokens", "2", *argv])
@@ -603,3 +605,15 @@ def test_main_reports_a_corrupt_checkpoint_as_a_usage_error(checkpoint_with_toke
     with pytest.raises(SystemExit) as exit_info:
         main(["--model", str(broken), "--max-tokens", "2"])
     assert exit_info.value.code == 2 and "tokenizer.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("passes, rows", [
+    (15, list(range(1, 16))),                       # short: every pass
+    (16, list(range(1, 17))),                       # exactly max_rows
+    (31, [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31]),  # every other, by hand
+])
+def test_format_work_table_shows_every_pass_of_a_short_run(passes, rows):
+    from s05_kv_cache import format_work_table
+    lines = format_work_table(qwen3_0_6b_config(), 5, passes).splitlines()
+    assert [int(line.split()[0]) for line in lines[1:-2]] == rows
+    assert lines[-2].startswith("total")
