@@ -192,6 +192,10 @@ CASES = [
     ("O, what a noble mind", 60, 0.55, 0, 14),             # context_full before the budget
     ("Thou  art\tZanzibar's   (fair) o'er-\nthe «sea»!", 30, 2.0, 3, 256),  # <unk>, odd spacing
     ("KING.\nMy lord", 12, 0.95, 2, 5),                    # prompt of exactly max_context
+    ("\n", 20, 0.7, 0, 256),                               # a line break alone is one token
+    # Gaps / 1e-300 overflow to -inf (weight 0): the max is subtracted before dividing, so this
+    # is greedy with tied maxima sharing the draw, as in `sample`; dividing first gave NaN.
+    ("O, what a noble mind", 20, 1e-300, 1, 256),
 ]
 
 
@@ -305,6 +309,29 @@ def test_simulator_rejects_a_prompt_longer_than_the_context(sites, browser):
     # Engine.check_request's message, word for word.
     assert page.inner_text(".gl-error") == ("prompt is 10 tokens but max_context is 4; shorten the "
                                             "prompt (it is never truncated silently)")
+    assert page.locator(".gl-step").is_disabled()
+    watched.close()
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ("", "prompt must be a non-empty string (got '')"),
+    # Whitespace other than a line break encodes to no token: Engine.check_request's message.
+    ("  \t ", "prompt must contain at least one token (the tokenizer encodes it to none)"),
+])
+def test_simulator_rejects_a_prompt_without_tokens(sites, browser, engine_512, prompt, message):
+    from s01_generation_loop import Engine
+    tokenizer, model = engine_512
+    with pytest.raises(ValueError) as python_error:    # the engine is the oracle of the text
+        Engine(model, tokenizer, max_context=256).generate(prompt, 5)
+    assert str(python_error.value) == message
+    base, rel = simulator_pages(sites)[0]
+    watched = Watched(browser, base)
+    page = watched.page
+    page.goto(f"{base}/{rel}")
+    page.wait_for_selector(".gl-step")
+    page.fill(".gl-prompt", prompt)
+    page.click(".gl-reset")
+    assert page.inner_text(".gl-error") == message
     assert page.locator(".gl-step").is_disabled()
     watched.close()
 

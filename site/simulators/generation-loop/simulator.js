@@ -4,7 +4,10 @@
  *   - split/encode/decode follow WordTokenizer (same split pattern, same spacing rules),
  *   - a pass reads the logits row of the last token (BigramModel.forward(ids)[-1]),
  *   - sampleIndex is the arithmetic of `sample`: greedy argmax at temperature 0, otherwise
- *     softmax(logits / T) by inverse CDF with one uniform draw per token,
+ *     the weights exp((logits - max) / T) (the max subtracted before dividing, so nothing
+ *     overflows; a gap that the division pushes past -Infinity has weight 0; tied maxima share
+ *     the probability) by inverse CDF with one uniform draw per token,
+ *   - Run checks a request like Engine.check_request, in its order and with its messages,
  *   - the stop rules and their order are Engine.generate's: eos, then max_tokens, then
  *     context_full before the next pass.
  * The model (V = 512 bigram logits, float32), the uniforms of np.random.default_rng(seed) and
@@ -72,12 +75,26 @@
     return out.join("");
   };
 
-  /* softmax(row / T) as probabilities (T > 0), the same float64 steps as `sample`. */
+  function rowMax(row) {
+    var max = -Infinity;
+    for (var i = 0; i < row.length; i++) if (row[i] > max) max = row[i];
+    return max;
+  }
+
+  /* `sample`'s weights exp((row - max) / T) for T > 0, in float64 like numpy: every exponent
+   * is <= 0 (the max's is exactly 0), and a gap that overflows the division is -Infinity,
+   * weight 0. */
+  function weights(row, T) {
+    var V = row.length, max = rowMax(row), w = new Float64Array(V);
+    for (var i = 0; i < V; i++) w[i] = Math.exp((row[i] - max) / T);
+    return w;
+  }
+
+  /* softmax(row / T) as probabilities (T > 0): `sample`'s weights over their sum. */
   function probs(row, T) {
-    var V = row.length, max = -Infinity, w = new Float64Array(V), total = 0, i;
-    for (i = 0; i < V; i++) { w[i] = row[i] / T; if (w[i] > max) max = w[i]; }
-    for (i = 0; i < V; i++) { w[i] = Math.exp(w[i] - max); total += w[i]; }
-    for (i = 0; i < V; i++) w[i] /= total;
+    var w = weights(row, T), total = 0, i;
+    for (i = 0; i < w.length; i++) total += w[i];
+    for (i = 0; i < w.length; i++) w[i] /= total;
     return w;
   }
 
@@ -89,26 +106,38 @@
 
   /* `sample` for T > 0: the first id whose cumulative weight exceeds u * total. */
   function sampleIndex(row, T, u) {
-    var V = row.length, scaled = new Float64Array(V), max = -Infinity, i;
-    for (i = 0; i < V; i++) { scaled[i] = row[i] / T; if (scaled[i] > max) max = scaled[i]; }
-    var cdf = new Float64Array(V), acc = 0;
-    for (i = 0; i < V; i++) { acc += Math.exp(scaled[i] - max); cdf[i] = acc; }
+    var V = row.length, w = weights(row, T), i;
+    var cdf = new Float64Array(V), acc = 0;     // np.cumsum: a running sum, left to right
+    for (i = 0; i < V; i++) { acc += w[i]; cdf[i] = acc; }
     var target = u * cdf[V - 1];
     var lo = 0, hi = V;                          // np.searchsorted(cdf, target, side="right")
     while (lo < hi) { var mid = (lo + hi) >> 1; if (cdf[mid] <= target) lo = mid + 1; else hi = mid; }
     return Math.min(lo, V - 1);
   }
 
-  /* One request: Engine.check_request + the state of Engine.generate between passes. */
-  function Run(model, uniforms, prompt, maxTokens, maxContext, seed) {
-    if (typeof prompt !== "string" || !prompt.replace(new RegExp("[" + WS + "]", "gu"), "")) {
-      throw new Error("prompt must be a non-empty string");
+  function checkTemperature(T, text) {            // `check_temperature`; text: what was typed
+    if (typeof T !== "number" || !isFinite(T) || T < 0) {
+      throw new Error("temperature must be a finite number >= 0 (got " + text + ")");
+    }
+  }
+
+  /* One request: Engine.check_request (same order, same messages) + the state of
+   * Engine.generate between passes. T is checked here as generate checks it; each step takes
+   * its own temperature, so the page can change it between passes. */
+  function Run(model, uniforms, prompt, maxTokens, maxContext, seed, T, tText) {
+    if (typeof prompt !== "string" || !prompt) {
+      throw new Error("prompt must be a non-empty string (got " +
+                      (typeof prompt === "string" ? "''" : "a " + typeof prompt) + ")");
     }
     if (!Number.isInteger(maxTokens) || maxTokens < 1) {
       throw new Error("max_tokens must be an integer >= 1 (got " + maxTokens + ")");
     }
+    checkTemperature(T, tText === undefined ? String(T) : tText);
     this.model = model;
     this.ids = model.encode(prompt);
+    if (this.ids.length === 0) {                  // "   " has no token; "\n" is one
+      throw new Error("prompt must contain at least one token (the tokenizer encodes it to none)");
+    }
     if (this.ids.length > maxContext) {
       throw new Error("prompt is " + this.ids.length + " tokens but max_context is " + maxContext +
                       "; shorten the prompt (it is never truncated silently)");
@@ -187,7 +216,7 @@
     var mismatches = [];
     data.traces.forEach(function (t) {
       var run = new Run(model, data.uniforms[String(t.seed)], t.prompt, t.max_tokens,
-                        data.max_context, t.seed);
+                        data.max_context, t.seed, t.temperature);
       while (run.step(t.temperature)) { /* run to the end */ }
       var same = JSON.stringify(run.out) === JSON.stringify(t.token_ids) &&
                  run.stop === t.stop_reason &&
@@ -284,8 +313,7 @@
 
     function temperature() {
       var T = Number(tNumber.value);
-      if (!isFinite(T) || T < 0) throw new Error("temperature must be a finite number >= 0 (got " +
-                                                  tNumber.value + ")");
+      checkTemperature(T, tNumber.value);
       return T;
     }
 
@@ -297,9 +325,8 @@
         if (!Number.isInteger(mc) || mc < 1 || mc > data.max_context) {
           throw new Error("max_context must be an integer in [1, " + data.max_context + "] here");
         }
-        temperature();
         run = new Run(model, data.uniforms[seedSel.value], promptBox.value, mt, mc,
-                      Number(seedSel.value));
+                      Number(seedSel.value), Number(tNumber.value), tNumber.value);
       } catch (err) {
         run = null;
         error.textContent = err.message;
