@@ -26,6 +26,7 @@ NOTEBOOK = ROOT / "notebooks" / "s07_measuring.ipynb"
 CHAPTER = ROOT / "chapters" / "s07-measuring.md"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 RESULTS = json.loads((ROOT / "results" / "s07_engines.json").read_text())
+RUN2 = json.loads((ROOT / "results" / "s07_engines_run2.json").read_text())
 
 # Qwen3-0.6B by hand (see tests/exercises/test_ex_s07_measuring.py for the derivation): FLOPs
 # of one token at context S, values read once per step, values each request adds at context S.
@@ -34,8 +35,8 @@ QWEN_SHARED_VALUES = 596_049_920
 QWEN_PER_REQUEST_VALUES = lambda s: 1_024 + 57_344 * s      # noqa: E731
 
 
-def run_of(model: str, engine: str, workload: str) -> dict:
-    (run,) = [r for r in RESULTS["runs"]
+def run_of(model: str, engine: str, workload: str, results: dict = RESULTS) -> dict:
+    (run,) = [r for r in results["runs"]
               if (r["model"], r["engine"], r["workload"]) == (model, engine, workload)]
     return run["summary"]
 
@@ -106,6 +107,16 @@ def test_notebook_prints_the_committed_floor_ratios(executed):
             ratio = run["summary"]["decode_vs_floor"]
             assert re.search(rf"{re.escape(run['engine'])}\s+ITL p50\s+[\d.]+ ms =\s+{ratio:5.2f}x",
                              text), run["engine"]
+
+
+@pytest.mark.slow
+def test_notebook_prints_both_runs_side_by_side(executed):
+    text = _text(executed)
+    for run in RESULTS["runs"]:
+        if run["model"] == "qwen3-0.6b" and run["workload"] == "chat-short":
+            other = run_of("qwen3-0.6b", run["engine"], "chat-short", RUN2)
+            assert re.search(rf"{re.escape(run['engine'])}\s+[\d.]+ ms\s+{run['summary']['decode_vs_floor']:.2f}x"
+                             rf"\s+[\d.]+ ms\s+{other['decode_vs_floor']:.2f}x", text), run["engine"]
 
 
 @pytest.mark.slow
@@ -249,3 +260,33 @@ def test_chapter_prose_figures_are_the_committed_run():
     assert (f"{calls['manual, 2 thread(s)'] * 1e6:.0f} µs (hand-written) or "
             f"{calls['sdpa, 2 thread(s)'] * 1e6:.0f} µs (SDPA) at two threads") in text
     assert all(v == "equal" for m in RESULTS["greedy_agreement_vs_s05"].values() for v in m.values())
+
+
+def test_chapter_second_run_paragraph_is_run2():
+    text = " ".join(CHAPTER.read_text().split())
+    roof2, roof1 = RUN2["roofline"], RESULTS["roofline"]
+    assert (f"at a lower load ({RUN2['machine']['load_average_1min']:.1f} at the start, "
+            f"{RUN2['load_average_1min_after']:.1f} at the end)") in text
+    assert (f"came out at {roof2['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s and "
+            f"{roof2['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, the matmul roof at "
+            f"{roof2['matmul_flops_per_s'] / roof1['matmul_flops_per_s']:.0%}".replace("%", " %")) in text
+    s05 = run_of("qwen3-0.6b", "S05 NumPy + cache", "chat-short", RUN2)
+    s06 = run_of("qwen3-0.6b", "S06 torch (sdpa, 1 thread)", "chat-short", RUN2)
+    hf = run_of("qwen3-0.6b", "HF generate() (1 thread)", "chat-short", RUN2)
+    step_bytes = s05["decode_floor_s"] * roof2["bandwidth_bytes_per_s"]
+    assert (f"the S05 NumPy step took {ms(s05['itl_s']['p50'])} ms, {s05['decode_vs_floor']:.2f} times "
+            f"its floor, moving the weights at {step_bytes / s05['itl_s']['p50'] / 1e9:.1f} GB/s") in text
+    assert (f"S06 with SDPA at one thread took {ms(s06['itl_s']['p50'])} ms ({s06['decode_vs_floor']:.2f} "
+            f"times) and `generate()` at one thread {ms(hf['itl_s']['p50'])} ms "
+            f"({hf['decode_vs_floor']:.2f} times)") in text
+    one = {e: run_of("qwen3-0.6b", e, "chat-short") for e in ("S05 NumPy + cache", "S06 torch (sdpa, 1 thread)")}
+    assert (f"In this run the S05 step took {ms(one['S05 NumPy + cache']['itl_s']['p50'])} ms and S06's "
+            f"{ms(one['S06 torch (sdpa, 1 thread)']['itl_s']['p50'])} ms") in text
+    prof = RUN2["s06_decode_profile"]["qwen3-0.6b"]["sdpa"]
+    assert f"weight matmuls at {prof['matmul_weight_bytes_per_s'] / 1e9:.1f} GB/s" in text
+    assert f"With {s05['itl_s']['count']} gaps per row" in text
+    best1 = min(r["summary"]["decode_vs_floor"] for r in RESULTS["runs"]
+                if r["model"] == "qwen3-0.6b" and r["workload"] == "chat-short")
+    best2 = min(r["summary"]["decode_vs_floor"] for r in RUN2["runs"]
+                if r["model"] == "qwen3-0.6b" and r["workload"] == "chat-short")
+    assert f"came within {best2:.2f} to {best1:.2f} times bytes over bandwidth" in text
