@@ -54,6 +54,14 @@ def hf_project():
 
 
 @pytest.fixture(scope="module")
+def hf_project_ordinary():
+    """HF tokenizers on the project file, reading special-token text as ordinary text."""
+    tokenizer = Tokenizer.from_file(str(TOKENIZER_PATH))
+    tokenizer.encode_special_tokens = True
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
 def default():
     return build_default()
 
@@ -169,13 +177,15 @@ def test_projects_trained_file_is_reproducible(project):
 
 # --- encode / decode, special tokens ---------------------------------------------------------
 
-def test_special_token_text_is_ordinary_unless_allowed(project):
+def test_special_token_text_is_ordinary_unless_allowed(project, hf_project,
+                                                       hf_project_ordinary):
     text = f"a{EOT}b"
     plain = project.encode(text)
     assert project.eos_id not in plain
+    assert plain == hf_project_ordinary.encode(text).ids          # the oracle, specials off
     assert project.decode(plain) == text
     allowed = project.encode(text, allowed_special={EOT})
-    assert allowed == project.encode("a") + [2047] + project.encode("b")
+    assert allowed == [ord("a"), 2047, ord("b")] == hf_project.encode(text).ids
     assert project.encode(text, allowed_special="all") == allowed
     assert project.decode(allowed) == text
 
@@ -566,10 +576,11 @@ def test_eos_and_context_full_finish_reasons(project):
     assert result.stats.finish_reason == "length"
 
 
-def test_user_typed_endoftext_is_not_eos(default):
+def test_user_typed_endoftext_is_not_eos(default, hf_project_ordinary):
     tokenizer, model = default
     ids = Engine(model, tokenizer, 64).check_request(f"Ham.{EOT}", 5, 0.0)
     assert tokenizer.eos_id not in ids
+    assert ids == hf_project_ordinary.encode(f"Ham.{EOT}").ids    # ordinary text, per HF
 
 
 def test_engine_rejects_bad_requests_before_the_first_token(project):
@@ -595,11 +606,12 @@ def test_bad_seed_raises_at_the_call_not_at_the_first_next(project, seed):
         engine.stream("x", 3, 0.5, seed=seed)   # no next() needed
 
 
-def test_whitespace_prompt_is_tokens_in_byte_level_bpe(project):
+def test_whitespace_prompt_is_tokens_in_byte_level_bpe(project, hf_project):
     # Unlike S01's word tokenizer, every byte is a token: "   " is a valid prompt here.
     engine = Engine(ScriptedModel([ord("a")], 1), project, max_context=8)
     result = engine.generate("   ", 1)
-    assert result.stats.prompt_tokens == len(project.encode("   ")) >= 1 and result.text == "a"
+    assert result.stats.prompt_tokens == len(hf_project.encode("   ").ids) >= 1
+    assert result.text == "a"
 
 
 def test_engine_keeps_stop_strings_given_as_a_generator(project):
