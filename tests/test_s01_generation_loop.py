@@ -77,7 +77,8 @@ def test_unknown_word_policy():
 
 def test_special_strings_in_user_text_are_not_special():
     # "<eos>" typed by a user splits into "<", "eos", ">" (all unknown here), never id 0.
-    assert TOK.eos_id not in TOK.encode("a <eos> b")
+    # By hand: words a, <, eos, >, b -> 2, then three unknowns (<unk> = 1), then 3.
+    assert TOK.encode("a <eos> b") == [2, 1, 1, 1, 3]
 
 
 def test_decode_skips_eos_and_rejects_bad_ids():
