@@ -743,9 +743,12 @@ def test_logits_rows_s04_rejects_are_rejected_on_the_device_too(text_model, bad,
 def test_a_temperature_below_float32s_range_gives_the_greedy_tokens(text_model):
     """T = 1e-50 leaves only the maximum with probability > 0 (no ties in these logits), so
     its tokens are the greedy ones; S06 used to draw token 0 from a NaN row at every step."""
-    torch_model, _, make_tokenizer, _ = text_model
+    torch_model, numpy_model, make_tokenizer, _ = text_model
     engine = Engine(torch_model, make_tokenizer(0))
     expected = engine.generate(TEXT_PROMPT, greedy(8, ignore_eos=True)).token_ids
+    # the greedy tokens themselves: S04's NumPy engine, not this engine's own greedy path
+    assert expected == s04.Engine(numpy_model, make_tokenizer(0), 128).generate(
+        TEXT_PROMPT, greedy(8, ignore_eos=True)).token_ids
     tiny_t = s04.SamplingParams(temperature=1e-50, seed=0, max_tokens=8, ignore_eos=True)
     assert engine.generate(TEXT_PROMPT, tiny_t).token_ids == expected
 
@@ -756,7 +759,8 @@ def test_the_largest_seed_runs_and_a_larger_one_is_refused(text_model):
     engine = Engine(torch_model, make_tokenizer(0))
     params = dict(temperature=1.0, max_tokens=4, ignore_eos=True)
     top = s04.SamplingParams(seed=2**63 - 1, **params)
-    assert engine.generate(TEXT_PROMPT, top).token_ids == engine.generate(TEXT_PROMPT, top).token_ids
+    first = engine.generate(TEXT_PROMPT, top).token_ids
+    assert len(first) == 4 and first == engine.generate(TEXT_PROMPT, top).token_ids
     with pytest.raises(ValueError, match=r"seed must be None or an int in \[0, 2\*\*63\)"):
         s04.SamplingParams(seed=2**70, **params)
 
