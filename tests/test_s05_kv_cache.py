@@ -356,8 +356,11 @@ def test_interleaved_streams_on_one_engine_each_equal_their_solo_run(tiny_by_nam
     can read the other's keys."""
     hf, model = tiny_by_name("qwen3_gqa_tied")
     engine = Engine(model, IdTokenizer(), CONTEXT)
-    prompts = [prompt_text([5, 17, 42]), prompt_text([9, 9, 1, 60])]
+    prompt_ids = [[5, 17, 42], [9, 9, 1, 60]]
+    prompts = [prompt_text(ids) for ids in prompt_ids]
     solo = [engine.generate(p, greedy(12)).token_ids for p in prompts]
+    assert solo == [hf_greedy(hf, ids, 12, eos_id=EOS_UNUSED) for ids in prompt_ids]  # oracle
+    assert solo[0] != solo[1]                                 # else the test could not fail
     streams = [engine.stream(p, greedy(12)) for p in prompts]
     results = [None, None]
     while any(r is None for r in results):
