@@ -380,6 +380,7 @@ def test_a_failed_request_does_not_corrupt_another_ones_cache(tiny_by_name):
     engine = Engine(model, IdTokenizer(), CONTEXT)
     prompt = prompt_text([5, 17, 42])
     solo = engine.generate(prompt, greedy(10)).token_ids
+    assert solo == hf_greedy(hf, [5, 17, 42], 10, eos_id=EOS_UNUSED)    # the oracle
     stream = engine.stream(prompt, greedy(10))
     next(stream), next(stream)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 97\)"):
