@@ -767,10 +767,12 @@ def test_checkpoint_tokenizer_encodes_special_strings_as_text_like_s02():
     ours = CheckpointTokenizer(BUNDLED_TOKENIZER, [2047])
     s02 = BPETokenizer.load_hf(BUNDLED_TOKENIZER)
     hf = Tokenizer.from_file(str(BUNDLED_TOKENIZER))  # matches specials by default
+    hf_ordinary = Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    hf_ordinary.encode_special_tokens = True          # reads special-token text as plain text
     eos = s02.eos_id
     assert eos == hf.token_to_id("<|endoftext|>")
     for text in TEXTS_WITH_SPECIALS:
-        assert ours.encode(text) == s02.encode(text), text
+        assert ours.encode(text) == s02.encode(text) == hf_ordinary.encode(text).ids, text
         assert eos not in ours.encode(text), text
         assert ours.encode(text, allowed_special="all") == s02.encode(text, allowed_special="all") \
             == hf.encode(text).ids, text
@@ -802,6 +804,8 @@ def test_allowing_some_special_tokens_keeps_the_template(tmp_path):
     assert ours.encode(text, allowed_special={"<|im_end|>"}) == expected
     plain = ours.encode(text)
     assert plain[0] == bos and hf.token_to_id("<|im_end|>") not in plain
+    hf.encode_special_tokens = True                   # HF's reading of it as plain text
+    assert plain == hf.encode(text).ids
     assert ours.decode(plain) == text
 
 
