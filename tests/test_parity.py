@@ -106,8 +106,10 @@ BUNDLED_PROMPTS = [
 @bundled
 @pytest.mark.slow
 def test_every_engine_matches_the_s01_loop_and_hf_on_the_bundled_model():
+    from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
     model, tokenizer = s03.load()
+    hf_tokenizer = Tokenizer.from_file(str(s03.BUNDLED_MODEL_DIR / "tokenizer.json"))
     torch_models = {
         f"s06_{impl}": s06.TorchTransformer.from_pretrained(s03.BUNDLED_MODEL_DIR,
                                                             torch.device("cpu"), torch.float32, impl)
@@ -118,6 +120,7 @@ def test_every_engine_matches_the_s01_loop_and_hf_on_the_bundled_model():
     for prompt in BUNDLED_PROMPTS:
         reference = s01.Engine(model, tokenizer, max_context).generate(prompt, 30).token_ids
         ids = tokenizer.encode(prompt)
+        assert ids == hf_tokenizer.encode(prompt).ids      # HF gets the ids HF would make
         with torch.no_grad():
             out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                               max_new_tokens=30, do_sample=False, eos_token_id=tokenizer.eos_id,
