@@ -518,6 +518,7 @@ def test_bundled_model_greedy_matches_hf_generate(bundled_hf, prompt, stop_reaso
     hf, hf_tok = bundled_hf
     model, tokenizer = load(BUNDLED_MODEL_DIR)
     ids = tokenizer.encode(prompt)
+    assert ids == hf_tok(prompt)["input_ids"]          # the tokenizer under test, against HF's
     eos = hf_tok.convert_tokens_to_ids("<|endoftext|>")
     assert tokenizer.eos_id == eos == hf.generation_config.eos_token_id == hf.config.eos_token_id
     with torch.no_grad():
