@@ -121,12 +121,16 @@ class KVCache:
                             ("max_seq_len", max_seq_len), ("head_dim", head_dim)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+        shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
+        self.k = self.allocate(shape, dtype)  # (L, Hkv, S_max, D)
+        self.v = self.allocate(shape, dtype)  # (L, Hkv, S_max, D)
+        self.layer_lens = [0] * num_layers    # positions filled in each layer
+
+    def allocate(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """Zeroed storage for keys or values (S06 overrides this to allocate on a device)."""
         if not np.issubdtype(np.dtype(dtype), np.floating):
             raise ValueError(f"dtype must be a floating-point type (got {np.dtype(dtype)})")
-        shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
-        self.k = np.zeros(shape, dtype=dtype)  # (L, Hkv, S_max, D)
-        self.v = np.zeros(shape, dtype=dtype)  # (L, Hkv, S_max, D)
-        self.layer_lens = [0] * num_layers     # positions filled in each layer
+        return np.zeros(shape, dtype=dtype)
 
     @property
     def num_layers(self) -> int:

@@ -95,6 +95,7 @@ import s01_generation_loop as s01
 import s02_tokenizer as s02
 import s03_transformer as s03
 import s04_sampling as s04
+import s05_kv_cache as s05
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTENTION_IMPLS = ("manual", "sdpa")
@@ -241,64 +242,33 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, s
 # The KV cache, preallocated on the device
 # ---------------------------------------------------------------------------------------------
 
-class KVCache:
+class KVCache(s05.KVCache):
     """S05's `KVCache` in torch: keys and values of one sequence, preallocated on the device.
 
     k, v: tensors (L, Hkv, max_seq_len, D) of `dtype` on `device`, allocated once; layer l's
     filled positions are k[l, :, :layer_lens[l]]. The lengths are host-side ints: the host
     always knows how long the sequence is, so reading them never waits for the device.
-    `append(layer, k, v)` writes T new positions of one layer in place (a copy into a slice of
-    the preallocated tensor, no new memory) and returns that layer's filled keys and values,
-    (Hkv, S, D) views. Same names and meaning as S05: num_cached, num_free, nbytes, reset.
+    Everything but the storage is S05's (num_cached, num_free, reset, truncate); `append`
+    writes T new positions of one layer in place (a copy into a slice of the preallocated
+    tensor, no new memory) and returns that layer's filled keys and values, (Hkv, S, D) views.
     Raises ValueError for sizes < 1 or a dtype that is not floating point.
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
-                            ("max_seq_len", max_seq_len), ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+        self.device = torch.device(device)
+        super().__init__(num_layers, num_kv_heads, max_seq_len, head_dim, dtype)
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Zeroed storage on the cache's device."""
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point torch.dtype (got {dtype!r})")
-        shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, Hkv, S_max, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, Hkv, S_max, D)
-        self.layer_lens = [0] * num_layers
-
-    @property
-    def num_layers(self) -> int:
-        return self.k.shape[0]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.k.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.k.shape[3]
-
-    @property
-    def num_cached(self) -> int:
-        """Positions stored in every layer (all layers agree between steps)."""
-        return min(self.layer_lens)
-
-    @property
-    def num_free(self) -> int:
-        return self.max_seq_len - self.num_cached
+        return torch.zeros(shape, dtype=dtype, device=self.device)
 
     @property
     def nbytes(self) -> int:
         """Bytes reserved on the device for keys and values (all max_seq_len positions)."""
         return 2 * self.k.numel() * self.k.element_size()
-
-    def reset(self) -> None:
-        """Forget every position; the memory stays allocated and is overwritten next time."""
-        self.layer_lens = [0] * self.num_layers
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
