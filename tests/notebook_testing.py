@@ -39,3 +39,18 @@ def outputs(nb) -> list:
 def stream_text(nb) -> str:
     """All printed (stdout/stderr stream) text of an executed notebook."""
     return "\n".join(out.get("text", "") for out in outputs(nb) if out.output_type == "stream")
+
+
+def assert_committed_without_outputs(notebook: Path) -> None:
+    """The notebook in the repository is valid and carries no outputs or execution counts
+    (machine-specific timings stay out of git; the site and the tests execute it)."""
+    nb = nbformat.read(notebook, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+
+
+def code_source(notebook: Path) -> str:
+    """All code cells of the committed notebook, joined."""
+    nb = nbformat.read(notebook, as_version=4)
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "code")

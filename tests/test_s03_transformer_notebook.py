@@ -19,7 +19,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-from notebook_testing import execute, outputs as _outputs, stream_text as _text  # noqa: E402
+from notebook_testing import assert_committed_without_outputs, code_source, execute, outputs as _outputs, stream_text as _text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "s03_transformer.ipynb"
@@ -32,15 +32,11 @@ def executed(tmp_path_factory):
 
 
 def test_committed_notebook_is_valid_and_has_no_outputs():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbformat.validate(nb)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+    assert_committed_without_outputs(NOTEBOOK)
 
 
 def test_notebook_imports_the_model_and_does_not_redefine_it():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    source = code_source(NOTEBOOK)
     assert "from s03_transformer import" in source and "from s01_generation_loop import Engine" in source
     for name in ("Transformer", "Qwen3Block", "GPT2Block", "attention", "attention_probs", "rope",
                  "apply_rope", "rms_norm", "swiglu_mlp", "load", "cost_breakdown", "Engine"):

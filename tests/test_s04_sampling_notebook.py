@@ -22,7 +22,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-from notebook_testing import WIDGET_MIME, execute, outputs as _outputs, stream_text as _text  # noqa: E402
+from notebook_testing import assert_committed_without_outputs, code_source, WIDGET_MIME, execute, outputs as _outputs, stream_text as _text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "s04_sampling.ipynb"
@@ -36,15 +36,11 @@ def executed(tmp_path_factory):
 
 
 def test_committed_notebook_is_valid_and_has_no_outputs():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbformat.validate(nb)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+    assert_committed_without_outputs(NOTEBOOK)
 
 
 def test_notebook_imports_the_sampler_and_does_not_redefine_it():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    source = code_source(NOTEBOOK)
     assert "from s04_sampling import" in source
     for name in ("Engine", "SamplingParams", "process_logits", "draw", "softmax", "apply_top_p",
                  "apply_top_k", "apply_min_p", "apply_temperature", "load_demo_model"):

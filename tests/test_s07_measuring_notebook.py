@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
+
+from notebook_testing import assert_committed_without_outputs, code_source, execute, outputs as _outputs, stream_text as _text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "s07_measuring.ipynb"
@@ -43,34 +44,15 @@ def run_of(model: str, engine: str, workload: str, results: dict = RESULTS) -> d
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    copy = tmp_path_factory.mktemp("nb") / NOTEBOOK.name
-    shutil.copy(NOTEBOOK, copy)
-    nb = nbformat.read(copy, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    client.execute()  # raises CellExecutionError, with the cell and traceback, if a cell fails
-    nbformat.write(nb, copy)
-    return nb
-
-
-def _outputs(nb):
-    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
-
-
-def _text(nb) -> str:
-    return "\n".join(out.get("text", "") for out in _outputs(nb) if out.output_type == "stream")
+    return execute(NOTEBOOK, tmp_path_factory.mktemp("nb"))
 
 
 def test_committed_notebook_is_valid_and_has_no_outputs():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbformat.validate(nb)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+    assert_committed_without_outputs(NOTEBOOK)
 
 
 def test_notebook_imports_the_harness_and_does_not_redefine_it():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    source = code_source(NOTEBOOK)
     assert "from s07_measuring import" in source
     for name in ("run_benchmark", "Distribution", "HookedEngine", "make_workload",
                  "measure_peaks", "decode_step_cost", "prefill_cost", "MachinePeaks",
@@ -123,7 +105,7 @@ def test_notebook_prints_both_runs_side_by_side(executed):
 def test_batch_trade_off_saturates_at_the_compute_roof(executed):
     peak = RESULTS["roofline"]["matmul_flops_per_s"]
     ceiling = peak / QWEN_FLOPS(512)              # tokens/s once every step is compute-bound
-    assert f"B=1024: step" in _text(executed)
+    assert "B=1024: step" in _text(executed)
     line = re.search(r"B=1024: step\s+[\d.]+ ms,\s+([\d.]+) tokens/s", _text(executed))
     assert float(line.group(1)) == pytest.approx(ceiling, abs=0.05)
 
