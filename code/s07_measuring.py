@@ -946,11 +946,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     engines = [
         HookedEngine.for_cached("S05 NumPy + KV cache", s05.Engine(model, tokenizer, max_context)),
         HookedEngine.for_cached("S06 torch", s06.Engine(torch_model, tokenizer, max_context))]
+    label = "bundled" if Path(args.model).resolve() == s03.BUNDLED_MODEL_DIR.resolve() \
+        else Path(args.model).name
     runs = []
     for engine in engines:
         # A bar only on a terminal, where it erases itself: in a log or a pipe its carriage
         # returns are not undone, and the table would start on the bar's line.
-        run = run_benchmark(engine, workload, model=Path(args.model).name,
+        run = run_benchmark(engine, workload, model=label,
                             progress=sys.stderr.isatty())
         attach_floor(run, cfg, peaks)
         runs.append(run)
