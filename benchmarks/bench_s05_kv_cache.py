@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "code"))
 
 import numpy as np  # noqa: E402
 
+import s03_checkpoint  # noqa: E402
 import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 from s05_kv_cache import Engine, kv_cache_bytes, step_work  # noqa: E402
@@ -64,27 +65,29 @@ def bundled_shape(vocab_size: int, max_positions: int) -> s03.TransformerConfig:
 
 
 def load_model(model_dir: Path | None, positions: int):
-    """(model, tokenizer, description). Raises s03.CheckpointError for a bad --model."""
+    """(model, tokenizer, description). Raises s03_checkpoint.CheckpointError for a bad
+    --model."""
     directory = model_dir or s03.BUNDLED_MODEL_DIR
     if model_dir is not None or (directory / "model.safetensors").exists():
-        config = s03.TransformerConfig.from_pretrained(directory)
+        config = s03_checkpoint.load_config(directory)
         note = ""
         if config.max_position_embeddings < positions:
             note = (f"; position limit raised from {config.max_position_embeddings} to "
                     f"{positions} for timing")
             config = dataclasses.replace(config, max_position_embeddings=positions)
-        model = s03.Transformer(config, s03.load_state_dict(directory))
-        tokenizer = s03.CheckpointTokenizer(directory / "tokenizer.json", config.eos_token_ids)
+        model = s03.Transformer(config, s03_checkpoint.load_state_dict(directory))
+        tokenizer = s03_checkpoint.CheckpointTokenizer(directory / "tokenizer.json",
+                                                       config.eos_token_ids)
         return model, tokenizer, f"{directory} ({config.model_type}{note})"
     from tokenizers import Tokenizer
 
     eos = Tokenizer.from_file(str(TOKENIZER_JSON)).token_to_id("<|endoftext|>")
-    tokenizer = s03.CheckpointTokenizer(TOKENIZER_JSON, [eos])
+    tokenizer = s03_checkpoint.CheckpointTokenizer(TOKENIZER_JSON, [eos])
     config = bundled_shape(tokenizer.vocab_size, positions)
     rng = np.random.default_rng(0)
     weights = {name: (np.ones(shape, np.float32) if "norm" in name else
                       rng.normal(0.0, 0.02, shape).astype(np.float32))
-               for name, shape in s03.expected_tensors(config).items()}
+               for name, shape in s03_checkpoint.expected_tensors(config).items()}
     return (s03.Transformer(config, weights), tokenizer,
             "NOT the bundled model (data/model does not exist yet): a random Qwen3 model of "
             "the training script's default shape")
@@ -102,21 +105,24 @@ def median_step_ms(times_s: list[float], index: int, window: int = 5) -> float:
     return 1e3 * float(np.median(times_s[lo:hi]))
 
 
-def record_cpu_times(engine) -> list[float]:
-    """Wrap `engine.next_logits` (one forward pass) to record its CPU seconds, which, with BLAS
-    on one thread, count the work done in this thread only: a fairer figure than wall time
-    on a machine shared with other jobs. Returns the list the times are appended to."""
-    cpu_s: list[float] = []
-    inner = engine.next_logits
+def cpu_timed(engine_class: type) -> type:
+    """A subclass of `engine_class` whose `model_step` (one forward pass: the seam S01's loop
+    calls once per step, the same call Stats.pass_times_s times by the wall clock) also records
+    its CPU seconds in `cpu_s`. With BLAS on one thread they count the work done in this thread
+    only: a fairer figure than wall time on a machine shared with other jobs."""
 
-    def timed(ids):
-        start = time.thread_time()
-        logits = inner(ids)
-        cpu_s.append(time.thread_time() - start)
-        return logits
+    class CpuTimed(engine_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.cpu_s: list[float] = []
 
-    engine.next_logits = timed
-    return cpu_s
+        def model_step(self, seq):
+            start = time.thread_time()
+            logits = super().model_step(seq)
+            self.cpu_s.append(time.thread_time() - start)
+            return logits
+
+    return CpuTimed
 
 
 def main(argv=None) -> None:
@@ -140,16 +146,15 @@ def main(argv=None) -> None:
           f"{os.environ['OPENBLAS_NUM_THREADS']}")
     print(f"prompt: {p_len} tokens of data/shakespeare.txt; greedy, EOS ignored\n")
 
-    cached_engine = Engine(model, tokenizer, max_context=positions)
-    uncached_engine = s04.Engine(model, tokenizer, max_context=positions)
+    cached_engine = cpu_timed(Engine)(model, tokenizer, max_context=positions)
+    uncached_engine = cpu_timed(s04.Engine)(model, tokenizer, max_context=positions)
     runs = {}
     for label, engine, n_new in (("KV cache", cached_engine, args.new_tokens),
                                  ("no cache", uncached_engine, args.uncached_tokens)):
-        cpu_s = record_cpu_times(engine)
         params = s04.SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
         start = time.perf_counter()
         completion = engine.generate(prompt, params)
-        runs[label] = (completion.token_ids, completion.stats.pass_times_s, cpu_s)
+        runs[label] = (completion.token_ids, completion.stats.pass_times_s, engine.cpu_s)
         print(f"ran {label}: {len(completion.token_ids)} tokens in "
               f"{time.perf_counter() - start:.1f} s")
     cached_ids, ct, cc = runs["KV cache"]          # token ids, wall s per pass, CPU s per pass

@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT / "code"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import s03_checkpoint  # noqa: E402
 import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
@@ -66,18 +67,23 @@ QWEN3_0_6B = dict(
     num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1_000_000.0,
     tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=40960,
 )
-# scripts/train_bundled_model.py defaults: the bundled model's shape, if it is not trained yet.
+# scripts/train_bundled_model.py defaults, the shape of data/model/config.json (a test checks
+# the two agree): used with random weights when the bundled model is not trained yet.
 BUNDLED_SHAPE = dict(
-    hidden_size=192, intermediate_size=512, num_hidden_layers=6, num_attention_heads=6,
+    hidden_size=128, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4,
     num_key_value_heads=2, head_dim=32, vocab_size=2048, rope_theta=10000.0,
     tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=256,
 )
 
 
 class IdTokenizer:
-    """Prompts as ids written out ("5 17 3"); the random models have no tokenizer of their own."""
+    """Prompts as ids written out ("5 17 3"); the random models have no tokenizer of their own.
+    vocab_size: the model's V (the engine checks that the tokenizer covers every id)."""
 
     eos_id = 0
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in text.split()]
@@ -139,16 +145,16 @@ def prepare(name: str, device: torch.device, dtype: torch.dtype, attention: str,
         from transformers import AutoModelForCausalLM
         hf = AutoModelForCausalLM.from_pretrained(bundled, dtype=torch.float32).eval()
         ours = s06.TorchTransformer.from_pretrained(bundled, device, dtype, attention)
-        tokenizer = s03.CheckpointTokenizer.from_pretrained(bundled)
+        tokenizer = s03_checkpoint.CheckpointTokenizer.from_pretrained(bundled)
         prompt = tokenizer.encode("HAMLET.\nTo be, or not to be, that is the question:\n")
         label = f"bundled model ({s03.parameter_count(ours.config) / 1e6:.1f}M parameters)"
     else:
         shape = BUNDLED_SHAPE if name == "bundled" else QWEN3_0_6B
         start = time.perf_counter()
         hf = random_qwen3(shape, seed)
-        config = s03.TransformerConfig.from_hf_dict(hf.config.to_dict())
+        config = s03_checkpoint.config_from_hf_dict(hf.config.to_dict())
         ours = s06.TorchTransformer(config, hf.state_dict(), device, dtype, attention)
-        tokenizer = IdTokenizer()
+        tokenizer = IdTokenizer(shape["vocab_size"])
         prompt = np.random.default_rng(seed).integers(1, shape["vocab_size"], size=24).tolist()
         label = (f"{'bundled-model shape' if name == 'bundled' else 'Qwen3-0.6B shape'}, random "
                  f"weights ({s03.parameter_count(config) / 1e6:.0f}M parameters; built in "
@@ -252,6 +258,12 @@ def main(argv=None) -> None:
                         help="also write the figures to this JSON file (for the notebook)")
     args = parser.parse_args(argv)
 
+    # Checked before torch sees it: set_num_threads(0) raises, and after 100000 the first
+    # parallel op segfaults (libgomp cannot create the threads). More threads than logical CPUs
+    # (S07's bound too) would only take turns on them.
+    cores = os.cpu_count() or 1
+    if not 1 <= args.threads <= cores:
+        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
     torch.set_num_threads(args.threads)
     try:
         device, dtype = s06.resolve_device_dtype(args.device, args.dtype)

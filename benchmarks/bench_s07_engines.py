@@ -1,12 +1,20 @@
 """S07's comparison: the course's engines and `transformers` generate(), same weights, same
 workloads, batch 1, measured with S07's harness against this machine's roofline.
 
-    python benchmarks/bench_s07_engines.py                   # the run whose JSON is in results/
     python benchmarks/bench_s07_engines.py --skip-qwen --requests 3   # a quick look
+    python benchmarks/bench_s07_engines.py                   # the whole comparison, ~10 min
+    python benchmarks/bench_s07_engines.py --replace-results # ... replacing results/'s run
+
+Where it writes: by default results/scratch/s07_engines.json and results/scratch/
+s07_roofline_<model>.png (git ignores results/scratch/, and nothing reads it), so a run of
+your own never changes the committed run that the chapter, its notebook and their tests quote.
+--out PATH writes the JSON to PATH (the plots beside it); --replace-results writes
+results/s07_engines.json and results/s07_roofline_<model>.png, the committed files.
 
 A benchmark, not a test: it prints and writes, never asserts speed. What runs:
   Engines (all greedy, EOS ignored so every engine makes exactly the requested tokens, float32,
-  on the CPU unless --device cuda):
+  on the CPU unless --device cuda), each driven through its public stream by S07's
+  `StreamClient` (HF generate() by `HFGenerateClient`, with a streamer):
     S01 loop      code/s01_generation_loop.py's Engine on S03's NumPy model: no cache, every
                   token recomputes the whole context. Only on the short-output workload.
     S05 NumPy     code/s05_kv_cache.py's Engine: NumPy, KV cache.
@@ -32,7 +40,7 @@ A benchmark, not a test: it prints and writes, never asserts speed. What runs:
     request (a prefill of 128-192 tokens: the compute-bound end of the roofline).
   The roofline: this machine's copy bandwidth and float32 matmul FLOP/s (S07
   `measure_peaks`), every engine's decode step (ITL p50) against the floor
-  bytes moved / bandwidth, and a plot per model in results/.
+  bytes moved / bandwidth, and a plot per model beside the JSON.
   Where the S06 step's time goes on the 0.6B shape: its model time vs the rest of the step
   (the engine's own Stats), a torch.profiler table of a few decode steps (--profile-steps)
   per attention, and one decode-shaped attention call timed alone at 1 and at --threads
@@ -60,12 +68,17 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import s01_generation_loop as s01  # noqa: E402
+import s03_checkpoint as ckpt  # noqa: E402
 import s03_transformer as s03  # noqa: E402
 import s05_kv_cache as s05  # noqa: E402
 import s06_torch as s06  # noqa: E402
 import s07_measuring as s07  # noqa: E402
+import s07_roofline as roof  # noqa: E402
+from s07_workloads import Request, Workload, make_workload  # noqa: E402
 
 TOKENIZER_JSON = ROOT / "data" / "tokenizer.json"
+COMMITTED_JSON = ROOT / "results" / "s07_engines.json"    # written only with --replace-results
+SCRATCH_JSON = ROOT / "results" / "scratch" / "s07_engines.json"   # git-ignored: the default
 EOS_ID = 2047            # <|endoftext|> in data/tokenizer.json
 MAX_CONTEXT = 256        # the bundled model's context window; every workload fits in it
 
@@ -100,14 +113,14 @@ def load_models(name: str, seed: int, device: torch.device, attentions: list[str
     if name == "bundled" and (bundled / "model.safetensors").exists():
         from transformers import AutoModelForCausalLM
         hf = AutoModelForCausalLM.from_pretrained(bundled, dtype=torch.float32).eval()
-        config = s03.TransformerConfig.from_pretrained(bundled)
-        weights = s03.load_state_dict(bundled)
+        config = ckpt.load_config(bundled)
+        weights = ckpt.load_state_dict(bundled)
         digest = hashlib.sha256((bundled / "model.safetensors").read_bytes()).hexdigest()
         note = f"trained checkpoint data/model (model.safetensors sha256 {digest[:16]}...)"
     else:
         start = time.perf_counter()
         hf = random_qwen3(BUNDLED_SHAPE if name == "bundled" else QWEN3_0_6B, seed)
-        config = s03.TransformerConfig.from_hf_dict(hf.config.to_dict())
+        config = ckpt.config_from_hf_dict(hf.config.to_dict())
         weights = {k: v.detach().numpy() for k, v in hf.state_dict().items()}  # shares memory
         note = (f"random weights (transformers' init, seed {seed}), built in "
                 f"{time.perf_counter() - start:.0f} s")
@@ -121,22 +134,22 @@ def load_models(name: str, seed: int, device: torch.device, attentions: list[str
 
 
 class WithThreads:
-    """An engine of the harness run with `threads` torch threads (restored after each
+    """A client of the harness run with `threads` torch threads (restored after each
     request): the same engine, to show what the thread count does to a step on this machine."""
 
-    def __init__(self, name: str, engine, threads: int):
-        self.name, self.engine, self.threads = name, engine, threads
+    def __init__(self, name: str, client: s07.BenchClient, threads: int):
+        self.name, self.client, self.threads = name, client, threads
 
-    def run(self, request: s07.Request, clock: s07.Clock) -> s07.TimedGeneration:
+    def measure(self, request: Request, clock: s07.Clock) -> s07.TimedRequest:
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            return self.engine.run(request, clock)
+            return self.client.measure(request, clock)
         finally:
             torch.set_num_threads(before)
 
 
-def renamed(workload: s07.Workload, name: str) -> s07.Workload:
+def renamed(workload: Workload, name: str) -> Workload:
     return dataclasses.replace(workload, name=name)
 
 
@@ -227,92 +240,150 @@ def attention_call_s(config: s03.TransformerConfig, context_len: int, threads: i
         torch.set_num_threads(before)
 
 
-def measure_at_threads(device: str, threads: int) -> dict[int, s07.MachinePeaks]:
+def measure_at_threads(device: str, threads: int) -> dict[int, roof.MachinePeaks]:
     """S07 `measure_peaks` at 1 thread and at `threads` threads (restored afterwards)."""
     before = torch.get_num_threads()
     try:
         out = {}
         for t in sorted({1, threads}):
             torch.set_num_threads(t)
-            out[t] = s07.measure_peaks(device)
+            out[t] = roof.measure_peaks(device)
         return out
     finally:
         torch.set_num_threads(before)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workloads_for(name: str, tokenizer, n_requests: int, short_tokens: int, seed: int
+                  ) -> list[Workload]:
+    """The workloads of one model (see the module docstring). Raises ValueError (S07's
+    `make_workload`) for lengths that do not fit MAX_CONTEXT."""
+    workloads = [renamed(make_workload("chat", tokenizer, n_requests, seed, MAX_CONTEXT,
+                                       max_output_tokens=short_tokens), "chat-short")]
+    if name == "bundled":
+        workloads += [make_workload(kind, tokenizer, n_requests, seed, MAX_CONTEXT)
+                      for kind in ("chat", "long", "mixed")]
+    else:
+        workloads.append(make_workload("long", tokenizer, 1, seed, MAX_CONTEXT,
+                                       max_output_tokens=short_tokens))
+    return workloads
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, every rule checked before a model is built or a request sent: each
+    broken one is a usage error (exit status 2) naming it."""
+    cores = os.cpu_count() or 1
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--device", default="cpu", help="cpu or cuda (S06 and HF; NumPy is CPU)")
     parser.add_argument("--attentions", default="manual,sdpa",
                         help="S06 attentions to run, comma-separated (manual, sdpa)")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--requests", type=int, default=8, help="requests per bundled workload")
+    parser.add_argument("--threads", type=int, default=min(2, cores),
+                        help=f"torch intra-op threads, 1 to the logical cores ({cores}); "
+                             "default 2 (1 on a one-core machine)")
+    parser.add_argument("--requests", type=int, default=8,
+                        help=f"requests per bundled workload, 1 to {s07.MAX_REQUESTS}")
     parser.add_argument("--short-tokens", type=int, default=16,
-                        help="most output tokens in chat-short (the S01 loop's workload)")
-    parser.add_argument("--qwen-requests", type=int, default=2)
+                        help="most output tokens in chat-short (the S01 loop's workload), >= 1")
+    parser.add_argument("--qwen-requests", type=int, default=2,
+                        help=f"chat-short requests on the 0.6B shape, 1 to {s07.MAX_REQUESTS}")
     parser.add_argument("--qwen-tokens", type=int, default=8,
-                        help="most output tokens on the 0.6B shape")
-    parser.add_argument("--profile-steps", type=int, default=4, help="0 to skip the profile")
+                        help="most output tokens on the 0.6B shape, >= 1")
+    parser.add_argument("--profile-steps", type=int, default=4,
+                        help="decode steps profiled on the 0.6B shape, 0 to skip the profile")
     parser.add_argument("--skip-qwen", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(ROOT / "results" / "s07_engines.json"))
+    parser.add_argument("--seed", type=int, default=0, help="seed of the workloads, >= 0")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", default=None,
+                       help=f"the JSON to write, plots beside it (default: "
+                            f"{SCRATCH_JSON.relative_to(ROOT)}, git-ignored)")
+    where.add_argument("--replace-results", action="store_true",
+                       help=f"write the committed {COMMITTED_JSON.relative_to(ROOT)} and its "
+                            "plots (the chapter and its notebook quote them)")
     args = parser.parse_args(argv)
 
+    check = s07.check_count
+    check(parser, "--threads", args.threads, 1, cores)
+    check(parser, "--requests", args.requests, 1, s07.MAX_REQUESTS)
+    check(parser, "--qwen-requests", args.qwen_requests, 1, s07.MAX_REQUESTS)
+    check(parser, "--short-tokens", args.short_tokens, 1)
+    check(parser, "--qwen-tokens", args.qwen_tokens, 1)
+    check(parser, "--profile-steps", args.profile_steps, 0)
+    check(parser, "--seed", args.seed, 0)
+    args.attentions = [a for a in args.attentions.split(",") if a]
+    if not args.attentions or any(a not in s06.ATTENTION_IMPLS for a in args.attentions):
+        parser.error(f"--attentions must list some of {s06.ATTENTION_IMPLS}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        parser.error(f"--device: {err}")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda (got {args.device!r})")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here")
+    args.out = Path(COMMITTED_JSON if args.replace_results else args.out or SCRATCH_JSON)
+    try:
+        s07.check_output_file(args.out)
+    except ValueError as err:
+        parser.error(f"--out: {err}")
+    tokenizer = ckpt.CheckpointTokenizer(TOKENIZER_JSON, [EOS_ID])
+    args.plan = [("bundled", args.requests, args.short_tokens)]
+    if not args.skip_qwen:
+        args.plan.append(("qwen3-0.6b", args.qwen_requests, args.qwen_tokens))
+    try:   # the workloads are cheap: make them now, so a length that does not fit stops here
+        args.workloads = {name: workloads_for(name, tokenizer, n, short, args.seed)
+                          for name, n, short in args.plan}
+    except ValueError as err:
+        parser.error(str(err))
+    args.tokenizer = tokenizer
+    return args
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    attentions = [a for a in args.attentions.split(",") if a]
-    if not attentions or any(a not in s06.ATTENTION_IMPLS for a in attentions):
-        parser.error(f"--attentions must list some of {s06.ATTENTION_IMPLS}")
+    attentions = args.attentions
     facts = s07.machine_facts(args.device)
     print(f"{facts['cpu_model']}, {facts['usable_cores']} usable cores, torch {facts['torch']} "
           f"({facts['torch_threads']} threads), numpy {facts['numpy']}, transformers "
           f"{facts['transformers']}; load average {facts['load_average_1min']:.1f}")
+    shown_out = args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out
+    print(f"writing to {shown_out}" + ("" if args.replace_results else
+                                       " (--replace-results writes the committed run)"))
     peaks_before = measure_at_threads(args.device, args.threads)
-    project_tokenizer = s03.CheckpointTokenizer(TOKENIZER_JSON, [EOS_ID])
-    out_dir = Path(args.out).parent
+    out_dir = args.out.parent
     measured = []   # (name, note, cfg, runs, workloads) per model
     profiles = {}
 
-    plan = [("bundled", args.requests, args.short_tokens)]
-    if not args.skip_qwen:
-        plan.append(("qwen3-0.6b", args.qwen_requests, args.qwen_tokens))
-    for name, n_requests, short_tokens in plan:
+    for name, _, _ in args.plan:
         note, cfg, numpy_model, torch_models, hf = load_models(name, args.seed, device,
                                                                attentions)
         print(f"== {name}: {s03.parameter_count(cfg):,} parameters, {note}")
-        tokenizer = project_tokenizer
-        workloads = [renamed(s07.make_workload("chat", tokenizer, n_requests, args.seed,
-                                               MAX_CONTEXT, max_output_tokens=short_tokens),
-                             "chat-short")]
-        if name == "bundled":
-            workloads += [s07.make_workload(kind, tokenizer, n_requests, args.seed, MAX_CONTEXT)
-                          for kind in ("chat", "long", "mixed")]
-        else:
-            workloads.append(s07.make_workload("long", tokenizer, 1, args.seed, MAX_CONTEXT,
-                                               max_output_tokens=short_tokens))
+        tokenizer = args.tokenizer
+        workloads = args.workloads[name]
         s06_engines = {impl: s06.Engine(m, tokenizer, MAX_CONTEXT)
                        for impl, m in torch_models.items()}
-        engines = [s07.HookedEngine.for_s01("S01 loop (no cache)",
-                                            s01.Engine(numpy_model, tokenizer, MAX_CONTEXT)),
-                   s07.HookedEngine.for_cached("S05 NumPy + cache",
-                                               s05.Engine(numpy_model, tokenizer, MAX_CONTEXT))]
-        engines += [s07.HookedEngine.for_cached(f"S06 torch ({impl})", engine)
+        clients = [s07.StreamClient("S01 loop (no cache)",
+                                    s01.Engine(numpy_model, tokenizer, MAX_CONTEXT)),
+                   s07.StreamClient("S05 NumPy + cache",
+                                    s05.Engine(numpy_model, tokenizer, MAX_CONTEXT))]
+        clients += [s07.StreamClient(f"S06 torch ({impl})", engine)
                     for impl, engine in s06_engines.items()]
         if args.threads != 1 and "sdpa" in s06_engines:
-            engines.append(WithThreads("S06 torch (sdpa, 1 thread)", s07.HookedEngine.for_cached(
-                "", s06_engines["sdpa"]), 1))
-        hf_engine = s07.HFGenerateEngine("HF generate()", hf, tokenizer, pad_token_id=EOS_ID)
-        engines.append(hf_engine)
+            clients.append(WithThreads("S06 torch (sdpa, 1 thread)",
+                                       s07.StreamClient("", s06_engines["sdpa"]), 1))
+        hf_client = s07.HFGenerateClient("HF generate()", hf, tokenizer, pad_token_id=EOS_ID)
+        clients.append(hf_client)
         if args.threads != 1:
-            engines.append(WithThreads("HF generate() (1 thread)", hf_engine, 1))
+            clients.append(WithThreads("HF generate() (1 thread)", hf_client, 1))
         runs = []
         for workload in workloads:
-            for engine in engines:
-                if engine.name.startswith("S01") and workload.name != "chat-short":
+            for client in clients:
+                if client.name.startswith("S01") and workload.name != "chat-short":
                     continue
                 # One warm-up per engine and model (its first workload): later workloads
                 # find the engine warm already, and a warm-up prefill of 0.6B is seconds.
-                runs.append(s07.run_benchmark(engine, workload, model=name,
+                runs.append(s07.run_benchmark(client, workload, model=name,
                                               warmup=workload is workloads[0]))
         if name != "bundled" and args.profile_steps > 0:
             prompt_ids = tokenizer.encode(workloads[0].requests[0].prompt)
@@ -323,7 +394,7 @@ def main(argv=None) -> None:
             for impl, engine in s06_engines.items():
                 profiles[name][impl] = profile_decode(engine, prompt_ids, args.profile_steps)
         measured.append((name, note, cfg, runs, workloads))
-        del numpy_model, torch_models, hf, engines, s06_engines
+        del numpy_model, torch_models, hf, clients, s06_engines
         gc.collect()
 
     # The machine's limits, measured before and after the runs, each at 1 and at --threads
@@ -335,7 +406,7 @@ def main(argv=None) -> None:
                     for t, m in at.items()}
     best_bw = max(measurements, key=lambda k: measurements[k].bandwidth_bytes_per_s)
     best_mm = max(measurements, key=lambda k: measurements[k].matmul_flops_per_s)
-    peaks = s07.MachinePeaks(
+    peaks = roof.MachinePeaks(
         measurements[best_bw].bandwidth_bytes_per_s, measurements[best_mm].matmul_flops_per_s,
         f"best of {len(measurements)} measurements (before / after the runs, 1 / "
         f"{args.threads} threads), here {best_bw}: {measurements[best_bw].bandwidth_method}",
@@ -353,7 +424,7 @@ def main(argv=None) -> None:
     for name, note, cfg, runs, workloads in measured:
         params = s03.parameter_count(cfg)
         for run in runs:
-            s07.attach_floor(run, cfg, peaks)
+            roof.attach_floor(run, cfg, peaks)
         print(f"== {name}: {params:,} parameters, {note}")
         print(s07.format_table(runs))
         agreements[name] = agreement(runs, "S05 NumPy + cache")
@@ -366,19 +437,19 @@ def main(argv=None) -> None:
             if run.engine.startswith("S01"):
                 continue   # an uncached pass is neither a decode step nor a prefill
             if run.workload == "chat-short" and run.itl_s is not None:
-                cost = s07.decode_step_cost(cfg, run.decode_context_len)
+                cost = roof.decode_step_cost(cfg, run.decode_context_len)
                 points.append((f"{run.engine} decode (S={run.decode_context_len})", cost,
                                run.itl_s.p50))
             if run.workload == "long":
                 prompt = int(np.median([r.prompt_tokens for r in run.requests]))
                 points.append((f"{run.engine} prefill (T={prompt}, TTFT)",
-                               s07.prefill_cost(cfg, prompt), run.ttft_s.p50))
-        plot = s07.plot_roofline(peaks, points, out_dir / f"s07_roofline_{name}.png",
+                               roof.prefill_cost(cfg, prompt), run.ttft_s.p50))
+        plot = roof.plot_roofline(peaks, points, out_dir / f"s07_roofline_{name}.png",
                                  title=f"{name} ({params / 1e6:.1f}M parameters, float32, "
                                        f"batch 1) on {facts['cpu_model']}")
         shown = plot.relative_to(ROOT) if plot.is_relative_to(ROOT) else plot
         print(f"  roofline plot: {shown}")
-        decode = s07.decode_step_cost(cfg, 32)
+        decode = roof.decode_step_cost(cfg, 32)
         models_info[name] = {
             "note": note, "parameters": params, "config": dataclasses.asdict(cfg),
             "weights_bytes_float32": params * 4,
@@ -419,7 +490,7 @@ def main(argv=None) -> None:
 
     facts_after = s07.machine_facts(args.device)
     results = s07.results_json(all_runs, facts, peaks, extra={
-        "command": "python benchmarks/bench_s07_engines.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/bench_s07_engines.py", *argv]),
         "load_average_1min_after": facts_after["load_average_1min"],
         "roofline_measurements": {k: dataclasses.asdict(m) for k, m in measurements.items()},
         "peak_memory_end": s07.peak_memory(),
@@ -428,6 +499,9 @@ def main(argv=None) -> None:
         "models": models_info, "workloads": workloads_info,
         "greedy_agreement_vs_s05": agreements, "s06_decode_profile": profiles,
         "notes": ["greedy, EOS ignored, float32, batch 1, one request after another",
+                  "timed through each engine's stream: a stamp per output as it arrives; ITL "
+                  "is the gap between outputs (one token per output here), e2e ends at the "
+                  "last output",
                   "ITL/floor: ITL p50 / (bytes a decode step moves at the run's median decode "
                   "context / measured copy bandwidth)",
                   "peak memory is the process's peak so far when the run ended (ru_maxrss)",

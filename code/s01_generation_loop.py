@@ -3,10 +3,16 @@
 What is here
     Everything an inference engine does, at its smallest: a word-level toy tokenizer, a NumPy
     bigram "language model" trained from the bundled Shakespeare corpus in about a second, a
-    sampler, and `Engine.generate`, the loop that runs the model on the whole context, takes the
-    logits of the last position, samples a token, appends it and repeats until a stop rule fires.
-    `Stats` records what every pass cost, so the quadratic growth of an engine without a cache is
-    visible before we build one.
+    sampler, and the `Engine`, whose loop (`Engine.run`) runs the model on the whole context,
+    takes the logits of the last position, samples a token, appends it and repeats until a stop
+    rule (`stop_rule`) fires. `Stats` records what every pass cost, so the quadratic growth of an
+    engine without a cache is visible before we build one.
+
+    The engine's shape is the course's: `generate(prompt, max_tokens, temperature, seed)` returns
+    a `Completion` (text, token ids, finish_reason, stop_reason, stats); `stream(...)` yields a
+    `RequestOutput` per step and then holds the same `Completion`. A request's state is a
+    `Sequence`. Later chapters keep these calls and types and override the loop's seams
+    (`model_step`, `sample`, `make_detokenizer`, `filter_text`), never the loop itself.
 
 What it does not handle yet
     Real tokenization (S02: byte-level BPE), a real transformer (S03), the sampling controls that
@@ -18,8 +24,9 @@ Run it
     python code/s01_generation_loop.py --prompt "To be, or not to be" --max-tokens 40
 
 Tests
-    tests/test_s01_generation_loop.py (tokenizer, model, sampler, every stop reason at its
-    boundary, bad input, the cost table against closed-form sums).
+    tests/test_s01_generation_loop.py (tokenizer, model, sampler, every stop rule at its
+    boundary, stream == generate, bad input, the cost table against closed-form sums);
+    tests/test_parity.py drives every later engine through this engine's calls.
 
 References
     C. E. Shannon, "A Mathematical Theory of Communication" (1948), section 3: sampling text from
@@ -42,8 +49,9 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -69,6 +77,24 @@ def is_real(x) -> bool:
     """True for a Python or NumPy int or float; False for bool, complex, str, Fraction, ..."""
     return isinstance(x, (int, float, np.integer, np.floating)) \
         and not isinstance(x, (bool, np.bool_))
+
+
+def check_text(text: str, name: str = "text") -> None:
+    """Raise ValueError unless `text` is a str that UTF-8 can encode.
+
+    A Python str may hold a lone surrogate (U+D800-U+DFFF), e.g. from `"\\ud800"` or from
+    command-line bytes that were not UTF-8 (Python maps them to U+DC80-U+DCFF, PEP 383). Such a
+    string is not valid Unicode and has no UTF-8 bytes, so no tokenizer can encode it.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a str (got {type(text).__name__})")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"{name} must be valid Unicode without lone surrogates: "
+                             f"{text[err.start]!r} at index {err.start} has no UTF-8 "
+                             "encoding") from None
 
 
 def check_seed(seed) -> None:
@@ -103,7 +129,7 @@ class WordTokenizer:
     byte-level tokenizer that round-trips every string exactly.
     """
 
-    def __init__(self, vocab: Sequence[str]):
+    def __init__(self, vocab: list[str]):
         if len(vocab) < 2 or vocab[0] != EOS or vocab[1] != UNK:
             raise ValueError(f"vocab must start with {EOS!r}, {UNK!r}")
         if len(set(vocab)) != len(vocab):
@@ -207,7 +233,7 @@ class BigramModel:
         return self.logits_table.shape[0]
 
     @classmethod
-    def train(cls, token_ids: Sequence[int] | np.ndarray, vocab_size: int, alpha: float = 0.01,
+    def train(cls, token_ids: list[int] | np.ndarray, vocab_size: int, alpha: float = 0.01,
               unk_id: int | None = 1) -> "BigramModel":
         """Count bigrams in `token_ids` (a 1-D int sequence) and smooth them into logits.
 
@@ -234,7 +260,7 @@ class BigramModel:
             logits = np.log(smoothed / smoothed.sum(axis=1, keepdims=True))
         return cls(logits.astype(np.float32), unk_id=unk_id)
 
-    def forward(self, token_ids: Sequence[int]) -> np.ndarray:
+    def forward(self, token_ids: list[int]) -> np.ndarray:
         """Logits for the token after each position.
 
         token_ids: T >= 1 ints in [0, V). Returns float32 (T, V). Raises ValueError on an empty
@@ -331,28 +357,60 @@ def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> 
 # ---------------------------------------------------------------------------------------------
 # Engine
 # ---------------------------------------------------------------------------------------------
+# One engine shape for the whole course. A request becomes a `Sequence` (its state); the loop in
+# `Engine.run` advances it one token per step and yields a `RequestOutput` per step; `stream`
+# hands those to the caller and `generate` collects them into a `Completion`. Later chapters keep
+# this shape and override seams: `model_step` (S05's KV cache, S06's torch model), `sample`
+# (S04's SamplingParams, S06's device sampler), `make_detokenizer` and `filter_text` (S02's
+# streaming detokenizer and stop strings). The loop and the stop rules are written only here.
 
-STOP_EOS = "eos"
-STOP_MAX_TOKENS = "max_tokens"
-STOP_CONTEXT_FULL = "context_full"
+FINISH_STOP = "stop"      # the model ended (EOS), or a stop token or stop string matched
+FINISH_LENGTH = "length"  # max_tokens reached, or the context window is full
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationParams:
+    """What S01's loop needs to know about a request (S04's `SamplingParams` extends it).
+
+    max_tokens  int >= 1: the most tokens to generate (16 by default, as in vLLM).
+    temperature finite number >= 0: 0 is greedy; see `sample`.
+    seed        None or an int >= 0: the request's own random stream.
+    ignore_eos  bool: keep generating after EOS (benchmarks use it to fix the work per request).
+
+    Raises ValueError naming the field and its rule. Bools are not numbers here.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1 (got {self.max_tokens!r})")
+        check_temperature(self.temperature)
+        check_seed(self.seed)
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise ValueError(f"ignore_eos must be a bool (got {self.ignore_eos!r})")
 
 
 @dataclass
 class Stats:
-    """What one `generate` call did, pass by pass.
+    """What one request cost, pass by pass.
 
-    context_lens[i] is the number of tokens the model read on pass i (the whole context, since
-    nothing is cached). attention_work_uncached is sum(n^2) over passes: the query-key scores a
-    transformer computes when every pass recomputes the full context; attention_work_cached is
-    sum(n): what it computes when keys and values of earlier positions are kept (S05).
-    Units: token pairs (one score each). pass_times_s are wall seconds per forward pass.
+    context_lens[i] is the number of tokens in the context on pass i (S01 runs the model on all
+    of them; from S05 on a cache holds all but the new ones). attention_work_uncached is
+    sum(n^2) over passes: the query-key scores a transformer computes when every pass recomputes
+    the full context; attention_work_cached is sum(n): what it computes when keys and values of
+    earlier positions are kept (S05). Units: token pairs (one score each).
+    pass_times_s[i]: wall seconds of the model call of pass i (`Engine.model_step`);
+    step_times_s[i]: wall seconds of the whole step i (model, sampler, stop rules, text).
     """
 
     prompt_tokens: int
     context_lens: list[int] = field(default_factory=list)
     pass_times_s: list[float] = field(default_factory=list)
-    tokens_out: int = 0
-    stop_reason: str | None = None
+    step_times_s: list[float] = field(default_factory=list)
 
     @property
     def passes(self) -> int:
@@ -366,35 +424,184 @@ class Stats:
     def attention_work_cached(self) -> int:
         return sum(self.context_lens)
 
+
+@dataclass
+class Sequence:
+    """One request's state while it runs (nano-vllm's `Sequence`, vLLM's `Request`).
+
+    token_ids: prompt then output, the context the model continues; output_ids: the generated
+    ids only. num_computed_tokens: how many of token_ids the model has already processed and
+    kept (0 here: S01 keeps nothing and recomputes every pass; from S05 on, the positions whose
+    keys and values are cached, so the engine knows from this alone whether the next step is a
+    prefill or a decode). eos_ids / stop_token_ids: the ids that end the request (EOS is empty
+    under ignore_eos; stop tokens arrive in S04). generator: the request's own seeded random
+    stream. detokenizer: turns output ids into text (see `make_detokenizer`); stop_matcher:
+    S02's stop-string matcher, None without stop strings; sampler: engine-specific sampling
+    state (S06 keeps its device-side state here). finish_reason: None while running, then
+    "stop" or "length"; stop_reason: the stop token id or stop string that ended it (vLLM's
+    meaning; None for EOS and for "length"). text: the shown text, delta by delta.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    eos_ids: frozenset[int]
+    generator: object
+    detokenizer: object
+    stop_token_ids: frozenset[int] = frozenset()
+    stop_matcher: object = None
+    sampler: object = None
+    token_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    matched_stop_string: str | None = None
+    logprobs: list | None = None
+    text: list[str] = field(default_factory=list)
+    stats: Stats = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_ids)
+        self.stats = Stats(prompt_tokens=len(self.prompt_ids))
+
     @property
-    def finish_reason(self) -> str | None:
-        """The OpenAI / vLLM name: "stop" for an end-of-sequence token, "length" for the token
-        budget or a full context window."""
-        if self.stop_reason is None:
-            return None
-        return "stop" if self.stop_reason == STOP_EOS else "length"
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.output_ids.append(token_id)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step of a request produced: the unit a stream yields (and, from S09 on, what
+    `step()` returns per running request).
+
+    new_token_ids: the ids generated in this step (one per step in Part I). text_delta: the
+    text that became safe to show in this step (may be ""; the deltas of a request joined are
+    its final text). finished / finish_reason / stop_reason: as in `Completion`, set on the
+    request's last output.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 @dataclass
-class Generation:
-    """The result of `Engine.generate`: completion text (EOS excluded), the generated ids (EOS
-    included when produced) and the per-pass stats."""
+class Completion:
+    """The result of a request, the one result type of every engine in the course.
 
+    text: the completion (an EOS or stop token's text is never in it; a stop string is cut off
+    with everything after it). token_ids: every generated id, the one that ended generation
+    included. finish_reason: "stop" (EOS, a stop token or a stop string) or "length"
+    (max_tokens, or the context window is full). stop_reason: the stop token id or stop string
+    that matched, else None (vLLM's `stop_reason`). logprobs: one entry per token id when the
+    request asked for them (S04), else None. stats: what each pass cost.
+    """
+
+    request_id: str
     text: str
     token_ids: list[int]
+    finish_reason: str
+    stop_reason: int | str | None
+    logprobs: list | None
     stats: Stats
+
+
+class CompletionStream:
+    """Iterate for the `RequestOutput`s of one request as they are produced; once the last one
+    (finished=True) was yielded, `result` is the `Completion`. Nothing runs until iterated."""
+
+    def __init__(self, outputs: Iterator[RequestOutput], seq: Sequence):
+        self._outputs = outputs
+        self._seq = seq
+
+    def __iter__(self) -> "CompletionStream":
+        return self
+
+    def __next__(self) -> RequestOutput:
+        return next(self._outputs)
+
+    @property
+    def result(self) -> Completion:
+        """The finished request. Raises ValueError while the stream is not exhausted."""
+        seq = self._seq
+        if not seq.finished:
+            raise ValueError("the stream is not finished: iterate it to the end first")
+        return Completion(seq.request_id, "".join(seq.text), list(seq.output_ids),
+                          seq.finish_reason, seq.stop_reason, seq.logprobs, seq.stats)
+
+
+class DecodeAtEnd:
+    """S01's detokenizer: it shows no text until the request ends, then decodes every output id
+    at once. Turning tokens into text as they arrive needs care that S02's
+    `StreamingDetokenizer` takes (a token can end inside a character), so S01 does not try."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+
+    def feed(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        return ""
+
+    def flush(self) -> str:
+        return self.tokenizer.decode(self.ids)
+
+
+def stop_rule(seq: Sequence, max_context: int) -> tuple[str, int | str | None] | None:
+    """The stop rules, the only place they live, in priority order: (finish_reason,
+    stop_reason) for the rule that fires after the last token, or None to go on.
+
+    1. EOS (any of the tokenizer's EOS ids; none under ignore_eos): ("stop", None).
+    2. A stop token id (S04): ("stop", that id).
+    3. A stop string completed by the new text (S02 sets seq.matched_stop_string): ("stop", it).
+    4. max_tokens tokens generated: ("length", None).
+    5. The context holds max_context tokens, so another pass would exceed it: ("length", None).
+    EOS produced as the last allowed token is an EOS stop: the model chose to end. Rule 5 also
+    fires for a prompt of exactly max_context tokens, before any pass.
+    Follows vLLM's stop checker (EOS, stop ids, stop strings, length) and nano-vllm's
+    `Scheduler.postprocess`.
+    """
+    if seq.output_ids:
+        last = seq.output_ids[-1]
+        if last in seq.eos_ids:
+            return FINISH_STOP, None
+        if last in seq.stop_token_ids:
+            return FINISH_STOP, last
+        if seq.matched_stop_string is not None:
+            return FINISH_STOP, seq.matched_stop_string
+        if len(seq.output_ids) >= seq.params.max_tokens:
+            return FINISH_LENGTH, None
+    if len(seq.token_ids) >= max_context:
+        return FINISH_LENGTH, None
+    return None
 
 
 class Engine:
     """The reference generation loop: recompute everything, take the last row, sample, append.
 
-    Every later engine in the course must produce the same greedy tokens as this one on the same
-    model; it is the oracle, so it stays simple.
+    Every later engine in the course keeps this interface and must produce the same greedy
+    tokens as this one on the same model; it is the oracle, so it stays simple.
 
     model: anything with `forward(token_ids) -> (T, V) logits` and `vocab_size`.
-    tokenizer: anything with `encode(text) -> ids`, `decode(ids) -> str` and `eos_id`.
+    tokenizer: anything with `encode(text) -> ids`, `decode(ids) -> str` and `eos_id` (or
+    `eos_ids`: every one of them then ends a request, as in HF and vLLM).
     max_context: the most tokens (prompt + generated) the model may read in one pass.
+
+    Calls: `generate(prompt, max_tokens=16, temperature=0.0, seed=None, **options)` returns a
+    `Completion`; `stream(...)`, with the same arguments, a `CompletionStream`. Instead of
+    max_tokens a params object may be passed (S04: `engine.generate(prompt, SamplingParams(...))`);
+    `options` are further fields of the engine's params class (here only ignore_eos).
     """
+
+    params_class = GenerationParams
 
     def __init__(self, model, tokenizer, max_context: int):
         if not is_int(max_context) or max_context < 1:
@@ -402,24 +609,108 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = int(max_context)
+        eos_ids = getattr(tokenizer, "eos_ids", None) or (getattr(tokenizer, "eos_id", None),)
+        self.eos_ids = frozenset(int(i) for i in eos_ids if i is not None)
+        self._request_count = 0
 
-    def check_request(self, prompt: str, max_tokens: int, temperature: float,
-                      seed: int | None = None) -> list[int]:
-        """Validate one request and return the prompt's token ids.
+    # --- the public interface, the same for every engine of the course ---------------------
 
-        Raises ValueError naming the rule: prompt must be a non-empty str and must encode to at
-        least one token (whether whitespace is a token is the tokenizer's business: S01's "\\n"
-        is one, "   " encodes to nothing); max_tokens must be an integer >= 1; temperature must
-        be a finite number >= 0; seed must be None or an integer >= 0; the prompt may not be
-        longer than max_context tokens (no silent truncation). Bools are not numbers here.
+    def generate(self, prompt: str, max_tokens=16, temperature: float | None = None,
+                 seed: int | None = None, **options) -> Completion:
+        """Generate a completion of `prompt`: the whole `stream`, so the two cannot disagree.
+
+        The loop stops when the model emits EOS (finish_reason "stop"; EOS is in token_ids but
+        not in text), when max_tokens tokens were generated ("length"), or when the context
+        holds max_context tokens ("length"; a prompt of exactly max_context tokens stops before
+        the first pass). temperature None means 0 (greedy) in this call style; seed makes
+        sampling reproducible. Raises ValueError for a bad request before any pass.
         """
+        stream = self.stream(prompt, max_tokens, temperature, seed, **options)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompt: str, max_tokens=16, temperature: float | None = None,
+               seed: int | None = None, **options) -> CompletionStream:
+        """Start a request and return its `CompletionStream` (arguments as `generate`).
+
+        The request is checked here, before the first token: a bad one raises ValueError at
+        the call, not at the first `next`.
+        """
+        params = self.make_params(max_tokens, temperature, seed, **options)
+        seq = self.add_request(prompt, params)
+        return CompletionStream(self.run(seq), seq)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self, seq: Sequence) -> Iterator[RequestOutput]:
+        """The generation loop: one model pass, one sampled token, one output per step."""
+        while not seq.finished:
+            start = time.perf_counter()
+            logits = self.model_step(seq)            # (V,): the next token's logits
+            model_s = time.perf_counter() - start
+            token = self.sample(logits, seq)         # one token id
+            output = self.postprocess(seq, token)    # append it, stop rules, text to show
+            seq.stats.pass_times_s.append(model_s)
+            seq.stats.step_times_s.append(time.perf_counter() - start)
+            yield output
+
+    # --- seams that later chapters override ----------------------------------------------
+
+    def model_step(self, seq: Sequence):
+        """Logits (V,) of the token after seq.token_ids. S01 reruns the model on the whole
+        context and keeps only the last row (S05 computes just the new token)."""
+        seq.stats.context_lens.append(len(seq.token_ids))
+        return self.model.forward(seq.token_ids)[-1]  # (T, V) -> the last row
+
+    def sample(self, logits, seq: Sequence) -> int:
+        """One token id from a row of logits (V,) under the request's temperature and seed."""
+        return sample(logits, seq.params.temperature, seq.generator)
+
+    def make_detokenizer(self):
+        """A fresh detokenizer for one request: `feed(id) -> text`, `flush() -> text`."""
+        return DecodeAtEnd(self.tokenizer)
+
+    def filter_text(self, seq: Sequence, text: str) -> str:
+        """What of a new piece of text may be shown (S02 cuts stop strings here)."""
+        return text
+
+    def end_text(self, seq: Sequence) -> str:
+        """The text still held back when the request ends (S02 adds the stop matcher's)."""
+        return self.filter_text(seq, seq.detokenizer.flush())
+
+    # --- requests and their steps --------------------------------------------------------
+
+    def make_params(self, max_tokens=16, temperature=None, seed=None, **options):
+        """The request's params from the call's arguments: a params object passed in the place
+        of max_tokens (converted to this engine's `params_class` when it is an earlier
+        chapter's), or the fields as keywords. Raises ValueError for an unknown option, or for
+        keywords next to a params object."""
+        if isinstance(max_tokens, GenerationParams):
+            if temperature is not None or seed is not None or options:
+                raise ValueError("pass either a params object or keyword fields, not both")
+            if isinstance(max_tokens, self.params_class):
+                return max_tokens
+            fields_ = {f.name: getattr(max_tokens, f.name) for f in dataclass_fields(max_tokens)}
+            return self.params_class(**fields_)
+        known = {f.name for f in dataclass_fields(self.params_class)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown}: this engine takes "
+                             f"{sorted(known - {'max_tokens', 'temperature', 'seed'})}")
+        return self.params_class(max_tokens=max_tokens,
+                                 temperature=0.0 if temperature is None else temperature,
+                                 seed=seed, **options)
+
+    def check_prompt(self, prompt: str) -> list[int]:
+        """The prompt's token ids. Raises ValueError naming the rule: prompt must be a non-empty
+        str of valid Unicode (see `check_text`) that encodes to at least one token (whether
+        whitespace is a token is the tokenizer's business: S01's "\\n" is one, "   " encodes
+        to nothing), and no longer than max_context tokens (no silent truncation)."""
         if not isinstance(prompt, str) or not prompt:
             got = "''" if isinstance(prompt, str) else f"a {type(prompt).__name__}"
             raise ValueError(f"prompt must be a non-empty string (got {got})")
-        if not is_int(max_tokens) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1 (got {max_tokens!r})")
-        check_temperature(temperature)
-        check_seed(seed)
+        check_text(prompt, "prompt")
         prompt_ids = list(self.tokenizer.encode(prompt))
         if not prompt_ids:
             raise ValueError("prompt must contain at least one token (the tokenizer encodes "
@@ -430,48 +721,51 @@ class Engine:
                 "shorten the prompt (it is never truncated silently)")
         return prompt_ids
 
-    def stop_reason(self, token_id: int, tokens_out: int, max_tokens: int) -> str | None:
-        """The stop rule after a token was sampled, in priority order: EOS, then the budget.
+    def add_request(self, prompt: str, params: GenerationParams) -> Sequence:
+        """Check a request and make its `Sequence` (a prompt that fills the context is finished
+        at once, with finish_reason "length" and no token)."""
+        prompt_ids = self.check_prompt(prompt)
+        seq = self.make_sequence(str(self._request_count), prompt_ids, params)
+        self._request_count += 1
+        self.finish_if_stopped(seq)
+        return seq
 
-        EOS produced as the last allowed token is an EOS stop: the model chose to end.
+    def make_sequence(self, request_id: str, prompt_ids: list[int],
+                      params: GenerationParams) -> Sequence:
+        """A new request's state (S02 adds a stop matcher, S04 stop tokens and logprobs)."""
+        return Sequence(request_id, prompt_ids, params,
+                        eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
+                        generator=np.random.default_rng(params.seed),
+                        detokenizer=self.make_detokenizer())
+
+    def postprocess(self, seq: Sequence, token: int) -> RequestOutput:
+        """After a token is sampled: append it, turn it into text, apply the stop rules.
+
+        The text of an EOS or stop token is never shown. When the request ends, whatever text
+        the detokenizer and the stop matcher still hold is released in the same output.
         """
-        if token_id == self.tokenizer.eos_id:
-            return STOP_EOS
-        if tokens_out >= max_tokens:
-            return STOP_MAX_TOKENS
-        return None
+        seq.append(token)
+        if token not in seq.eos_ids and token not in seq.stop_token_ids:
+            delta = self.filter_text(seq, seq.detokenizer.feed(token))
+        else:
+            delta = ""
+        delta += self.finish_if_stopped(seq)
+        seq.text.append(delta)
+        return RequestOutput(seq.request_id, [token], delta, seq.finished, seq.finish_reason,
+                             seq.stop_reason)
 
-    def generate(self, prompt: str, max_tokens: int, temperature: float = 0.0,
-                 seed: int | None = None) -> Generation:
-        """Generate up to `max_tokens` tokens after `prompt`.
-
-        Each pass runs the model on the whole context (prompt + everything generated so far),
-        keeps only the last row of logits and samples one token. The loop stops when the model
-        emits EOS (stop_reason "eos"; EOS is in token_ids but not in text), when max_tokens tokens
-        were generated ("max_tokens"), or when the context holds max_context tokens and another
-        pass would exceed it ("context_full"; a prompt of exactly max_context tokens stops before
-        the first pass). seed makes sampling reproducible (unused when temperature is 0).
-        Raises ValueError for a bad request before any pass (see `check_request`).
-        """
-        ids = self.check_request(prompt, max_tokens, temperature, seed)
-        rng = np.random.default_rng(seed)
-        stats = Stats(prompt_tokens=len(ids))
-        out: list[int] = []
-        while stats.stop_reason is None:
-            if len(ids) >= self.max_context:
-                stats.stop_reason = STOP_CONTEXT_FULL
-                break
-            start = time.perf_counter()
-            logits = self.model.forward(ids)            # (T, V): a row for every position
-            stats.pass_times_s.append(time.perf_counter() - start)
-            stats.context_lens.append(len(ids))
-            next_id = sample(logits[-1], temperature, rng)  # only the last row matters
-            ids.append(next_id)
-            out.append(next_id)
-            stats.tokens_out = len(out)
-            stats.stop_reason = self.stop_reason(next_id, len(out), max_tokens)
-        text_ids = out[:-1] if out and out[-1] == self.tokenizer.eos_id else out
-        return Generation(text=self.tokenizer.decode(text_ids), token_ids=out, stats=stats)
+    def finish_if_stopped(self, seq: Sequence) -> str:
+        """Apply `stop_rule`; if it fires, finish the request and return its held-back text."""
+        stop = stop_rule(seq, self.max_context)
+        if stop is None:
+            return ""
+        seq.finish_reason, seq.stop_reason = stop
+        if seq.matched_stop_string is not None:
+            return ""                          # text after a stop string is never shown
+        tail = self.end_text(seq)
+        if seq.matched_stop_string is not None:  # the held-back text completed a stop string
+            seq.finish_reason, seq.stop_reason = FINISH_STOP, seq.matched_stop_string
+        return tail
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,7 +803,7 @@ def format_cost_table(stats: Stats, max_rows: int = 12) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 1: the generation loop on a bigram model.")
     parser.add_argument("--prompt", default="Ham.\nTo be, or not to be", help="text to continue")
@@ -531,8 +825,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("\n--- prompt ---\n" + tokenizer.normalize(args.prompt))
     print("--- completion ---\n" + result.text)
     s = result.stats
-    print(f"--- {s.tokens_out} tokens, stop_reason={s.stop_reason} "
-          f"(finish_reason={s.finish_reason}), {s.passes} passes ---\n")
+    print(f"--- {len(result.token_ids)} tokens, finish_reason={result.finish_reason}, "
+          f"{s.passes} passes ---\n")
     print(format_cost_table(s))
 
 

@@ -69,6 +69,7 @@ import numpy as np
 import regex
 
 import s01_generation_loop as s01
+from s01_generation_loop import check_text
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_PATH = ROOT / "data" / "shakespeare.txt"
@@ -93,24 +94,6 @@ SPLIT_PATTERN = (
 # ---------------------------------------------------------------------------------------------
 # Byte-pair merging, encode, decode
 # ---------------------------------------------------------------------------------------------
-
-def check_text(text: str, name: str = "text") -> None:
-    """Raise ValueError unless `text` is a str that UTF-8 can encode.
-
-    A Python str may hold a lone surrogate (U+D800-U+DFFF), e.g. from `"\\ud800"` or from
-    command-line bytes that were not UTF-8 (Python maps them to U+DC80-U+DCFF). Such a string is
-    not valid Unicode and has no UTF-8 bytes, so it has no byte-level tokens either.
-    """
-    if not isinstance(text, str):
-        raise ValueError(f"{name} must be a str (got {type(text).__name__})")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise ValueError(f"{name} must be valid Unicode without lone surrogates: "
-                             f"{text[err.start]!r} at index {err.start} has no UTF-8 "
-                             "encoding") from None
-
 
 def bpe_merge(piece: bytes, ranks: dict[bytes, int]) -> list[int]:
     """Split one pre-token into token ids by merging adjacent parts, lowest rank first.
@@ -604,24 +587,55 @@ class StreamingDetokenizer:
     of an unfinished character are held back until the token that completes them arrives;
     `flush()` at the end releases whatever is left (as U+FFFD, since it never completed).
 
+    Two ways to see that a character is unfinished, one per kind of tokenizer:
+    - bytes (a tokenizer with `decode_bytes`, like this chapter's): the UTF-8 rule of
+      `incomplete_utf8_tail`, exact and O(1) per token;
+    - text (any tokenizer with `decode` only, such as a checkpoint's read by HF `tokenizers`
+      in S03): decode a short window of recent ids and hold back while it ends in U+FFFD. The
+      window starts one emitted chunk back (vLLM's prefix and read offsets), because some
+      decoders write a token's text differently at the start of a string (a leading space
+      dropped); the new text is the window's decode minus the decode of its first chunk. A
+      window spans the last emitted chunk and the ids still held, so a step decodes a few ids,
+      not the whole output: O(1) amortised per token.
+
     Invariant: for every prefix of ids, the deltas of `feed` joined with `flush()` equal
-    `tokenizer.decode(prefix)`. Follows the idea of HF transformers' `TextStreamer` and vLLM's
-    incremental detokenizer, at the byte level.
+    `tokenizer.decode(prefix)`. Follows HF transformers' `TextStreamer` and vLLM's incremental
+    detokenizer (`detokenize_incrementally`).
     """
 
-    def __init__(self, tokenizer: BPETokenizer):
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.pending = b""                 # bytes of a character still missing bytes
+        self.by_bytes = hasattr(tokenizer, "decode_bytes")
+        self.ids: list[int] = []           # the text path's window: last shown chunk + held
+        self.read = 0                      # ids[:read] is the last chunk already shown
 
     def feed(self, token_id: int) -> str:
         """Add one token; return the text that is now complete (possibly "")."""
+        if not self.by_bytes:
+            return self._feed_text(token_id)
         data = self.pending + self.tokenizer.decode_bytes([token_id])
         cut = len(data) - incomplete_utf8_tail(data)
         self.pending = data[cut:]
         return data[:cut].decode("utf-8", errors="replace")
 
+    def _feed_text(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        shown = self.tokenizer.decode(self.ids[:self.read])   # the last chunk, shown already
+        window = self.tokenizer.decode(self.ids)
+        if window.endswith("\ufffd") or not window.startswith(shown):
+            return ""                      # a character still waits for bytes: hold back
+        self.ids = self.ids[self.read:]    # the new chunk is the next window's start
+        self.read = len(self.ids)
+        return window[len(shown):]
+
     def flush(self) -> str:
-        """End of stream: return the held-back bytes as text (U+FFFD for each broken part)."""
+        """End of stream: return the held-back text (U+FFFD for each broken part)."""
+        if not self.by_bytes:
+            shown = self.tokenizer.decode(self.ids[:self.read])
+            window = self.tokenizer.decode(self.ids)
+            self.ids, self.read = [], 0
+            return window[len(shown):] if window.startswith(shown) else window
         text, self.pending = self.pending.decode("utf-8", errors="replace"), b""
         return text
 
@@ -632,11 +646,12 @@ class StopStringMatcher:
     `feed(delta)` returns the part of the text that is safe to show. Text that could still be
     the start of a stop string ("\\n" when a stop string is "\\n\\n") is held back until the next
     delta decides. When a stop string appears, everything before it is released, the stop
-    string and anything after it are dropped, and `stopped` becomes True. "First" means first
-    completed, reading the text character by character (generation would stop there); when two
-    stop strings complete on the same character, the longer one is cut. This makes the result
-    independent of how the text was split into tokens or deltas.
-    `flush()` at the end of generation releases the held-back text when no stop string came.
+    string and anything after it are dropped, `stopped` becomes True and `matched` names the
+    stop string. "First" means first completed, reading the text character by character
+    (generation would stop there); when two stop strings complete on the same character, the
+    longer one is cut. This makes the result independent of how the text was split into tokens
+    or deltas. `flush()` at the end of generation releases the held-back text when no stop
+    string came. (vLLM checks stop strings in list order instead.)
 
     stop: stop strings (any iterable, read once, so a generator works), one string, or None
     (none). Raises ValueError for a stop string that is empty, not a str or not valid Unicode,
@@ -644,21 +659,10 @@ class StopStringMatcher:
     """
 
     def __init__(self, stop: Iterable[str] | str | None = ()):
-        if stop is None:             # JSON null from an API request: no stop strings
-            stop = ()
-        elif isinstance(stop, str):
-            stop = (stop,)
-        elif isinstance(stop, (bytes, dict)) or not hasattr(stop, "__iter__"):
-            raise ValueError(f"stop must be a string, an iterable of strings or None "
-                             f"(got {stop!r})")
-        stop = tuple(stop)           # once: validating must not use up a generator
-        for s in stop:
-            if not isinstance(s, str) or not s:
-                raise ValueError(f"stop strings must be non-empty strings (got {s!r})")
-            check_text(s, "stop strings")  # a lone surrogate could never match decoded text
-        self.stop = stop
+        self.stop = normalize_stop(stop)
         self.held = ""
         self.stopped = False
+        self.matched: str | None = None
 
     def feed(self, text: str) -> str:
         """Add a text delta; return what can be shown now."""
@@ -668,9 +672,9 @@ class StopStringMatcher:
         # Where each stop string's first occurrence ends; the one that ends first is the one
         # a reader going character by character sees first (on a tie: the longest, which
         # starts earlier). So the cut never depends on how the text was split into deltas.
-        ends = [(i + len(s), -len(s)) for s in self.stop if (i := buffer.find(s)) >= 0]
+        ends = [(i + len(s), -len(s), s) for s in self.stop if (i := buffer.find(s)) >= 0]
         if ends:
-            end, minus_len = min(ends)
+            end, minus_len, self.matched = min(ends)
             self.stopped, self.held = True, ""
             return buffer[:end + minus_len]
         keep = self.partial_match_length(buffer)
@@ -691,128 +695,83 @@ class StopStringMatcher:
         return text
 
 
+def normalize_stop(stop: Iterable[str] | str | None) -> tuple[str, ...]:
+    """Stop strings as a tuple: one str, any iterable of str (read once), or None (none).
+    Raises ValueError for a stop string that is empty, not a str or not valid Unicode (a lone
+    surrogate could never match decoded text), and for bytes, a number or a dict."""
+    if stop is None:             # JSON null from an API request: no stop strings
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, (bytes, dict)) or not hasattr(stop, "__iter__"):
+        raise ValueError(f"stop must be a string, an iterable of strings or None "
+                         f"(got {stop!r})")
+    stop = tuple(stop)           # once: validating must not use up a generator
+    for s in stop:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop strings must be non-empty strings (got {s!r})")
+        check_text(s, "stop strings")
+    return stop
+
+
 # ---------------------------------------------------------------------------------------------
-# Engine: blocking and streaming generation with stop strings
+# Engine: S01's loop with streamed text and stop strings
 # ---------------------------------------------------------------------------------------------
 
-STOP_STRING = "stop_string"
+@dataclass(frozen=True, kw_only=True)
+class GenerationParams(s01.GenerationParams):
+    """S01's request fields and `stop`: stop strings (see `normalize_stop`); generation ends
+    when the output text contains one, cut before it (finish_reason "stop", stop_reason the
+    stop string)."""
 
+    stop: tuple[str, ...] = ()
 
-@dataclass
-class Stats(s01.Stats):
-    """S01's per-pass stats; a stop string now also finishes with finish_reason "stop"."""
-
-    @property
-    def finish_reason(self) -> str | None:
-        if self.stop_reason is None:
-            return None
-        return "stop" if self.stop_reason in (s01.STOP_EOS, STOP_STRING) else "length"
-
-
-class GenerationStream:
-    """An iterator of text deltas; once it is exhausted, `result` holds the `Generation`."""
-
-    def __init__(self, deltas: Iterator[str]):
-        self._deltas = deltas
-        self.result: s01.Generation | None = None
-
-    def __iter__(self) -> "GenerationStream":
-        return self
-
-    def __next__(self) -> str:
-        try:
-            return next(self._deltas)
-        except StopIteration as end:          # the generator's return value is the result
-            self.result = end.value
-            raise StopIteration from None
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "stop", normalize_stop(self.stop))
 
 
 class Engine(s01.Engine):
-    """S01's loop with a byte-level BPE tokenizer, streaming and stop strings.
+    """S01's engine with a byte-level BPE tokenizer, streamed text and stop strings.
 
-    `stream(...)` returns an iterator of text deltas; `generate(...)` runs the same iterator to
-    the end and returns a `Generation` whose text is the deltas joined, so the two can never
-    disagree. The model call and the sampler are S01's, so greedy ids are S01's ids.
-
-    Stop rules after each sampled token, in order: EOS ("eos", its text is not shown), a stop
-    string completed by the new text ("stop_string", the stop string is not shown), the token
-    budget ("max_tokens"); before each pass, a full context ("context_full").
-    finish_reason is "stop" for the first two and "length" for the others.
-    Raises ValueError (at the call, before any token) for bad requests, see `check_request`.
+    Only seams change: `make_detokenizer` (the `StreamingDetokenizer`, so text arrives as the
+    tokens do, never half a character), `make_sequence` (a `StopStringMatcher` per request with
+    stop strings), `filter_text` and `end_text` (the matcher's cut and its held-back text). The
+    loop, the sampler and the stop rules are S01's, so greedy ids are S01's ids.
+    Call style: S01's, plus `stop=[...]`. Raises ValueError (at the call, before any token)
+    for bad requests. The model may have more output rows than the tokenizer has ids (real
+    checkpoints pad their embedding: Qwen3-0.6B has 151,936 rows for 151,669 tokenizer ids);
+    should it ever sample such an id, the tokenizer's decode raises ValueError naming it.
     """
 
-    def __init__(self, model, tokenizer: BPETokenizer, max_context: int):
-        super().__init__(model, tokenizer, max_context)
-        if model.vocab_size > tokenizer.vocab_size:
-            raise ValueError(f"model vocab_size {model.vocab_size} exceeds the tokenizer's "
-                             f"{tokenizer.vocab_size}: some ids could not be decoded")
+    params_class = GenerationParams
 
-    def check_request(self, prompt: str, max_tokens: int, temperature: float,
-                      seed: int | None = None) -> list[int]:
-        """S01's checks (see `s01.Engine.check_request`), and a prompt must be valid Unicode: a
-        lone surrogate (from bytes that were not UTF-8) has no bytes to tokenize."""
-        if isinstance(prompt, str):
-            check_text(prompt, "prompt")
-        return super().check_request(prompt, max_tokens, temperature, seed)
+    def make_detokenizer(self) -> StreamingDetokenizer:
+        return StreamingDetokenizer(self.tokenizer)
 
-    def stream(self, prompt: str, max_tokens: int, temperature: float = 0.0,
-               seed: int | None = None, stop: Sequence[str] = ()) -> GenerationStream:
-        """Generate like `generate`, yielding text deltas as soon as they are safe to show.
+    def make_sequence(self, request_id, prompt_ids, params) -> s01.Sequence:
+        seq = super().make_sequence(request_id, prompt_ids, params)
+        if params.stop:
+            seq.stop_matcher = StopStringMatcher(params.stop)
+        return seq
 
-        Iterate the returned `GenerationStream` for the deltas (non-empty strings); afterwards
-        its `result` is the finished `Generation`. The request is validated here, before the
-        first token, so a bad one raises at the call, not at the first `next`.
-        """
-        prompt_ids = self.check_request(prompt, max_tokens, temperature, seed)
-        matcher = StopStringMatcher(stop)   # validates (and reads once) the stop strings now
-        return GenerationStream(self._run(prompt_ids, max_tokens, temperature, seed, matcher))
+    def filter_text(self, seq: s01.Sequence, text: str) -> str:
+        """Pass new text through the request's stop matcher; record a stop string it cut at
+        (`s01.stop_rule` then ends the request)."""
+        matcher = seq.stop_matcher
+        if matcher is None:
+            return text
+        shown = matcher.feed(text)
+        if matcher.stopped:
+            seq.matched_stop_string = matcher.matched
+        return shown
 
-    def generate(self, prompt: str, max_tokens: int, temperature: float = 0.0,
-                 seed: int | None = None, stop: Sequence[str] = ()) -> s01.Generation:
-        """Generate to the end and return the `Generation` (its text is the deltas joined)."""
-        stream = self.stream(prompt, max_tokens, temperature, seed, stop)
-        for _ in stream:
-            pass
-        return stream.result
-
-    def _run(self, ids: list[int], max_tokens: int, temperature: float, seed: int | None,
-             matcher: StopStringMatcher) -> Iterator[str]:
-        rng = np.random.default_rng(seed)
-        stats = Stats(prompt_tokens=len(ids))
-        detokenizer = StreamingDetokenizer(self.tokenizer)
-        out: list[int] = []
-        shown: list[str] = []
-        while stats.stop_reason is None:
-            if len(ids) >= self.max_context:
-                stats.stop_reason = s01.STOP_CONTEXT_FULL
-                break
-            start = time.perf_counter()
-            logits = self.model.forward(ids)                      # (T, V)
-            stats.pass_times_s.append(time.perf_counter() - start)
-            stats.context_lens.append(len(ids))
-            next_id = s01.sample(logits[-1], temperature, rng)
-            ids.append(next_id)
-            out.append(next_id)
-            stats.tokens_out = len(out)
-            stats.stop_reason = self.stop_reason(next_id, len(out), max_tokens)
-            if stats.stop_reason == s01.STOP_EOS:
-                break
-            delta = matcher.feed(detokenizer.feed(next_id))
-            if matcher.stopped:
-                stats.stop_reason = STOP_STRING
-            if delta:
-                shown.append(delta)
-                yield delta
-        # The end: bytes of an unfinished character, then text held back for a stop string.
-        if not matcher.stopped:
-            delta = matcher.feed(detokenizer.flush())
-            if matcher.stopped:
-                stats.stop_reason = STOP_STRING
-            delta += matcher.flush()
-            if delta:
-                shown.append(delta)
-                yield delta
-        return s01.Generation(text="".join(shown), token_ids=out, stats=stats)
+    def end_text(self, seq: s01.Sequence) -> str:
+        """The detokenizer's last bytes (through the matcher), then what the matcher held."""
+        text = super().end_text(seq)
+        if seq.stop_matcher is not None:
+            text += seq.stop_matcher.flush()
+        return text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -886,7 +845,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:  # validate the request now; the stream itself is lazy and runs at the end
         check_text(text, "--text")  # argv bytes that are not UTF-8 arrive as surrogates
         engine = Engine(model, tokenizer, max_context=args.max_context)
-        stream = engine.stream(args.prompt, args.max_tokens, args.temperature, args.seed, stop)
+        stream = engine.stream(args.prompt, args.max_tokens, args.temperature, args.seed,
+                               stop=stop)
     except ValueError as err:
         parser.error(str(err))
     print(f"project tokenizer: {TOKENIZER_PATH.relative_to(ROOT)}, V = {tokenizer.vocab_size}, "
@@ -911,11 +871,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{name:<16} {size:>7} {bpt:>12.3f}")
 
     print(f"\n--- streaming {args.prompt!r}, stop={stop} (deltas separated by '|') ---")
-    for delta in stream:
-        print(delta, end="|", flush=True)
-    s = stream.result.stats
-    print(f"\n--- {s.tokens_out} tokens, stop_reason={s.stop_reason}, "
-          f"finish_reason={s.finish_reason} ---")
+    for output in stream:
+        if output.text_delta:
+            print(output.text_delta, end="|", flush=True)
+    result = stream.result
+    print(f"\n--- {len(result.token_ids)} tokens, finish_reason={result.finish_reason}, "
+          f"stop_reason={result.stop_reason!r} ---")
 
 
 if __name__ == "__main__":

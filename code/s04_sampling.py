@@ -109,16 +109,8 @@ MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63  # seeds lie in [0, 2**63): torch.Generator.manual_seed takes a signed 64-bit int
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams(s02.GenerationParams):
     """How one request turns logits into tokens; names, meanings and defaults follow vLLM.
 
     temperature         in [0, 100]. 0 is greedy (argmax, lowest id on a tie); 1 leaves the
@@ -155,25 +147,21 @@ class SamplingParams:
     any iterable is accepted and read once (a generator is materialised before it is checked).
     """
 
-    temperature: float = 1.0
+    temperature: float = 1.0      # vLLM's default; S01's call style still means greedy
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    max_tokens: int = 16
     min_tokens: int = 0
-    stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    seed: int | None = None
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
         def real(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
             value = getattr(self, name)
-            low_ok = _is_real(value) and (value > lo if lo_open else value >= lo)
+            low_ok = s01.is_real(value) and (value > lo if lo_open else value >= lo)
             if not (low_ok and math.isfinite(value) and value <= hi):
                 bracket = "(" if lo_open else "["
                 high = "inf)" if math.isinf(hi) else f"{hi:g}]"
@@ -186,34 +174,22 @@ class SamplingParams:
         real("repetition_penalty", 0.0, math.inf, lo_open=True)
         real("presence_penalty", -2.0, 2.0)
         real("frequency_penalty", -2.0, 2.0)
-        if not _is_int(self.top_k) or self.top_k < -1:
+        if not s01.is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be an int >= -1 (0 or -1 disables; got {self.top_k!r})")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1 (got {self.max_tokens!r})")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        if self.seed is not None and (not s01.is_int(self.seed) or not 0 <= self.seed < MAX_SEED):
+            raise ValueError(f"seed must be None or an int in [0, 2**63) (got {self.seed!r})")
+        super().__post_init__()   # S01's max_tokens, ignore_eos and seed rules, S02's stop
+        if not s01.is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}] "
                              f"(got {self.min_tokens!r})")
-        # An iterable is read exactly once, into a tuple, before it is checked: checking a
-        # generator first would consume it and leave nothing to store.
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        stop = () if stop is None else stop
-        stop = tuple(stop) if hasattr(stop, "__iter__") and not isinstance(stop, bytes) else None
-        if stop is None or not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"stop must be a str or a sequence of non-empty str "
-                             f"(got {self.stop!r})")
-        object.__setattr__(self, "stop", stop)
         ids = () if self.stop_token_ids is None else self.stop_token_ids
         ids = (tuple(ids) if hasattr(ids, "__iter__") and not isinstance(ids, (str, bytes))
                else None)
-        if ids is None or not all(_is_int(i) and i >= 0 for i in ids):
+        if ids is None or not all(s01.is_int(i) and i >= 0 for i in ids):
             raise ValueError(f"stop_token_ids must be a sequence of ints >= 0 "
                              f"(got {self.stop_token_ids!r})")
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
-        if not isinstance(self.ignore_eos, (bool, np.bool_)):
-            raise ValueError(f"ignore_eos must be a bool (got {self.ignore_eos!r})")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < MAX_SEED):
-            raise ValueError(f"seed must be None or an int in [0, 2**63) (got {self.seed!r})")
-        if self.logprobs is not None and (not _is_int(self.logprobs)
+        if self.logprobs is not None and (not s01.is_int(self.logprobs)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}] "
                              f"(got {self.logprobs!r})")
@@ -350,24 +326,36 @@ def apply_top_k(logits: np.ndarray, top_k: int) -> np.ndarray:
 
 
 def apply_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
-    """Nucleus filter: keep the most likely tokens until their probability reaches `top_p`.
+    """Nucleus filter: keep the smallest set of most likely tokens whose mass reaches `top_p`.
 
-    Sort tokens by probability, descending; token i is kept if the mass of the tokens before it
-    is < top_p. So the token that crosses (or reaches) top_p is kept and the first token is
-    always kept (top_p = 0 keeps exactly one). Equal probabilities are ordered by token id,
-    lowest first, so the result is deterministic. The running sum is in float64: in float32 it
-    stalls below 1 once the terms drop under 6e-8, which would wrongly keep a long tail.
-    Same kept set as HF `TopPLogitsWarper` (which phrases it as removing the ascending
-    cumulative mass <= 1 - top_p) and vLLM.
+    logits: float32 (V,), -inf allowed. Returns a float32 (V,) copy, dropped tokens at -inf.
+    HF `TopPLogitsWarper`'s rule and arithmetic (vLLM's too): sort the tokens by probability,
+    ascending; p = their softmax in float32 by torch's steps (e = exp(z - max), each rounded
+    once to float32 from float64, then p = e * (1 / sum of e)); c[i] = p[0] + ... + p[i], the
+    mass of token i and of every less likely one, accumulated in float64 and rounded to float32
+    at each i (as torch's CPU cumsum does); drop token i if c[i] <= float32(1 - top_p), but
+    never the most likely token. In exact arithmetic, token i is kept iff the tokens more
+    likely than it hold < top_p: the token that reaches top_p exactly is the last one kept
+    ([0.1, 0.3, 0.6] at top_p 0.9 keeps {1, 2}), and top_p = 0 keeps only the most likely
+    token. Equal probabilities: the lower id counts as the more likely, so the result is
+    deterministic (HF leaves ties to an unstable sort). Smallest first is also why a float32
+    running sum (torch's on CUDA) does not stall: each term is at least the mean of those
+    before it, so none falls under half an ulp of the sum while V < 2**24 (summed most likely
+    first, terms under 6e-8 vanish near 1 and a long tail would be kept).
+    Where HF can differ: torch's vectorised exp and sum can round differently in the last bit.
+    That moves the cut only when some c[i] lies within an ulp or two of 1 - top_p, i.e. when a
+    head of the sorted mass equals top_p exactly (short decimals, such as multiples of 0.05).
     """
     out = logits.copy()
     if top_p >= 1.0:
         return out
-    order = np.argsort(-logits, kind="stable")               # (V,) most likely first
-    probs = softmax(logits)[order].astype(np.float64)        # (V,) sorted
-    mass_before = np.cumsum(probs) - probs                   # exclusive prefix sums
-    drop = mass_before >= top_p
-    drop[0] = False
+    order = np.argsort(-logits, kind="stable")[::-1]        # (V,) least likely first
+    shifted = logits[order] - logits.max()                   # (V,) sorted ascending, <= 0
+    e = np.exp(shifted.astype(np.float64)).astype(np.float32)
+    probs = e * (np.float32(1.0) / e.sum())                  # torch's float32 softmax steps
+    mass_up_to = np.cumsum(probs, dtype=np.float64).astype(np.float32)   # (V,) inclusive sums
+    drop = mass_up_to <= np.float32(1.0 - top_p)
+    drop[-1] = False
     out[order[drop]] = NEG_INF
     return out
 
@@ -460,9 +448,9 @@ def compute_logprobs(logits: np.ndarray, token_id: int, n: int) -> TokenLogprobs
     [0, V), or an n that is not an int >= 0.
     """
     logp = log_softmax(check_logits(logits))                 # (V,)
-    if not _is_int(token_id) or not 0 <= token_id < logp.size:
+    if not s01.is_int(token_id) or not 0 <= token_id < logp.size:
         raise ValueError(f"token_id must be an int in [0, V={logp.size}) (got {token_id!r})")
-    if not _is_int(n) or n < 0:
+    if not s01.is_int(n) or n < 0:
         raise ValueError(f"n must be an int >= 0 (got {n!r})")
     top = np.argsort(-logp, kind="stable")[:n]
     return TokenLogprobs(token_id=int(token_id), logprob=float(logp[token_id]),
@@ -473,92 +461,12 @@ def compute_logprobs(logits: np.ndarray, token_id: int, n: int) -> TokenLogprobs
 # Engine
 # ---------------------------------------------------------------------------------------------
 
-STOP_TOKEN = "stop_token"     # a token of SamplingParams.stop_token_ids was generated
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
-class Stats(s02.Stats):
-    """S02's Stats; stop_reason may also be "stop_token" (finish_reason "stop")."""
-
-    @property
-    def finish_reason(self) -> str | None:
-        if self.stop_reason == STOP_TOKEN:
-            return "stop"
-        return super().finish_reason
-
-
-@dataclass
-class Completion:
-    """The result of `Engine.generate` (and the return value of `Engine.stream`).
-
-    text: the completion text, the streamed deltas joined: EOS, a final stop token, and a stop
-    string with everything after it are not in it. token_ids: every generated id, the one that
-    stopped generation included. finish_reason: "stop" (EOS, stop token or stop string) or
-    "length" (max_tokens or a full context). matched_stop: the stop string or stop token id that
-    ended generation, else None (vLLM calls it `stop_reason`). logprobs: one TokenLogprobs per
-    token id, or None when SamplingParams.logprobs is None.
-    """
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    matched_stop: str | int | None
-    logprobs: list[TokenLogprobs] | None
-    stats: Stats
-
-
-class TextDeltas:
-    """Token ids in, text deltas out, for any tokenizer with `decode(ids) -> str`.
-
-    S02's `StreamingDetokenizer` works on bytes and needs S02's tokenizer; this one only
-    decodes, so it also runs a checkpoint's tokenizer (S03). Each `feed` decodes all ids so far
-    (a token's text can depend on its neighbours: spaces, merged characters) and returns what
-    is new, holding back a trailing U+FFFD, which is how decoders show a character whose bytes
-    have not all arrived. Assumes, like vLLM's incremental detokenizer, that decoding more ids
-    only extends the text already shown. `flush` releases what is left.
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.shown = ""
-
-    def _delta(self, text: str) -> str:
-        if not text.startswith(self.shown):
-            return ""  # the decoder rewrote shown text; wait until it extends it again
-        delta, self.shown = text[len(self.shown):], text
-        return delta
-
-    def feed(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        return self._delta(self.tokenizer.decode(self.ids).rstrip("\ufffd"))
-
-    def flush(self) -> str:
-        return self._delta(self.tokenizer.decode(self.ids))
-
-
-def first_stop(text: str, stops: Sequence[str]) -> str | None:
-    """The stop string S02's `StopStringMatcher` cuts `text` at, or None.
-
-    Its rule: the stop string whose first occurrence ends first (the one a reader going
-    character by character meets first), the longer one when two end together. (vLLM checks
-    stop strings in list order instead.)
-    """
-    ends = [(i + len(s), -len(s), s) for s in stops if (i := text.find(s)) >= 0]
-    return min(ends)[2] if ends else None
-
-
-def cut_at_stop(matcher: s02.StopStringMatcher, delta: str) -> tuple[str, str | None]:
-    """Pass a text delta through S02's matcher: (text safe to show, the stop string it cut at
-    or None)."""
-    buffer = matcher.held + delta
-    shown = matcher.feed(delta)
-    return shown, (first_stop(buffer, matcher.stop) if matcher.stopped else None)
-
-
-class Engine(s01.Engine):
-    """S01's loop with `SamplingParams`: processors, stop rules, per-request seeds, logprobs,
-    streaming like S02's Engine.
+class Engine(s02.Engine):
+    """S02's engine with `SamplingParams`: processors, stop tokens, min_tokens, per-request
+    seeds, logprobs.
 
     model, max_context: as in S01. tokenizer: `encode`, `decode` and `eos_id` (or `eos_ids`,
     all of which then count as EOS), for example S01's, S02's or a checkpoint's (S03).
@@ -566,13 +474,17 @@ class Engine(s01.Engine):
     "processed_logprobs" (of the distribution the token was drawn from; for greedy requests,
     of the logits after min_tokens and penalties, whose argmax was taken).
 
-    Stop rules after each token, in priority order: EOS (unless ignore_eos) and a stop token
-    id (their text is not shown), a stop string in the text (cut before it), max_tokens; before
-    each pass, a full context. Before min_tokens tokens exist, EOS and stop ids cannot be
-    sampled and stop strings are not looked for: a stop string counts only inside text that
-    arrives from the min_tokens-th token on (text shown earlier is final; so a stream never
-    has to take text back).
+    Call style: `generate(prompt, SamplingParams(...))`, or S01's `generate(prompt, max_tokens,
+    temperature, seed)` with any SamplingParams field as a keyword (S01's style keeps
+    temperature 0 as its default: the same call is greedy on every engine).
+    Seams: `sample` runs S04's pipeline; `make_sequence` adds stop token ids and the logprobs
+    list; `filter_text` looks for stop strings only in text that arrives from the
+    min_tokens-th token on (text shown earlier is final, so a stream never takes text back).
+    Before min_tokens tokens exist, EOS and stop ids cannot be sampled (`apply_min_tokens`).
+    The loop and the stop rules are S01's (`s01.stop_rule`).
     """
+
+    params_class = SamplingParams
 
     def __init__(self, model, tokenizer, max_context: int, logprobs_mode: str = "raw_logprobs"):
         super().__init__(model, tokenizer, max_context)
@@ -580,90 +492,33 @@ class Engine(s01.Engine):
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES} "
                              f"(got {logprobs_mode!r})")
         self.logprobs_mode = logprobs_mode
-        eos_ids = getattr(tokenizer, "eos_ids", None) or (tokenizer.eos_id,)
-        self.eos_ids = tuple(int(i) for i in eos_ids if i is not None)
 
-    def next_logits(self, ids: list[int]) -> np.ndarray:
-        """Raw logits (V,) for the token after `ids`. S05 overrides this with a KV cache."""
-        return self.model.forward(ids)[-1]
-
-    def stream(self, prompt: str, params: SamplingParams | None = None) -> Iterator[str]:
-        """Generate like `generate`, yielding text deltas as soon as they are safe to show.
-
-        The iterator's return value (`StopIteration.value`) is the `Completion`. The request is
-        validated here, before the first token: ValueError for params that are not a
-        SamplingParams, a bad prompt (S01 `check_request`) or a stop token id outside [0, V).
-        """
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams (got {type(params).__name__})")
-        prompt_ids = self.check_request(prompt, params.max_tokens, params.temperature)
+    def make_sequence(self, request_id, prompt_ids, params: SamplingParams) -> s01.Sequence:
+        """S02's request state, plus stop token ids and a logprobs list when asked for.
+        Raises ValueError for a stop token id outside [0, V)."""
         if any(i >= self.model.vocab_size for i in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must lie in [0, V={self.model.vocab_size})")
-        return self._run(prompt_ids, params)
+        seq = super().make_sequence(request_id, prompt_ids, params)
+        seq.stop_token_ids = frozenset(params.stop_token_ids)
+        seq.logprobs = [] if params.logprobs is not None else None
+        return seq
 
-    def generate(self, prompt: str, params: SamplingParams | None = None) -> Completion:
-        """Generate a completion of `prompt` under `params` (SamplingParams() if None): the
-        whole `stream`, so the two can never disagree."""
-        deltas = self.stream(prompt, params)
-        while True:
-            try:
-                next(deltas)
-            except StopIteration as end:
-                return end.value
+    def sample(self, logits: np.ndarray, seq: s01.Sequence) -> int:
+        """S04's pipeline on the raw logits (V,): `process_logits`, then `draw` with the
+        request's generator; the token's logprobs are recorded when the request asks."""
+        params = seq.params
+        processed = process_logits(logits, params, seq.prompt_ids, seq.output_ids,
+                                   tuple(seq.eos_ids))
+        token = draw(processed, params, seq.generator)
+        if seq.logprobs is not None:
+            source = logits if self.logprobs_mode == "raw_logprobs" else processed
+            seq.logprobs.append(compute_logprobs(source, token, params.logprobs))
+        return token
 
-    def _run(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[str]:
-        generator = np.random.default_rng(params.seed)  # this request's own random stream
-        ids, out, shown = list(prompt_ids), [], []
-        logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
-        stats = Stats(prompt_tokens=len(ids))
-        detokenizer, matcher = TextDeltas(self.tokenizer), s02.StopStringMatcher(params.stop)
-        matched: str | int | None = None
-        while stats.stop_reason is None:
-            if len(ids) >= self.max_context:
-                stats.stop_reason = s01.STOP_CONTEXT_FULL
-                break
-            start = time.perf_counter()
-            raw = self.next_logits(ids)                        # (V,)
-            stats.pass_times_s.append(time.perf_counter() - start)
-            stats.context_lens.append(len(ids))
-            processed = process_logits(raw, params, prompt_ids, out, self.eos_ids)
-            token = draw(processed, params, generator)
-            if logprobs is not None:
-                source = raw if self.logprobs_mode == "raw_logprobs" else processed
-                logprobs.append(compute_logprobs(source, token, params.logprobs))
-            ids.append(token)
-            out.append(token)
-            stats.tokens_out = len(out)
-            if token in self.eos_ids and not params.ignore_eos:
-                stats.stop_reason = s01.STOP_EOS
-                break
-            if token in params.stop_token_ids:
-                stats.stop_reason, matched = STOP_TOKEN, token
-                break
-            delta = detokenizer.feed(token)
-            if len(out) >= params.min_tokens:
-                delta, stop = cut_at_stop(matcher, delta)
-                if matcher.stopped:
-                    stats.stop_reason, matched = s02.STOP_STRING, stop
-            if delta:
-                shown.append(delta)
-                yield delta
-            if stats.stop_reason is None and len(out) >= params.max_tokens:
-                stats.stop_reason = s01.STOP_MAX_TOKENS
-        # The end: an unfinished character's replacement text, then text held for a stop string.
-        if not matcher.stopped:
-            delta = detokenizer.flush()
-            if len(out) >= params.min_tokens:
-                delta, stop = cut_at_stop(matcher, delta)
-                if matcher.stopped:
-                    stats.stop_reason, matched = s02.STOP_STRING, stop
-            delta += matcher.flush()
-            if delta:
-                shown.append(delta)
-                yield delta
-        return Completion(text="".join(shown), token_ids=out, finish_reason=stats.finish_reason,
-                          matched_stop=matched, logprobs=logprobs, stats=stats)
+    def filter_text(self, seq: s01.Sequence, text: str) -> str:
+        if len(seq.output_ids) < seq.params.min_tokens:
+            return text                    # min_tokens holds every stop rule off
+        return super().filter_text(seq, text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -687,17 +542,6 @@ DEMO_SETTINGS: list[tuple[str, dict]] = [
 ]
 
 
-def is_valid_text(text: str) -> bool:
-    """True when `text` encodes to UTF-8. Python turns command-line bytes that are not UTF-8
-    into lone surrogates (PEP 383), which no tokenizer can encode; the CLIs of S04-S06 check
-    their text arguments with this and report such bytes as a usage error."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def load_demo_model(name_or_path: str | None = None):
     """(model, tokenizer, description) for the demo.
 
@@ -705,18 +549,19 @@ def load_demo_model(name_or_path: str | None = None):
     data/model when it has been trained; else S02's bigram model over the project tokenizer.
     Raises S03's CheckpointError (a ValueError) for a checkpoint that cannot be loaded.
     """
+    import s03_checkpoint
     import s03_transformer as s03
     if name_or_path is None and not (s03.BUNDLED_MODEL_DIR / "model.safetensors").exists():
         tokenizer, model = s02.build_default()
         return model, tokenizer, (f"S02 bigram model (bundled model not trained yet), "
                                   f"V = {model.vocab_size:,}")
-    model, tokenizer = s03.load(name_or_path or s03.BUNDLED_MODEL_DIR)
+    model, tokenizer = s03_checkpoint.load(name_or_path or s03.BUNDLED_MODEL_DIR)
     cfg = model.config
     return model, tokenizer, (f"{name_or_path or 'bundled model'} ({cfg.model_type}, "
                               f"{s03.parameter_count(cfg):,} parameters, V = {cfg.vocab_size:,})")
 
 
-def format_tokens(tokenizer, completion: Completion, processed: Completion) -> str:
+def format_tokens(tokenizer, completion: s01.Completion, processed: s01.Completion) -> str:
     """One line per generated token: its text, p under the model, p under the sampler."""
     def show(token_id: int) -> str:
         return "<eos>" if token_id == tokenizer.eos_id else repr(tokenizer.decode([token_id]))
@@ -746,8 +591,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     knobs.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     args = parser.parse_args(argv)
     for flag, text in [("--prompt", args.prompt)] + [("--stop", s) for s in args.stop or []]:
-        if not is_valid_text(text):
-            parser.error(f"{flag} must be valid UTF-8 text (it holds undecodable bytes)")
+        try:
+            s01.check_text(text, flag)   # argv bytes that are not UTF-8 arrive as surrogates
+        except ValueError as err:
+            parser.error(str(err))
 
     custom = {name: value for name, value in vars(args).items() if value is not None and name in {
         "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",

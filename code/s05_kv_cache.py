@@ -15,8 +15,10 @@ What is new since S04
       its absolute position, appends its K and V, and attends to everything cached. RoPE is
       applied at the token's absolute position before K goes in the cache, so a cached key never
       needs rotating again; grouped-query heads read their shared cached K/V head.
-    - `Engine`: S04's engine with its `next_logits(ids)` hook answered from the cache: the loop's
-      `model.forward(ids)[-1]` becomes the single row `decode` returns.
+    - `Engine`: S04's engine with its `model_step` seam answered from the cache: the loop's
+      `model.forward(ids)[-1]` becomes the single row `decode` returns, and the engine knows
+      from its own state (`seq.num_computed_tokens`, the cache's owner) whether to prefill or
+      decode.
     - Counted work: `count_work(model)` counts the multiply-adds of every matrix product the
       forward pass runs and the bytes of K and V that attention reads, so the quadratic-vs-linear
       claim is checked by counting (`step_work` and `generation_work` give the closed forms),
@@ -76,7 +78,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+import s03_checkpoint
 import s03_transformer as s03
+import s01_generation_loop as s01
 import s04_sampling as s04
 from s03_transformer import Transformer, TransformerConfig
 
@@ -231,8 +235,7 @@ class CachedTransformer:
         cfg = model.config
         limit = cfg.max_position_embeddings
         max_seq_len = limit if max_seq_len is None else max_seq_len
-        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)) \
-                or not 1 <= max_seq_len <= limit:
+        if not s01.is_int(max_seq_len) or not 1 <= max_seq_len <= limit:
             raise ValueError(f"max_seq_len must be an integer in [1, max_position_embeddings="
                              f"{limit}] (got {max_seq_len!r})")
         self.model = model
@@ -279,8 +282,12 @@ class CachedTransformer:
 
         Only the last position goes through the LM head: the other rows' logits would only be
         thrown away (the S01 loop computed all T of them). Resets the cache first.
-        Raises ValueError for an empty prompt or one longer than the cache (max_seq_len).
+        Raises ValueError for an empty prompt or one longer than the cache (max_seq_len), and
+        for ids S03's `check_positions` rejects (None, 2.7, True: never truncated to an id).
         """
+        if not hasattr(prompt_ids, "__len__") or isinstance(prompt_ids, (str, bytes)):
+            raise ValueError(f"prefill needs a sequence of token ids (got "
+                             f"{type(prompt_ids).__name__})")
         if len(prompt_ids) == 0:
             raise ValueError("prefill needs at least one prompt token")
         if len(prompt_ids) > self.cache.max_seq_len:
@@ -296,8 +303,7 @@ class CachedTransformer:
         instead of len(ids). Raises ValueError when token_id is not an integer in [0, V),
         nothing was prefilled, or the cache is full.
         """
-        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) \
-                or not 0 <= token_id < self.vocab_size:
+        if not s01.is_int(token_id) or not 0 <= token_id < self.vocab_size:
             raise ValueError(f"token_id must be an integer in [0, V={self.vocab_size}) "
                              f"(got {token_id!r})")
         if self.cache.num_cached == 0:
@@ -307,41 +313,49 @@ class CachedTransformer:
 
 
 # ---------------------------------------------------------------------------------------------
-# The engine: S04's, with next_logits answered from the cache
+# The engine: S04's, with the model step answered from the cache
 # ---------------------------------------------------------------------------------------------
 
 class Engine(s04.Engine):
     """S04's engine (SamplingParams, stop rules, streaming, logprobs) on a KV cache.
 
     model: an S03 `Transformer`; tokenizer, max_context, logprobs_mode: as in S04. The cache is
-    allocated for max_context positions, so a full context stops the request (S04's
-    "context_full" check, finish_reason "length") before the cache could overflow; a prompt
-    longer than max_context is a ValueError (S01's check_request). Raises ValueError when
-    max_context exceeds the model's max_position_embeddings.
+    allocated for max_context positions, so a full context ends the request (S01's stop rule,
+    finish_reason "length") before the cache could overflow; a prompt longer than max_context
+    is a ValueError. Raises ValueError when max_context exceeds the model's
+    max_position_embeddings.
 
-    Only `next_logits` changes. The loop still hands it the whole id list; the engine keeps the
-    ids whose K/V are cached and runs only what is new: one token -> `decode`, anything else
-    (a new request) -> `prefill`. So the cache is right by construction: it always holds
-    exactly the positions of `cached_ids`.
+    Only `model_step` changes, and it knows from the engine's own state what to run: the
+    request whose keys and values the cache holds (`cache_owner`) and how many of its tokens
+    they cover (`seq.num_computed_tokens`). When the cache holds all but the newest token, that
+    token is decoded (T = 1); otherwise (a new request, or another request used the cache in
+    between) the whole context is prefilled. No id list is compared, so a step costs O(1) on
+    the host whatever the length.
     """
+
+    runner_class = CachedTransformer
 
     def __init__(self, model: Transformer, tokenizer, max_context: int,
                  logprobs_mode: str = "raw_logprobs"):
         super().__init__(model, tokenizer, max_context, logprobs_mode)
-        self.runner = CachedTransformer(model, max_seq_len=self.max_context)
-        self.cached_ids: list[int] = []
+        self.runner = self.runner_class(model, max_seq_len=self.max_context)
+        self.cache_owner: s01.Sequence | None = None   # whose K/V the cache holds
 
-    def next_logits(self, ids: list[int]) -> np.ndarray:
-        """Raw logits (V,) for the token after `ids`, computing only the positions not cached."""
-        n = len(self.cached_ids)
-        if 0 < n == len(ids) - 1 and ids[:n] == self.cached_ids:
-            logits = self.runner.decode(ids[-1])     # the usual step: one new token
-            self.cached_ids.append(ids[-1])
-            return logits
-        self.cached_ids = []                         # a new sequence overwrites the cache,
-        logits = self.runner.prefill(ids)            # so if prefill fails, nothing is cached
-        self.cached_ids = list(ids)
+    def model_step(self, seq: s01.Sequence):
+        """Raw logits (V,) for the token after seq.token_ids, computing only what is not cached."""
+        seq.stats.context_lens.append(len(seq.token_ids))
+        if self.cache_owner is seq and seq.num_computed_tokens == len(seq.token_ids) - 1:
+            logits = self.runner.decode(self.decode_input(seq))   # the usual step: one token
+        else:
+            self.cache_owner = None         # prefill overwrites the cache: if it fails,
+            logits = self.runner.prefill(seq.token_ids)   # nobody owns a half-written cache
+            self.cache_owner = seq
+        seq.num_computed_tokens = len(seq.token_ids)
         return logits
+
+    def decode_input(self, seq: s01.Sequence):
+        """The newest token as the runner takes it (S06 keeps it on the device)."""
+        return seq.token_ids[-1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,13 +566,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-compare", action="store_true",
                         help="skip the run without a cache (it can be slow on long outputs)")
     args = parser.parse_args(argv)
-    if not s04.is_valid_text(args.prompt):
-        parser.error("--prompt must be valid UTF-8 text (it holds undecodable bytes)")
+    try:
+        s01.check_text(args.prompt, "--prompt")  # argv bytes that are not UTF-8: surrogates
+    except ValueError as err:
+        parser.error(str(err))
     if args.max_context is not None and args.max_context < 1:
         parser.error(f"--max-context must be >= 1 (got {args.max_context})")
 
     try:
-        model, tokenizer = s03.load(args.model)
+        model, tokenizer = s03_checkpoint.load(args.model)
     except ValueError as err:  # S03's CheckpointError, or a corrupt file's own ValueError
         hint = (" (the bundled model is written by scripts/train_bundled_model.py)"
                 if args.model == str(s03.BUNDLED_MODEL_DIR) else "")
@@ -587,7 +603,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{kv_cache_bytes(cfg, engine.runner.cache.num_cached):,} used")
     print("--- prompt ---\n" + args.prompt)
     print("--- completion ---\n" + completion.text)
-    print(f"--- {s.tokens_out} tokens, finish_reason={completion.finish_reason}, "
+    print(f"--- {len(completion.token_ids)} tokens, finish_reason={completion.finish_reason}, "
           f"{s.passes} passes (1 prefill of {s.prompt_tokens} tokens, {max(s.passes - 1, 0)} "
           f"decodes) ---\n")
     if not args.no_compare:

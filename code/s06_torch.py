@@ -93,6 +93,7 @@ from torch import nn
 
 import s01_generation_loop as s01
 import s02_tokenizer as s02
+import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
 import s05_kv_cache as s05
@@ -418,14 +419,14 @@ class TorchTransformer(nn.Module):
             raise ValueError(f"dtype must be one of torch.{', torch.'.join(DTYPES)} (got {dtype})")
         self.config, self.device, self.dtype = config, torch.device(device), dtype
         self.attention_impl = attention
-        w = s03.check_state_dict(config, {k: (t.detach().cpu().float().numpy()
+        w = s03_checkpoint.check_state_dict(config, {k: (t.detach().cpu().float().numpy()
                                               if isinstance(t, torch.Tensor) else t)
                                           for k, t in state_dict.items()})
         dev = self.device
         if config.model_type == "gpt2":
             self.embed_tokens = _param(w["transformer.wte.weight"], dev, dtype)       # (V, C)
             self.embed_positions = _param(w["transformer.wpe.weight"], dev, dtype)    # (P, C)
-            self.blocks = nn.ModuleList(GPT2Block(config, s03._strip(w, f"transformer.h.{i}."), dev, dtype)
+            self.blocks = nn.ModuleList(GPT2Block(config, s03_checkpoint._strip(w, f"transformer.h.{i}."), dev, dtype)
                                         for i in range(config.num_hidden_layers))
             self.final_norm = _param(w["transformer.ln_f.weight"], dev, dtype)
             self.final_norm_bias = _param(w["transformer.ln_f.bias"], dev, dtype)
@@ -433,7 +434,7 @@ class TorchTransformer(nn.Module):
         else:
             self.embed_tokens = _param(w["model.embed_tokens.weight"], dev, dtype)    # (V, C)
             self.embed_positions = None
-            self.blocks = nn.ModuleList(Qwen3Block(config, s03._strip(w, f"model.layers.{i}."), dev, dtype)
+            self.blocks = nn.ModuleList(Qwen3Block(config, s03_checkpoint._strip(w, f"model.layers.{i}."), dev, dtype)
                                         for i in range(config.num_hidden_layers))
             self.final_norm = _param(w["model.norm.weight"], dev, dtype)
             self.final_norm_bias = None
@@ -449,9 +450,9 @@ class TorchTransformer(nn.Module):
         """Load a checkpoint directory or hub id with S03's loader (config.json and safetensors
         read into NumPy float32, then copied to the device in `dtype`). Raises S03's
         CheckpointError, UnsupportedArchitectureError."""
-        checkpoint_dir = s03.resolve_checkpoint(name_or_path)
-        config = s03.TransformerConfig.from_pretrained(checkpoint_dir)
-        return cls(config, s03.load_state_dict(checkpoint_dir), device, dtype, attention)
+        checkpoint_dir = s03_checkpoint.resolve_checkpoint(name_or_path)
+        config = s03_checkpoint.load_config(checkpoint_dir)
+        return cls(config, s03_checkpoint.load_state_dict(checkpoint_dir), device, dtype, attention)
 
     @property
     def vocab_size(self) -> int:
@@ -493,13 +494,21 @@ class TorchTransformer(nn.Module):
 
     def check_ids(self, token_ids: Sequence[int], start: int = 0) -> torch.Tensor:
         """Validate T ids placed at positions start .. start + T - 1 and move them to the device.
-        Returns int64 (T,). Raises ValueError for an empty or non-1-D sequence, an id outside
-        [0, V) or a position beyond max_position_embeddings."""
-        ids = np.asarray(token_ids, dtype=np.int64)
-        if ids.ndim != 1 or ids.size == 0:
-            raise ValueError("forward needs a non-empty 1-D sequence of token ids")
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
+        token_ids: a list, tuple or range of ints (Python, NumPy, or 0-d integer arrays or
+        tensors), or a 1-D integer array or tensor. Returns int64 (T,). Raises ValueError, with
+        S03's rule and messages (`check_positions`), for an empty or non-1-D sequence, an id
+        that is not an integer (2.7 is not truncated, True is not 1, '7' and None are not ids),
+        an id outside [0, V), or a position beyond max_position_embeddings."""
+        if isinstance(token_ids, torch.Tensor):
+            token_ids = token_ids.cpu().numpy()           # S03 checks an array by its dtype
+        elif isinstance(token_ids, (list, tuple, range)):
+            # S03 checks Python values one by one (S01 `is_int`); a 0-d array or tensor is
+            # judged by the value it holds.
+            token_ids = [v.item() if isinstance(v, (np.ndarray, torch.Tensor)) and v.ndim == 0
+                         else v for v in token_ids]
+        ids = s03._integers_in_range(token_ids, self.vocab_size, "token ids", "forward needs a "
+                                     "non-empty 1-D sequence of token ids",
+                                     f"[0, {self.vocab_size})")
         limit = self.config.max_position_embeddings
         if start + ids.size > limit:
             raise ValueError(f"positions must lie in [0, max_position_embeddings={limit}): "
@@ -550,10 +559,10 @@ class CachedTransformer:
         """Start a sequence: reset the cache, run the prompt (T ids) in one step, and return the
         logits of the token after it, float32 (V,) on the device. Raises ValueError for a bad or
         empty prompt or one longer than the cache."""
-        if len(prompt_ids) > self.cache.max_seq_len:
-            raise ValueError(f"prompt is {len(prompt_ids)} tokens but the KV cache holds "
+        ids = self.model.check_ids(prompt_ids)   # first: len() of None or 5 is a TypeError
+        if ids.numel() > self.cache.max_seq_len:
+            raise ValueError(f"prompt is {ids.numel()} tokens but the KV cache holds "
                              f"{self.cache.max_seq_len} positions (max_seq_len)")
-        ids = self.model.check_ids(prompt_ids)
         self.cache.reset()
         hidden = self.model.run(ids, 0, self.cache)                        # (T, C)
         return self.model.head(hidden[-1:])[0]                             # (V,)
@@ -593,7 +602,7 @@ class CachedTransformer:
             if same_device(token.device, device):
                 return token                 # as `draw` left it: never read back (see decode)
             token_id = int(token.cpu()[0])   # a host tensor for a model elsewhere
-        elif isinstance(token, (int, np.integer)) and not isinstance(token, bool):
+        elif s01.is_int(token):
             token_id = int(token)
         else:
             raise ValueError(f"{message} (got {token!r})")
@@ -606,13 +615,13 @@ class CachedTransformer:
 
 def load(name_or_path: str | Path = s03.BUNDLED_MODEL_DIR, device: str | None = None,
          dtype: str | None = None, attention: str = "manual"
-         ) -> tuple[TorchTransformer, s03.CheckpointTokenizer]:
+         ) -> tuple[TorchTransformer, s03_checkpoint.CheckpointTokenizer]:
     """Model (on the chosen device and dtype, see `resolve_device_dtype`) and tokenizer of a
     checkpoint directory or hub id. Raises ValueError (CheckpointError included)."""
     torch_device, torch_dtype = resolve_device_dtype(device, dtype)
-    checkpoint_dir = s03.resolve_checkpoint(name_or_path)
+    checkpoint_dir = s03_checkpoint.resolve_checkpoint(name_or_path)
     model = TorchTransformer.from_pretrained(checkpoint_dir, torch_device, torch_dtype, attention)
-    return model, s03.CheckpointTokenizer.from_pretrained(checkpoint_dir)
+    return model, s03_checkpoint.CheckpointTokenizer.from_pretrained(checkpoint_dir)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -675,15 +684,21 @@ def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """S04 `apply_top_p`: keep the most likely ids until their mass reaches top_p (the one that
-    crosses it kept, ties ordered by lowest id: a stable descending sort), sums in float64."""
+    """S04 `apply_top_p` with HF `TopPLogitsWarper`'s own torch ops, so on the same device the
+    kept set is HF's even where the mass reaches top_p exactly: logits (V,) float32 sorted
+    ascending, softmax, cumsum (smallest first, so even a float32 accumulation loses no term
+    while V < 2**24), drop where the sum <= 1 - top_p (a Python float, so compared in
+    float32), the most likely id always kept. Ties: the lower id counts as the more likely
+    (the stable descending sort, reversed). S04 `apply_top_p` keeps the same set unless a sum
+    lies within a few float32 ulps of 1 - top_p (S04 rounds each probability from float64;
+    torch's float32 softmax can differ from that in the last bits)."""
     if top_p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, descending=True, stable=True)   # (V,)
-    probs = torch.softmax(sorted_logits, dim=-1).double()
-    mass_before = torch.cumsum(probs, dim=-1) - probs                          # exclusive sums
-    drop = mass_before >= top_p
-    drop[0] = False
+    descending, order = torch.sort(logits, descending=True, stable=True)      # (V,)
+    sorted_logits, order = descending.flip(0), order.flip(0)                  # least likely first
+    mass_up_to = torch.softmax(sorted_logits.float(), dim=-1).cumsum(dim=-1)  # inclusive sums
+    drop = mass_up_to <= 1.0 - float(top_p)
+    drop[-1] = False
     # Back to vocabulary order with a scatter. (`order[drop]` would be shorter: its length
     # depends on the data, so on CUDA it would make the host wait for the device to learn it.)
     drop_by_id = torch.zeros_like(drop).scatter_(0, order, drop)
@@ -789,7 +804,9 @@ class DeviceSampler:
         return token
 
     def update(self, token: torch.Tensor) -> None:
-        """Add the sampled token (int64 (1,), on the device) to the request's history."""
+        """Add the sampled token (int64 (1,), on the device) to the request's history; it is
+        also the next decode step's input (`last_token`)."""
+        self.last_token = token
         if self.seen is not None:
             self.seen.index_fill_(0, token, True)
         if self.counts is not None:
@@ -808,44 +825,31 @@ def compute_logprobs(logits: torch.Tensor, token_id: int, n: int) -> s04.TokenLo
 
 
 # ---------------------------------------------------------------------------------------------
-# Engine: S04's interface, the model and the sampler on the device
+# Engine: S05's, with the model and the sampler on the device
 # ---------------------------------------------------------------------------------------------
 
-@dataclass
-class Stats(s04.Stats):
-    """S04's Stats plus where each step's time went.
+class Engine(s05.Engine):
+    """S05's engine (S04's interface, prefill then decode against a preallocated `KVCache`)
+    on a `TorchTransformer`, with the logits never leaving the device.
 
-    pass_times_s[i]: seconds in the model (prefill for i = 0, then one decode per step).
-    step_times_s[i]: seconds of the whole step i: the model, the sampler, the `.item()` that
-    brings the token id to the host, the stop checks and detokenisation. Their difference is
-    everything that is not the model. On CUDA the model's kernels run asynchronously: unless
-    the Engine was built with sync_timing=True (which waits for the device after every model
-    call, at a small cost), pass_times_s holds only the time to *launch* them, and the wait for
-    the device lands in the `.item()`, that is in the rest of the step.
-    """
-
-    step_times_s: list[float] = field(default_factory=list)
-
-
-class Engine(s04.Engine):
-    """S04's Engine (SamplingParams in, Completion out, `stream`) on a `TorchTransformer`.
-
-    Per request: the prompt is prefilled in one pass into the preallocated `KVCache`, then
-    each step samples on the device (`DeviceSampler`), brings the one token id to the host
-    (`.item()`), applies S04's stop rules in S04's order, and decodes the token, which never
-    left the device, at the next position. Like S05's engine it remembers `cached_ids`, the ids
-    whose K/V the cache holds, and prefills again whenever they are not the request's ids so
-    far (another request streamed in between used the cache). Stop rules and finish reasons are
-    S04's; greedy tokens equal S04's / S05's on the same model (float32). A row of logits with
-    NaN or +inf, or with no finite entry, is S04's ValueError, flagged on the device (see
-    `DeviceSampler.draw`).
+    Three seams change. `runner_class` is this chapter's `CachedTransformer` (cache on the
+    device). `sample` runs S04's pipeline on the device (`DeviceSampler`, one per request, made
+    in `make_sequence`) and brings the one token id to the host (`.item()`); a row with NaN or
+    +inf, or with no finite entry, is S04's ValueError, flagged on the device (see
+    `DeviceSampler.draw`). `decode_input` hands the runner that token as the device tensor it
+    already is, so nothing crosses back. The loop, stop rules and text are S01's and S02's;
+    greedy tokens equal S04's / S05's on the same model (float32).
 
     model: a TorchTransformer. tokenizer: as S04. max_context: positions in the cache (default
     and maximum: the model's max_position_embeddings). logprobs_mode: as S04. sync_timing:
-    wait for the device after every model call, so pass_times_s is the model's real time.
+    wait for the device after every model call, so Stats.pass_times_s is the model's real time
+    (on CUDA the kernels run asynchronously: without it pass_times_s holds only the time to
+    launch them, and the wait lands in the `.item()`, in the rest of the step).
     Raises ValueError for a model that is not a TorchTransformer or a max_context beyond the
     model's.
     """
+
+    runner_class = CachedTransformer
 
     def __init__(self, model: TorchTransformer, tokenizer, max_context: int | None = None,
                  logprobs_mode: str = "raw_logprobs", sync_timing: bool = False):
@@ -853,98 +857,44 @@ class Engine(s04.Engine):
             raise ValueError(f"model must be a TorchTransformer (got {type(model).__name__})")
         limit = model.config.max_position_embeddings
         max_context = limit if max_context is None else max_context
-        super().__init__(model, tokenizer, max_context, logprobs_mode)
-        if self.max_context > limit:
-            raise ValueError(f"max_context ({self.max_context}) must be <= the model's "
+        if s01.is_int(max_context) and max_context > limit:
+            raise ValueError(f"max_context ({max_context}) must be <= the model's "
                              f"max_position_embeddings ({limit})")
-        self.runner = CachedTransformer(model, max_seq_len=self.max_context)
-        self.cached_ids: list[int] = []   # the ids whose K/V the cache holds, as in S05
+        super().__init__(model, tokenizer, max_context, logprobs_mode)
         self.sync_timing = sync_timing
 
-    def next_logits(self, ids: list[int]) -> np.ndarray:
-        """S04's hook (raw logits (V,) for the token after ids), without the cache; `_run` does
-        not use it: it keeps the logits on the device."""
-        return self.model.forward(ids)[-1]
+    @torch.inference_mode()
+    def make_sequence(self, request_id, prompt_ids, params) -> s01.Sequence:
+        seq = super().make_sequence(request_id, prompt_ids, params)
+        seq.sampler = DeviceSampler(params, prompt_ids, tuple(seq.eos_ids),
+                                    self.model.vocab_size, self.model.device)
+        return seq
 
-    def _model_step(self, ids: list[int], token: torch.Tensor | None) -> torch.Tensor:
-        """Raw logits (V,) on the device for the token after `ids`; token: ids[-1] on the device
-        (None for the first step). S05's rule: decode when the cache holds exactly ids[:-1],
-        else prefill all of ids. So two requests streamed in turn on one engine each re-prefill
-        when they get the cache back, instead of decoding on top of the other's keys."""
-        n = len(self.cached_ids)
-        if token is not None and 0 < n == len(ids) - 1 and ids[:n] == self.cached_ids:
-            logits = self.runner.decode(token)                 # the usual step: one new token
-            self.cached_ids.append(ids[-1])
-        else:
-            self.cached_ids = []                               # prefill overwrites the cache,
-            logits = self.runner.prefill(ids)                  # so if it fails, nothing is cached
-            self.cached_ids = list(ids)
+    @torch.inference_mode()
+    def model_step(self, seq: s01.Sequence) -> torch.Tensor:
+        """S05's prefill-or-decode rule; raw logits (V,) float32, on the device."""
+        logits = super().model_step(seq)
         if self.sync_timing:
             synchronize(self.model.device)
         return logits
 
+    def decode_input(self, seq: s01.Sequence) -> torch.Tensor:
+        return seq.sampler.last_token               # int64 (1,), never left the device
+
     @torch.inference_mode()
-    def _run(self, prompt_ids: list[int], params: s04.SamplingParams) -> Iterator[str]:
-        sampler = DeviceSampler(params, prompt_ids, self.eos_ids, self.model.vocab_size,
-                                self.model.device)
-        ids, out, shown = list(prompt_ids), [], []
-        logprobs: list[s04.TokenLogprobs] | None = [] if params.logprobs is not None else None
-        stats = Stats(prompt_tokens=len(ids))
-        detokenizer, matcher = s04.TextDeltas(self.tokenizer), s02.StopStringMatcher(params.stop)
-        matched: str | int | None = None
-        token_dev: torch.Tensor | None = None     # the last sampled token, on the device
-        while stats.stop_reason is None:
-            if len(ids) >= self.max_context:
-                stats.stop_reason = s01.STOP_CONTEXT_FULL
-                break
-            start = time.perf_counter()
-            raw = self._model_step(ids, token_dev)                 # (V,) float32, on the device
-            model_done = time.perf_counter()
-            stats.context_lens.append(len(ids))
-            processed = sampler.process(raw, len(out))             # (V,), on the device
-            token_dev = sampler.draw(processed, len(out), raw)     # (1,) int64, on the device
-            token = token_dev.item()                               # the one device -> host copy
-            if token < 0:                                          # the device flagged the row
-                raise ValueError(BAD_ROW_ERRORS[token])
-            sampler.update(token_dev)
-            if logprobs is not None:
-                source = raw if self.logprobs_mode == "raw_logprobs" else processed
-                logprobs.append(compute_logprobs(source, token, params.logprobs))
-            ids.append(token)
-            out.append(token)
-            stats.tokens_out = len(out)
-            if token in self.eos_ids and not params.ignore_eos:
-                stats.stop_reason = s01.STOP_EOS
-            elif token in params.stop_token_ids:
-                stats.stop_reason, matched = s04.STOP_TOKEN, token
-            else:
-                delta = detokenizer.feed(token)
-                if len(out) >= params.min_tokens:
-                    delta, stop = s04.cut_at_stop(matcher, delta)
-                    if matcher.stopped:
-                        stats.stop_reason, matched = s02.STOP_STRING, stop
-                if stats.stop_reason is None and len(out) >= params.max_tokens:
-                    stats.stop_reason = s01.STOP_MAX_TOKENS
-            stats.pass_times_s.append(model_done - start)
-            stats.step_times_s.append(time.perf_counter() - start)
-            if stats.stop_reason in (s01.STOP_EOS, s04.STOP_TOKEN):
-                break
-            if delta:
-                shown.append(delta)
-                yield delta
-        if not matcher.stopped:  # as S04: an unfinished character, then text held for a stop
-            delta = detokenizer.flush()
-            if len(out) >= params.min_tokens:
-                delta, stop = s04.cut_at_stop(matcher, delta)
-                if matcher.stopped:
-                    stats.stop_reason, matched = s02.STOP_STRING, stop
-            delta += matcher.flush()
-            if delta:
-                shown.append(delta)
-                yield delta
-        return s04.Completion(text="".join(shown), token_ids=out,
-                              finish_reason=stats.finish_reason, matched_stop=matched,
-                              logprobs=logprobs, stats=stats)
+    def sample(self, logits: torch.Tensor, seq: s01.Sequence) -> int:
+        """S04's pipeline on the device; the token id is the one number copied to the host."""
+        sampler, n = seq.sampler, len(seq.output_ids)
+        processed = sampler.process(logits, n)                  # (V,), on the device
+        token_dev = sampler.draw(processed, n, logits)          # (1,) int64, on the device
+        token = token_dev.item()                                # the one device -> host copy
+        if token < 0:                                           # the device flagged the row
+            raise ValueError(BAD_ROW_ERRORS[token])
+        sampler.update(token_dev)
+        if seq.logprobs is not None:
+            source = logits if self.logprobs_mode == "raw_logprobs" else processed
+            seq.logprobs.append(compute_logprobs(source, token, seq.params.logprobs))
+        return token
 
 
 # ---------------------------------------------------------------------------------------------
@@ -963,14 +913,14 @@ class StepTimes:
     tokens_per_s: float
 
     @classmethod
-    def from_stats(cls, stats: Stats) -> "StepTimes":
+    def from_stats(cls, stats: s01.Stats) -> "StepTimes":
         """Raises ValueError when the request made fewer than two steps (no decode step)."""
         if len(stats.step_times_s) < 2:
             raise ValueError("step times need at least two steps (a prefill and a decode)")
         model = float(np.mean(stats.pass_times_s[1:]))
         step = float(np.mean(stats.step_times_s[1:]))
         return cls(model_s=model, other_s=step - model,
-                   tokens_per_s=stats.tokens_out / sum(stats.step_times_s))
+                   tokens_per_s=len(stats.step_times_s) / sum(stats.step_times_s))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1000,11 +950,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sync-timing", action="store_true",
                         help="wait for the device after each model call (true model time on CUDA)")
     args = parser.parse_args(argv)
-    if not s04.is_valid_text(args.prompt):
-        parser.error("--prompt must be valid UTF-8 text (it holds undecodable bytes)")
+    try:
+        s01.check_text(args.prompt, "--prompt")  # argv bytes that are not UTF-8: surrogates
+    except ValueError as err:
+        parser.error(str(err))
     if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be >= 1 (got {args.threads})")
+        # Checked before torch sees it: set_num_threads(0) raises, and after 100000 the first
+        # parallel op segfaults (libgomp cannot create the threads). More threads than logical
+        # CPUs (S07's bound too) would only take turns on them.
+        cores = os.cpu_count() or 1
+        if not 1 <= args.threads <= cores:
+            parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
         torch.set_num_threads(args.threads)
     bundled = s03.BUNDLED_MODEL_DIR
     if Path(args.model) == bundled and not (bundled / "config.json").exists():
@@ -1036,7 +992,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("--- prompt ---\n" + args.prompt)
     print("--- completion ---\n" + completion.text)
     stats = completion.stats
-    print(f"--- {stats.tokens_out} tokens, finish_reason={completion.finish_reason} ---")
+    print(f"--- {len(completion.token_ids)} tokens, finish_reason={completion.finish_reason} ---")
     print(f"warm-up request (2 tokens, one-off costs included): {warmup_s * 1e3:.1f} ms")
     if len(stats.step_times_s) >= 2:
         t = StepTimes.from_stats(stats)

@@ -1,60 +1,68 @@
-"""S07, measuring: time to first token, inter-token latency, throughput, and the roofline.
+"""S07, measuring: time to first token, inter-token latency, throughput, through the stream.
 
 What is new since S06
     Until now each chapter timed itself its own way. This chapter writes the one benchmark
-    harness every later chapter uses, and the physical limits its numbers are judged against.
+    harness every later chapter uses. It measures an engine the way a user meets it, through
+    its public stream (`engine.stream(prompt, max_tokens, ...)`, the interface every engine of
+    the course shares since S01): it takes clock() right after each `next` hands it a
+    `RequestOutput` and notes how many tokens that output carried. Nothing in the engine is
+    patched or wrapped, so the engine computes exactly what it computes without the harness.
 
-    - Workloads (`make_workload`): requests drawn from the corpus with a seed, each a prompt of
-      an exact number of tokens and a number of tokens to generate. Three kinds: "chat" (short
-      prompts, short answers), "long" (long prompts, short answers: prefill-heavy) and "mixed"
-      (lengths drawn across the whole range). The same seed gives the same requests.
-    - The harness (`run_benchmark`): runs a workload through an engine one request at a time and
-      timestamps every generated token with a hook that does not change what the engine does
-      (`stamp_calls` wraps the engine's per-step call and records when each call starts: the
-      step for token k + 1 starts right after token k exists; `transformers` generate() gets a
-      streamer instead, `StampStreamer`). From the stamps it computes, per request, the three
-      numbers a user feels: TTFT (time to first token: request start to first generated token),
-      ITL (inter-token latency: the gaps between consecutive tokens) and end-to-end latency, plus
-      the aggregate output tokens per second. `Distribution` reports mean, p50, p90 and p99 with
-      NumPy's percentiles. `machine_facts` and `peak_memory` record where the numbers were taken;
-      `BenchmarkRun.to_json` and `format_table` write them down.
-    - The roofline (`measure_bandwidth`, `measure_matmul_flops`, `decode_step_cost`,
-      `prefill_cost`, `plot_roofline`): this machine's memory bandwidth and matmul FLOP/s,
-      measured by a short, stated method, and the FLOPs and bytes of a prefill and of a decode
-      step computed from the model config with S03's cost functions (K/V reads included). A
-      decode step at batch 1 does about 0.5 FLOP per float32 byte it reads, so its floor is
-      `bytes moved / bandwidth` (`bandwidth_floor_s`); a prefill of hundreds of tokens reuses
-      every weight hundreds of times and lands on the compute roof. `decode_vs_floor` is the
-      factor an engine's decode step is above that floor. (The floor assumes the weights come
-      from main memory: a model small enough to live in the CPU's caches, like the bundled
-      one at 5.8 MB, is limited by per-operation overheads instead, and its ratio says so.)
+    - Stamps (`Stamp`, `TimedRequest.record`, `stamp_stream`): one stamp per output that
+      carries tokens, in arrival order. An output carrying k tokens stamps those k tokens at
+      the same time (Part I's engines yield one token per output; speculative decoding, S15,
+      yields several).
+    - Clients: how a request reaches an engine, as vLLM's `backend_request_func.py` has one
+      request function per backend. `StreamClient` drives any course engine through `stream`,
+      greedy with `ignore_eos=True`, so every request generates exactly `max_tokens` tokens;
+      `HFGenerateClient` drives `transformers` `model.generate()` (not our engine) with a
+      streamer, `StampStreamer`, that records the same stamps at the moment generate() hands
+      it each token. Both return a `TimedRequest`.
+    - The numbers (`RequestResult.from_timed`), per request, as vLLM's `benchmark_serving.py`
+      defines them: TTFT (request start to the first output with a token), ITL (the gaps
+      between consecutive outputs: one value per output after the first, whatever number of
+      tokens each carried; with one token per output, the gap between tokens), e2e latency
+      (request start to the last output), TPOT ((e2e - TTFT) / (n - 1) for n tokens: per
+      token, where ITL is per output) and the request's tokens per second. Over a run
+      (`run_benchmark`, `BenchmarkRun`): output tokens per second, and mean, p50, p90 and p99
+      of each latency (`Distribution`, NumPy's percentiles).
+    - Where the numbers were taken (`machine_facts`, `peak_memory`) and how they are written
+      down (`results_json`, `write_results`, `format_table`).
+
+    Its siblings: `s07_workloads.py` (the seeded requests) and `s07_roofline.py` (this
+    machine's bandwidth and matmul roofs, and the FLOPs and bytes of a step, the yardstick the
+    harness's decode steps are put against).
 
 What it does not handle yet
     One request at a time (batch 1): the harness sends the next request when the previous one
-    is done, so there is no queueing delay in TTFT yet. Many requests at once, arrival rates and
+    is done, so there is no queueing delay in TTFT yet. An engine that serves several requests
+    at once (S09's `LLMEngine`: `add_request`, `step`) is driven through that API instead, by a
+    client that adds each request at its arrival time and records every `RequestOutput` of a
+    step into its request's `TimedRequest`: see the seam in `run_benchmark`. Arrival rates and
     the throughput / latency trade arrive with batching (S08, S09) and the load test (S20).
     Only CPU threads and one CUDA device are described in the machine facts.
 
 Run it
-    python code/s07_measuring.py                       # bundled model: roofline + a small run
-    python benchmarks/bench_s07_engines.py             # the chapter's comparison (results/)
+    python code/s07_measuring.py                      # bundled model: roofs + a small run
+    python code/s07_measuring.py --workload long --requests 8 --json mine.json
+    python benchmarks/bench_s07_engines.py --skip-qwen   # the chapter's comparison (scratch)
 
 Tests
-    tests/test_s07_measuring.py: TTFT / ITL / e2e / tokens-per-second bookkeeping on a fake
-    engine driven by a fake clock, checked against hand-computed values; percentiles against
-    hand values; workloads reproducible from a seed with exact token counts; the hooks leave
-    the S01 / S05 / S06 engines' tokens unchanged and equal to `transformers`'; roofline
-    arithmetic against hand-computed FLOPs and bytes; the JSON schema of the results.
+    tests/test_s07_measuring.py: TTFT / ITL / e2e / TPOT / tokens-per-second bookkeeping on
+    fake engines driven by a fake clock (one token per output, and 2-3 tokens per output),
+    checked against hand-computed values; percentiles against hand values; the S01, S05 and
+    S06 engines and `transformers` through the harness give HF's greedy tokens; the JSON schema
+    of the results; every command-line rule (exit 2, checked before the run).
+    tests/test_s07_workloads.py, tests/test_s07_roofline.py: the siblings.
+    tests/test_s07_bench.py: the benchmark's output paths and argument rules.
 
 References
-    TTFT / ITL / TPOT / e2e latency and percentile reporting follow vLLM's
-    `benchmarks/benchmark_serving.py` and its docs; S. Williams, A. Waterman, D. Patterson,
-    "Roofline: An Insightful Visual Performance Model for Multicore Architectures" (CACM 2009);
-    J. McCalpin, "STREAM" (copy bandwidth counted as bytes read + bytes written); Pope et al.,
-    "Efficiently Scaling Transformer Inference" (2022) and Kaplan et al. (2020) for the FLOPs
-    and bytes of a step (through S03's `flops_per_token` / `bytes_per_token`). The streamer
-    protocol is Hugging Face transformers' `generation/streamers.py` (`put` gets the prompt
-    first, then each new token).
+    TTFT / ITL / TPOT / e2e latency, the per-output ITL and percentile reporting follow vLLM's
+    `benchmarks/benchmark_serving.py` (`calculate_metrics`) and
+    `benchmarks/backend_request_func.py` (a stamp per streamed chunk that carries a
+    completion; latency = last chunk - start), now `vllm bench serve`. The streamer protocol is Hugging
+    Face transformers' `generation/streamers.py` (`put` gets the prompt first, then each new
+    token). Roofline references: see s07_roofline.py.
 
 Shape legend (the whole course): B batch, T tokens in this step, S key/value length, H query
 heads, Hkv key/value heads, D head dim, V vocabulary, L layers; C hidden size.
@@ -69,189 +77,141 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import json
-import math
 import platform
 import resource
-import statistics
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
+import s01_generation_loop as s01
 import s03_transformer as s03
-from s01_generation_loop import speeches
+from s07_workloads import WORKLOAD_KINDS, Request, Workload, make_workload
+
+if TYPE_CHECKING:  # the roofline is imported where it is used (main), not to run the harness
+    from s07_roofline import MachinePeaks
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS_PATH = ROOT / "data" / "shakespeare.txt"
-RESULTS_DIR = ROOT / "results"
 
 Clock = Callable[[], float]
-RESULTS_SCHEMA = "s07-benchmark/1"
+# 2: e2e ends at the last output (vLLM's latency), ITL is per output, per_request gains
+# tokens_per_output and tokens_per_s. results/ files of schema 1 ended e2e when the engine
+# returned (microseconds later) and had one token per output, so their ITLs read the same.
+RESULTS_SCHEMA = "s07-benchmark/2"
 
 
 # ---------------------------------------------------------------------------------------------
-# Workloads: requests of exact token lengths, drawn from the corpus with a seed
+# Stamps: the clock, read as each output arrives
 # ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Request:
-    """One request of a workload: `prompt` encodes to exactly `prompt_tokens` tokens with the
-    workload's tokenizer, and the engine is asked for exactly `max_tokens` tokens (EOS ignored,
-    so every engine does the same work)."""
+class Stamp:
+    """One output as the harness received it: clock() seconds right after it arrived, and the
+    token ids it carried (one in Part I; several per output from S15 on)."""
+
+    time_s: float
+    token_ids: tuple[int, ...]
+
+
+@dataclass
+class TimedRequest:
+    """One request as the harness saw it. Times are clock() readings in seconds.
+
+    start_s: just before the engine got the prompt (its encoding is inside TTFT). stamps: one
+    per output that carried tokens, in arrival order (`record`). model_step_s: seconds of each
+    decode step spent in the model, when the engine reports it (`Completion.stats.pass_times_s`
+    after the prefill), else None. finish_reason: the engine's, when it reports one.
+    """
 
     request_id: int
-    prompt: str
-    prompt_tokens: int
-    max_tokens: int
+    start_s: float
+    stamps: list[Stamp] = field(default_factory=list)
+    model_step_s: list[float] | None = None
+    finish_reason: str | None = None
 
-
-@dataclass(frozen=True)
-class Workload:
-    """A named, seeded list of requests (see `make_workload`)."""
-
-    name: str
-    seed: int
-    requests: tuple[Request, ...]
+    def record(self, output: s01.RequestOutput, now: float) -> None:
+        """Note that `output` arrived at clock() = now. An output without a new token (a
+        request's last message may carry only its finish_reason) is not a stamp: there is no
+        token to time, as vLLM's request functions skip a last chunk that carries only the
+        usage summary."""
+        if output.new_token_ids:
+            self.stamps.append(Stamp(now, tuple(int(t) for t in output.new_token_ids)))
 
     @property
-    def max_context(self) -> int:
-        """Tokens the longest request needs in the context: prompt + output."""
-        return max(r.prompt_tokens + r.max_tokens for r in self.requests)
+    def token_ids(self) -> list[int]:
+        return [t for stamp in self.stamps for t in stamp.token_ids]
+
+    @property
+    def token_times_s(self) -> list[float]:
+        """When each token arrived: the k tokens of one output share its stamp."""
+        return [stamp.time_s for stamp in self.stamps for _ in stamp.token_ids]
 
 
-# (prompt tokens low, high), (output tokens low, high), both inclusive. Sized for the bundled
-# model's 256-position context; `make_workload` checks they fit the one it is given.
-WORKLOAD_KINDS: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
-    "chat": ((8, 32), (16, 64)),      # a question, a short answer: decode-heavy
-    "long": ((128, 192), (8, 32)),    # a document and a short answer: prefill-heavy
-    "mixed": ((4, 192), (4, 64)),     # lengths drawn across the whole range
-}
-
-
-def prompt_of_length(text: str, start: int, num_tokens: int, tokenizer) -> str | None:
-    """The text from character `start` of `text` cut to exactly `num_tokens` tokens, or None.
-
-    Encodes a stretch of text, keeps the first num_tokens ids and decodes them; the cut is
-    accepted only when the decoded prompt encodes back to those same ids (a cut inside a word
-    can re-encode differently with BPE), so the prompt's length is exact for this tokenizer.
-    """
-    stretch = text[start:start + 16 * num_tokens + 64]  # a token is rarely over 16 characters
-    ids = list(tokenizer.encode(stretch))[:num_tokens]
-    if len(ids) < num_tokens:
-        return None
-    prompt = tokenizer.decode(ids)
-    if not prompt.strip() or list(tokenizer.encode(prompt)) != ids:
-        return None
-    return prompt
-
-
-def make_workload(kind: str, tokenizer, num_requests: int, seed: int, max_context: int,
-                  max_output_tokens: int | None = None, text: str | None = None,
-                  max_attempts: int = 200) -> Workload:
-    """A reproducible workload of `num_requests` requests of kind "chat", "long" or "mixed".
-
-    Lengths are drawn uniformly from `WORKLOAD_KINDS[kind]` (output lengths capped at
-    max_output_tokens when given); each prompt starts at the beginning of a speech of the
-    corpus (`text`, default data/shakespeare.txt), chosen at random, and is cut to its exact
-    token count by `prompt_of_length` (speeches are tried in random order until one fits).
-    Everything random comes from `np.random.default_rng(seed)`: same seed, tokenizer and
-    arguments, same requests.
-
-    Raises ValueError for an unknown kind, num_requests < 1, max_output_tokens < 1, a kind
-    whose longest request does not fit in max_context tokens, or when no speech gives a prompt
-    of the drawn length in max_attempts tries.
-    """
-    if kind not in WORKLOAD_KINDS:
-        raise ValueError(f"workload kind must be one of {sorted(WORKLOAD_KINDS)} (got {kind!r})")
-    if not isinstance(num_requests, int) or num_requests < 1:
-        raise ValueError(f"num_requests must be an integer >= 1 (got {num_requests!r})")
-    if max_output_tokens is not None and max_output_tokens < 1:
-        raise ValueError(f"max_output_tokens must be >= 1 (got {max_output_tokens})")
-    (p_lo, p_hi), (o_lo, o_hi) = WORKLOAD_KINDS[kind]
-    if max_output_tokens is not None:
-        o_lo, o_hi = min(o_lo, max_output_tokens), min(o_hi, max_output_tokens)
-    if p_hi + o_hi > max_context:
-        raise ValueError(f"workload {kind!r} needs max_context >= {p_hi + o_hi} tokens "
-                         f"(prompt up to {p_hi} + output up to {o_hi}); got {max_context}")
-    text = CORPUS_PATH.read_text(encoding="utf-8") if text is None else text
-    # Character offsets where speeches begin: the corpus split the way S01 splits it.
-    starts, pos = [], 0
-    for block in speeches(text):
-        pos = text.index(block, pos)
-        starts.append(pos)
-        pos += len(block)
-    rng = np.random.default_rng(seed)
-    requests = []
-    for request_id in range(num_requests):
-        prompt_tokens = int(rng.integers(p_lo, p_hi + 1))
-        max_tokens = int(rng.integers(o_lo, o_hi + 1))
-        for _ in range(max_attempts):
-            prompt = prompt_of_length(text, starts[int(rng.integers(len(starts)))],
-                                      prompt_tokens, tokenizer)
-            if prompt is not None:
-                break
-        else:
-            raise ValueError(f"no speech of the corpus gave a prompt of exactly {prompt_tokens} "
-                             f"tokens in {max_attempts} attempts")
-        requests.append(Request(request_id, prompt, prompt_tokens, max_tokens))
-    return Workload(kind, seed, tuple(requests))
+def stamp_stream(timed: TimedRequest, outputs: Iterable[s01.RequestOutput], clock: Clock
+                 ) -> None:
+    """Drain a stream of RequestOutputs into `timed`, reading the clock right after each `next`
+    returns: the moment a caller of the stream has the output in hand. The one place where a
+    course engine's outputs are timed."""
+    for output in outputs:
+        timed.record(output, clock())
 
 
 # ---------------------------------------------------------------------------------------------
-# Timestamps without changing the engine: call stamps and a generate() streamer
+# Clients: one request in, a TimedRequest out
 # ---------------------------------------------------------------------------------------------
 
-@contextmanager
-def stamp_calls(targets: Sequence[tuple[object, str]], clock: Clock) -> Iterator[list[float]]:
-    """Record the clock each time one of the named methods is called, inside the `with`.
+class BenchClient(Protocol):
+    """What the harness needs to send one request: a name (the label in tables) and
+    `measure(request, clock) -> TimedRequest`."""
 
-    targets: (object, method name) pairs, for example (engine.runner, "decode"). Each method is
-    replaced, on that object only, by a wrapper that appends clock() to the yielded list and
-    then calls the original with the same arguments and returns its result: the engine computes
-    exactly what it computed before. Everything is restored on exit, even after an error.
-    Raises ValueError when an object has no such method.
+    name: str
+
+    def measure(self, request: Request, clock: Clock) -> TimedRequest: ...
+
+
+class StreamClient:
+    """Any course engine (S01's `Engine` and every later one) behind the harness, through its
+    public `stream`: greedy, `ignore_eos=True`, so each request generates exactly
+    `request.max_tokens` tokens, with `options` (further params fields) passed on.
+
+    The engine is not touched: the client calls `engine.stream(prompt, max_tokens,
+    temperature=0.0, ignore_eos=True, **options)`, stamps each output as it arrives
+    (`stamp_stream`), then reads `stream.result` and checks that the stream's tokens are the
+    result's.
     """
-    starts: list[float] = []
-    saved: list[tuple[object, str, bool, object]] = []
-    try:
-        for obj, name in targets:
-            original = getattr(obj, name, None)
-            if not callable(original):
-                raise ValueError(f"{type(obj).__name__} has no method {name!r} to time")
-            own = name in vars(obj)          # an instance attribute, not the class's method
 
-            def stamped(*args, _original=original, **kwargs):
-                starts.append(clock())
-                return _original(*args, **kwargs)
+    def __init__(self, name: str, engine, **options):
+        self.name, self.engine, self.options = name, engine, options
 
-            saved.append((obj, name, own, original))
-            setattr(obj, name, stamped)      # shadows the class's method on this object only
-        yield starts
-    finally:
-        for obj, name, own, original in reversed(saved):
-            if own:
-                setattr(obj, name, original)
-            else:
-                delattr(obj, name)
+    def measure(self, request: Request, clock: Clock) -> TimedRequest:
+        """Raises RuntimeError when the streamed tokens differ from the Completion's."""
+        timed = TimedRequest(request.request_id, clock())
+        stream = self.engine.stream(request.prompt, request.max_tokens, temperature=0.0,
+                                    ignore_eos=True, **self.options)
+        stamp_stream(timed, stream, clock)
+        completion = stream.result
+        if list(completion.token_ids) != timed.token_ids:
+            raise RuntimeError(f"{self.name}: the streamed tokens are not the result's tokens")
+        timed.model_step_s = list(completion.stats.pass_times_s[1:])   # pass 0 is the prefill
+        timed.finish_reason = completion.finish_reason
+        return timed
 
 
 class StampStreamer:
-    """A `transformers` streamer that timestamps tokens instead of printing them.
+    """A `transformers` streamer that records stamps into a TimedRequest instead of printing.
 
-    generate() calls `put(prompt_ids)` once, then `put(token)` once per new token (batch 1),
-    then `end()` (transformers `generation/streamers.py`, `BaseStreamer`). The first put is
-    the prompt and is skipped; every later one appends clock() to `times` and its ids to
-    `token_ids`.
+    generate() calls `put(prompt_ids)` once, then `put(new_ids)` once per step (one token at
+    batch 1), then `end()` (transformers `generation/streamers.py`, `BaseStreamer`). The first
+    put is the prompt and is skipped; every later one is the output generate() would hand a
+    caller at that moment, recorded with `TimedRequest.record` at clock(), as `stamp_stream`
+    records our engines' outputs.
     """
 
-    def __init__(self, clock: Clock):
-        self.clock = clock
-        self.times: list[float] = []
-        self.token_ids: list[int] = []
+    def __init__(self, timed: TimedRequest, clock: Clock):
+        self.timed, self.clock = timed, clock
         self.prompt_seen = False
 
     def put(self, value) -> None:
@@ -259,133 +219,24 @@ class StampStreamer:
             self.prompt_seen = True
             return
         now = self.clock()
-        for token in value.reshape(-1).tolist():
-            self.times.append(now)
-            self.token_ids.append(int(token))
+        ids = [int(t) for t in value.reshape(-1).tolist()]
+        self.timed.record(s01.RequestOutput(str(self.timed.request_id), ids, "", False), now)
 
     def end(self) -> None:
         pass
 
 
-# ---------------------------------------------------------------------------------------------
-# Engines under test: one request in, token ids and their timestamps out
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class TimedGeneration:
-    """One request as the harness saw it. Times are clock() readings in seconds.
-
-    start_s: just before the engine got the prompt; token_times_s[k]: when token k was
-    available (k = 0 is the first generated token); end_s: when the engine returned.
-    model_step_s: seconds of each decode step spent in the model, when the engine reports it
-    (S01/S05/S06 `Stats.pass_times_s` after the prefill), else None.
-    """
-
-    token_ids: list[int]
-    start_s: float
-    token_times_s: list[float]
-    end_s: float
-    model_step_s: list[float] | None = None
-
-
-class BenchEngine(Protocol):
-    """What the harness needs from an engine: a name and `run(request, clock)`."""
-
-    name: str
-
-    def run(self, request: Request, clock: Clock) -> TimedGeneration: ...
-
-
-def token_times_from_step_starts(step_starts: Sequence[float], end_s: float,
-                                 num_tokens: int) -> list[float]:
-    """When each token was available, from the start times of the engine's steps.
-
-    Step k (k = 0 is the prefill) computes the logits that token k is sampled from; the engine
-    starts step k + 1 as soon as token k is sampled and checked, so token k's time is the start
-    of step k + 1, and the last token's is the moment the engine returned (so whatever the
-    engine does after its last token, a final text flush for instance, counts in the last
-    gap; with S04-style engines that is microseconds). Raises RuntimeError
-    when the number of steps is not the number of tokens (one step, one token is every engine's
-    contract in Part I).
-    """
-    if len(step_starts) != num_tokens:
-        raise RuntimeError(f"the engine made {len(step_starts)} steps for {num_tokens} tokens; "
-                           "the harness needs one step per generated token")
-    return list(step_starts[1:]) + ([end_s] if num_tokens else [])
-
-
-class HookedEngine:
-    """A Part I engine (S01's loop, or an S04-style engine such as S05's and S06's) behind the
-    harness's interface, timed by `stamp_calls` on its per-step methods.
-
-    name: the label in tables. engine: the engine object. steps: the (object, method) pairs
-    that run once per generated token: S01 `(engine.model, "forward")`; S05 / S06
-    `(engine.runner, "prefill")` and `(engine.runner, "decode")`. Use `for_s01` and
-    `for_cached` rather than building it by hand. Every request runs greedy with EOS ignored,
-    so each engine generates exactly `max_tokens` tokens.
-    """
-
-    def __init__(self, name: str, engine, steps: Sequence[tuple[object, str]],
-                 generate: Callable[[Request], object]):
-        self.name, self.engine, self.steps, self._generate = name, engine, list(steps), generate
-
-    @classmethod
-    def for_s01(cls, name: str, engine) -> "HookedEngine":
-        """S01's `Engine`: greedy, with EOS ignored. S01 has no ignore_eos setting, so during
-        each request the engine sees its tokenizer through `_NoEos` (same encode and decode,
-        `eos_id` None): S01's stop rule then never matches; everything else is unchanged."""
-        def generate(request: Request):
-            tokenizer, engine.tokenizer = engine.tokenizer, _NoEos(engine.tokenizer)
-            try:
-                return engine.generate(request.prompt, request.max_tokens, temperature=0.0)
-            finally:
-                engine.tokenizer = tokenizer
-        return cls(name, engine, [(engine.model, "forward")], generate)
-
-    @classmethod
-    def for_cached(cls, name: str, engine) -> "HookedEngine":
-        """An S04-style engine with a `runner` that has `prefill` and `decode` (S05, S06), or
-        without one (S04's uncached `next_logits`): greedy, `ignore_eos=True`."""
-        import s04_sampling as s04
-        runner = getattr(engine, "runner", None)
-        steps = ([(runner, "prefill"), (runner, "decode")] if runner is not None
-                 else [(engine, "next_logits")])
-        return cls(name, engine, steps, lambda r: engine.generate(r.prompt, s04.SamplingParams(
-            temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)))
-
-    def run(self, request: Request, clock: Clock) -> TimedGeneration:
-        with stamp_calls(self.steps, clock) as step_starts:
-            start = clock()
-            result = self._generate(request)
-            end = clock()
-        ids = list(result.token_ids)
-        times = token_times_from_step_starts(step_starts, end, len(ids))
-        passes = getattr(result.stats, "pass_times_s", None)
-        return TimedGeneration(ids, start, times, end, list(passes[1:]) if passes else None)
-
-
-class _NoEos:
-    """A tokenizer seen through a window where it has no EOS id (for S01's loop, which has no
-    ignore_eos setting)."""
-
-    eos_id = None
-
-    def __init__(self, tokenizer):
-        self.inner = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return self.inner.encode(text)
-
-    def decode(self, ids) -> str:
-        return self.inner.decode(ids)
-
-
-class HFGenerateEngine:
-    """`transformers` `model.generate()` at batch 1 behind the harness's interface.
+class HFGenerateClient:
+    """`transformers` `model.generate()` at batch 1 behind the harness: not our engine, so it
+    is driven by its own API, and presents the same stamps.
 
     Greedy (`do_sample=False`), exactly `max_tokens` new tokens (the generation config's EOS is
     removed, as S06's benchmark does), the prompt encoded by `tokenizer` inside the timed
-    request as our engines do. Token times come from `StampStreamer`.
+    request as our engines do. generate() pushes tokens to a streamer rather than being
+    iterated, so the stamps are taken inside `StampStreamer.put`: the moment generate() hands
+    over each token, after its stopping criteria ran and just before its next step. (Turning
+    the push into an iterator would need a thread, and the stamps would then time the thread
+    switch.) It streams token ids, not text: our engines also detokenize inside each step.
     """
 
     def __init__(self, name: str, model, tokenizer, pad_token_id: int = 0):
@@ -394,22 +245,22 @@ class HFGenerateEngine:
         model.generation_config.eos_token_id = None   # never stop early: exactly max_tokens
         model.generation_config.pad_token_id = pad_token_id
 
-    def run(self, request: Request, clock: Clock) -> TimedGeneration:
+    def measure(self, request: Request, clock: Clock) -> TimedRequest:
+        """Raises RuntimeError when the streamer saw other tokens than generate() returned."""
         import torch
-        streamer = StampStreamer(clock)
         device = next(self.model.parameters()).device
-        start = clock()
+        timed = TimedRequest(request.request_id, clock())
         ids = torch.tensor([self.tokenizer.encode(request.prompt)], device=device)
         with torch.inference_mode():
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                       max_new_tokens=request.max_tokens,
-                                      pad_token_id=self.pad_token_id, streamer=streamer)
-        generated = out[0, ids.shape[1]:].tolist()
-        self.tokenizer.decode(generated)   # our engines return text too: same work
-        end = clock()
-        if streamer.token_ids != generated:
-            raise RuntimeError("the streamer saw other tokens than generate() returned")
-        return TimedGeneration(generated, start, streamer.times, end, None)
+                                      pad_token_id=self.pad_token_id,
+                                      streamer=StampStreamer(timed, clock))
+        if timed.token_ids != out[0, ids.shape[1]:].tolist():
+            raise RuntimeError(f"{self.name}: the streamer saw other tokens than generate() "
+                               "returned")
+        timed.finish_reason = s01.FINISH_LENGTH
+        return timed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,12 +269,16 @@ class HFGenerateEngine:
 
 @dataclass(frozen=True)
 class RequestResult:
-    """One request's latencies, in seconds.
+    """One request's latencies, in seconds (vLLM's `benchmark_serving.py` definitions).
 
-    ttft_s: request start to first generated token. itl_s: gaps between consecutive tokens
-    (output_tokens - 1 of them). e2e_s: request start to the engine's return. tpot_s (time per
-    output token after the first, vLLM's TPOT): (e2e - ttft) / (output_tokens - 1), None for a
-    single token. model_step_s: model time of each decode step when the engine reports it.
+    ttft_s: request start to the first output that carried a token. itl_s: the gaps between
+    consecutive outputs, one per output after the first: with one token per output (Part I)
+    the gaps between tokens, output_tokens - 1 of them; an output carrying k tokens is one gap,
+    as in vLLM, whose stream chunks may carry several tokens. e2e_s: request start to the last
+    output. tpot_s (time per output token after the first): (e2e - ttft) / (output_tokens - 1),
+    None for a single token; it counts tokens where itl_s counts outputs. tokens_per_s: the
+    request's output_tokens / e2e_s. model_step_s: model time of each decode step when the
+    engine reports it. tokens_per_output: how many tokens each output carried.
     """
 
     request_id: int
@@ -434,6 +289,7 @@ class RequestResult:
     e2e_s: float
     token_ids: list[int]
     model_step_s: list[float] | None = None
+    tokens_per_output: list[int] | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -441,23 +297,33 @@ class RequestResult:
             return None
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Output tokens over e2e latency; None when e2e is 0 (a clock that did not move)."""
+        return self.output_tokens / self.e2e_s if self.e2e_s > 0 else None
+
     @classmethod
-    def from_timed(cls, request: Request, timed: TimedGeneration) -> "RequestResult":
-        """Latencies from the stamps. Raises ValueError when no token was generated or the
-        stamps are not one per token and in order."""
-        times = timed.token_times_s
-        if not timed.token_ids:
+    def from_timed(cls, request: Request, timed: TimedRequest) -> "RequestResult":
+        """Latencies from the stamps. Raises ValueError when no token was generated, when the
+        request did not get exactly request.max_tokens tokens (the harness compares engines
+        doing the same work), or when the stamps are not in order."""
+        stamps = timed.stamps
+        n = sum(len(s.token_ids) for s in stamps)
+        if n == 0:
             raise ValueError(f"request {request.request_id} generated no token: no TTFT")
-        if len(times) != len(timed.token_ids):
-            raise ValueError(f"{len(times)} timestamps for {len(timed.token_ids)} tokens")
-        if not timed.start_s <= times[0] or any(b < a for a, b in zip(times, times[1:])) \
-                or timed.end_s < times[-1]:
-            raise ValueError("timestamps must be in order: start <= token 0 <= ... <= end")
-        return cls(request.request_id, request.prompt_tokens, len(timed.token_ids),
+        if n != request.max_tokens:
+            raise ValueError(f"request {request.request_id} generated {n} tokens; the harness "
+                             f"asks for exactly max_tokens = {request.max_tokens} (EOS ignored)")
+        times = [s.time_s for s in stamps]
+        if not timed.start_s <= times[0] or any(b < a for a, b in zip(times, times[1:])):
+            raise ValueError("timestamps must be in order: start <= first output <= ... <= "
+                             "last output")
+        return cls(request.request_id, request.prompt_tokens, n,
                    ttft_s=times[0] - timed.start_s,
                    itl_s=[b - a for a, b in zip(times, times[1:])],
-                   e2e_s=timed.end_s - timed.start_s, token_ids=list(timed.token_ids),
-                   model_step_s=timed.model_step_s)
+                   e2e_s=times[-1] - timed.start_s, token_ids=timed.token_ids,
+                   model_step_s=timed.model_step_s,
+                   tokens_per_output=[len(s.token_ids) for s in stamps])
 
 
 PERCENTILES = (50, 90, 99)
@@ -496,9 +362,10 @@ class BenchmarkRun:
 
     wall_s: clock time from the first request's start to the last one's end (requests run one
     after another). output_tokens_per_s: all generated tokens / wall_s. ttft_s, e2e_s: one value
-    per request; itl_s: every gap of every request pooled; tpot_s: one per request with >= 2
-    tokens. decode_floor_s / decode_vs_floor: filled in by `attach_floor`. load_average_1min:
-    the machine's 1-minute load average when the run began (other jobs slow every number).
+    per request; itl_s: every gap of every request pooled (as vLLM does); tpot_s: one per
+    request with >= 2 tokens. decode_floor_s / decode_vs_floor: filled in by s07_roofline's
+    `attach_floor`. load_average_1min: the machine's 1-minute load average when the run began
+    (other jobs slow every number).
     """
 
     engine: str
@@ -547,7 +414,8 @@ class BenchmarkRun:
     @property
     def decode_vs_floor(self) -> float | None:
         """Median inter-token latency / the bandwidth floor of a decode step (see
-        `attach_floor`): how many times slower than `bytes moved / bandwidth` a step is."""
+        `s07_roofline.attach_floor`): how many times slower than `bytes moved / bandwidth` a
+        step is."""
         if self.decode_floor_s is None or self.itl_s is None:
             return None
         return self.itl_s.p50 / self.decode_floor_s
@@ -570,15 +438,16 @@ class BenchmarkRun:
         return {"engine": self.engine, "model": self.model, "workload": self.workload,
                 "seed": self.seed, "summary": self.summary(), "peak_memory": self.peak_memory,
                 "load_average_1min": self.load_average_1min,
-                "per_request": [{**asdict(r), "tpot_s": r.tpot_s} for r in self.requests]}
+                "per_request": [{**asdict(r), "tpot_s": r.tpot_s, "tokens_per_s": r.tokens_per_s}
+                                for r in self.requests]}
 
 
-def run_benchmark(engine: BenchEngine, workload: Workload, model: str = "",
+def run_benchmark(client: BenchClient, workload: Workload, model: str = "",
                   clock: Clock = time.perf_counter, warmup: bool = True,
                   progress: bool = True) -> BenchmarkRun:
-    """Run every request of `workload` through `engine`, one after another, and measure it.
+    """Send every request of `workload` through `client`, one after another, and measure it.
 
-    warmup: first run the first request once for 2 tokens, not recorded (the first call of an
+    warmup: first send the first request once for 2 tokens, not recorded (the first call of an
     engine pays one-off costs: lazy allocation, kernel selection, caches). progress: a tqdm bar
     on stderr. clock: seconds as a float; injectable so tests can drive a fake engine with a
     fake clock. Returns a BenchmarkRun with peak memory read after the last request.
@@ -588,14 +457,20 @@ def run_benchmark(engine: BenchEngine, workload: Workload, model: str = "",
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if warmup:
         first = workload.requests[0]
-        engine.run(Request(-1, first.prompt, first.prompt_tokens, min(2, first.max_tokens)), clock)
-    results = []
+        client.measure(Request(-1, first.prompt, first.prompt_tokens, min(2, first.max_tokens)),
+                       clock)
     began = clock()
-    for request in tqdm(workload.requests, desc=f"{engine.name} / {workload.name}",
-                        disable=not progress, leave=False):
-        results.append(RequestResult.from_timed(request, engine.run(request, clock)))
+    # The Part II seam: an engine that serves many requests at once gets a client that adds
+    # each request at its arrival time (add_request), calls step() and records every
+    # RequestOutput of a step, stamped once per step, into its request's TimedRequest with
+    # `TimedRequest.record`. This loop, one request after another, is what that client
+    # replaces; everything from the TimedRequests on stays as it is.
+    timed = [client.measure(request, clock)
+             for request in tqdm(workload.requests, desc=f"{client.name} / {workload.name}",
+                                 disable=not progress, leave=False)]
     wall = clock() - began
-    return BenchmarkRun(engine.name, model, workload.name, workload.seed, results, wall,
+    results = [RequestResult.from_timed(r, t) for r, t in zip(workload.requests, timed)]
+    return BenchmarkRun(client.name, model, workload.name, workload.seed, results, wall,
                         peak_memory(), load_average_1min=load)
 
 
@@ -651,219 +526,14 @@ def peak_memory() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The roofline: this machine's limits, and the cost of a step from the config
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MachinePeaks:
-    """What this machine sustains, as measured by `measure_bandwidth` and
-    `measure_matmul_flops`: bytes per second and FLOP per second, with the method stated."""
-
-    bandwidth_bytes_per_s: float
-    matmul_flops_per_s: float
-    bandwidth_method: str
-    matmul_method: str
-
-    @property
-    def ridge_intensity(self) -> float:
-        """FLOP per byte where the two roofs meet: below it a step is bandwidth-bound."""
-        return self.matmul_flops_per_s / self.bandwidth_bytes_per_s
-
-
-def _best_time(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
-    fn()  # warm-up: first-touch page faults and lazy initialisation are not the machine's speed
-    sync()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def measure_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, device: str = "cpu"
-                      ) -> tuple[float, str]:
-    """Memory bandwidth in bytes/s: copy a float32 tensor of `nbytes` into another, best of
-    `repeats` (after one warm-up copy), counting nbytes read + nbytes written (STREAM's "copy").
-    Uses torch's `copy_` with torch's current thread count. Returns (bytes/s, the method as a
-    sentence). Raises ValueError for nbytes < 4 or repeats < 1.
-    """
-    import torch
-    if nbytes < 4 or repeats < 1:
-        raise ValueError(f"need nbytes >= 4 and repeats >= 1 (got {nbytes}, {repeats})")
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    best = _best_time(lambda: dst.copy_(src), repeats, lambda: _sync(device))
-    moved = 2 * src.numel() * 4
-    method = (f"torch copy_ of a {moved // 2 / 2**20:.0f} MiB float32 tensor on {device}, "
-              f"{torch.get_num_threads()} thread(s), best of {repeats}; bytes read + written")
-    return moved / best, method
-
-
-def measure_matmul_flops(n: int = 2048, repeats: int = 5, device: str = "cpu",
-                         dtype: str = "float32") -> tuple[float, str]:
-    """Matmul throughput in FLOP/s: an (n, n) @ (n, n) torch matmul of `dtype`, best of
-    `repeats` after one warm-up, counted as 2 n^3 FLOPs (one multiply and one add per term).
-    Returns (FLOP/s, the method as a sentence). Raises ValueError for n < 1 or repeats < 1."""
-    import torch
-    if n < 1 or repeats < 1:
-        raise ValueError(f"need n >= 1 and repeats >= 1 (got {n}, {repeats})")
-    torch_dtype = getattr(torch, dtype)
-    a = torch.randn(n, n, device=device).to(torch_dtype)
-    b = torch.randn(n, n, device=device).to(torch_dtype)
-    best = _best_time(lambda: a @ b, repeats, lambda: _sync(device))
-    method = (f"torch {dtype} matmul ({n} x {n}) @ ({n} x {n}) on {device}, "
-              f"{torch.get_num_threads()} thread(s), best of {repeats}; 2 n^3 FLOPs")
-    return 2 * n ** 3 / best, method
-
-
-def _sync(device: str) -> None:
-    if str(device).startswith("cuda"):
-        import torch
-        torch.cuda.synchronize()
-
-
-def measure_peaks(device: str = "cpu", bandwidth_bytes: int = 256 * 2**20,
-                  matmul_n: int = 2048, repeats: int = 5) -> MachinePeaks:
-    """Both measurements of this machine (see `measure_bandwidth`, `measure_matmul_flops`)."""
-    bw, bw_method = measure_bandwidth(bandwidth_bytes, repeats, device)
-    flops, flops_method = measure_matmul_flops(matmul_n, repeats, device)
-    return MachinePeaks(bw, flops, bw_method, flops_method)
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """FLOPs and bytes moved by one forward step; intensity is FLOP per byte."""
-
-    flops: int
-    bytes: int
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes
-
-
-def decode_step_cost(config: s03.TransformerConfig, context_len: int, dtype_bytes: int = 4
-                     ) -> StepCost:
-    """One decode step at batch 1: one new token attending to S = context_len positions
-    (itself included), with a KV cache. S03's `flops_per_token` and `bytes_per_token`: every
-    weight read once (the LM head too), K and V of the S - 1 cached positions read and the
-    new token's written, 2 FLOPs per weight plus 4 H D S per layer for attention.
-    Raises ValueError for context_len < 1 or dtype_bytes < 1."""
-    return StepCost(s03.flops_per_token(config, context_len),
-                    s03.bytes_per_token(config, context_len, dtype_bytes))
-
-
-def prefill_cost(config: s03.TransformerConfig, prompt_tokens: int, dtype_bytes: int = 4
-                 ) -> StepCost:
-    """The prefill of a prompt of T = prompt_tokens tokens in one step, LM head on the last
-    position only (as S05's and S06's engines do).
-
-    FLOPs: the T tokens' forward passes, token s attending to s positions (causal: the useful
-    work, not masked-out pairs), i.e. sum over s = 1..T of S03's `flops_per_token(config, s)`,
-    minus the LM head (2 C V) of the T - 1 rows whose logits are not computed.
-    Bytes: every weight once and K/V of one position (S03's `bytes_per_token(config, 1)`),
-    plus K and V written for the other T - 1 positions (2 L Hkv D each); activations and the
-    extra embedding rows are not counted, as in S03. Raises ValueError for prompt_tokens < 1
-    or dtype_bytes < 1.
-    """
-    if prompt_tokens < 1:
-        raise ValueError(f"prompt_tokens must be >= 1 (got {prompt_tokens})")
-    cfg = config
-    attention_per_position = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
-    per_token = s03.flops_per_token(cfg, 1) - attention_per_position   # everything but attention
-    flops = (prompt_tokens * per_token
-             + attention_per_position * prompt_tokens * (prompt_tokens + 1) // 2
-             - (prompt_tokens - 1) * 2 * cfg.hidden_size * cfg.vocab_size)
-    kv_per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
-    moved = (s03.bytes_per_token(cfg, 1, dtype_bytes)
-             + (prompt_tokens - 1) * kv_per_position * dtype_bytes)
-    return StepCost(flops, moved)
-
-
-def bandwidth_floor_s(cost: StepCost, peaks: MachinePeaks) -> float:
-    """Seconds a step needs at least to move its bytes: bytes / bandwidth."""
-    return cost.bytes / peaks.bandwidth_bytes_per_s
-
-
-def roofline_floor_s(cost: StepCost, peaks: MachinePeaks) -> float:
-    """The roofline's lower bound on a step's time: the larger of bytes / bandwidth and
-    FLOPs / matmul FLOP/s (whichever resource the step runs out of first)."""
-    return max(cost.bytes / peaks.bandwidth_bytes_per_s, cost.flops / peaks.matmul_flops_per_s)
-
-
-def attach_floor(run: BenchmarkRun, config: s03.TransformerConfig, peaks: MachinePeaks,
-                 dtype_bytes: int = 4) -> None:
-    """Fill run.decode_floor_s: the bandwidth floor of a decode step at the (low) median context
-    length of the run's decode steps (step k of a request reads prompt + k tokens), so
-    run.decode_vs_floor = ITL p50 / floor. Does nothing for a run without decode steps."""
-    contexts = [r.prompt_tokens + k for r in run.requests for k in range(1, r.output_tokens)]
-    if not contexts:
-        return
-    context = statistics.median_low(contexts)   # an actual step's context, not a midpoint
-    run.decode_context_len = context
-    run.decode_floor_s = bandwidth_floor_s(decode_step_cost(config, context, dtype_bytes), peaks)
-
-
-def plot_roofline(peaks: MachinePeaks, points: Sequence[tuple[str, StepCost, float]],
-                  path: str | Path, title: str = "Roofline") -> Path:
-    """Draw the roofline and where measured steps land; save it as a PNG at `path`.
-
-    The roof: attainable FLOP/s = min(matmul FLOP/s, bandwidth x intensity), log-log. points:
-    (label, the step's cost, its measured seconds); each is drawn at (cost.intensity,
-    cost.flops / seconds), with a hollow marker on the roof above it (what the step could reach).
-    Returns the path.
-    """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    intensities = [c.intensity for _, c, _ in points] or [1.0]
-    lo = min(min(intensities), peaks.ridge_intensity) / 4
-    hi = max(max(intensities), peaks.ridge_intensity) * 4
-    x = np.logspace(np.log10(lo), np.log10(hi), 200)
-    roof = np.minimum(peaks.matmul_flops_per_s, peaks.bandwidth_bytes_per_s * x)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    ax.loglog(x, roof, color="black", lw=2,
-              label=f"roof: {peaks.bandwidth_bytes_per_s / 1e9:.1f} GB/s, "
-                    f"{peaks.matmul_flops_per_s / 1e9:.0f} GFLOP/s")
-    ax.axvline(peaks.ridge_intensity, color="grey", ls=":", lw=1)
-    for where, text, align in ((peaks.ridge_intensity / 1.3, "bandwidth-bound", "right"),
-                               (peaks.ridge_intensity * 1.3, "compute-bound", "left")):
-        ax.text(where, peaks.matmul_flops_per_s * 1.3, text, ha=align, va="bottom",
-                fontsize=8, color="grey")
-    measured = [c.flops / t for _, c, t in points]
-    ax.set_ylim(min([roof.min(), *measured]) / 2, peaks.matmul_flops_per_s * 3)
-    colors = plt.get_cmap("tab20").colors          # 20 distinct colours, one per point
-    for i, (label, cost, seconds) in enumerate(points):
-        color = colors[(2 * i) % 20 + (2 * i) // 20 % 2]   # dark shades first, then light
-        attainable = min(peaks.matmul_flops_per_s,
-                         peaks.bandwidth_bytes_per_s * cost.intensity)
-        ax.scatter([cost.intensity], [cost.flops / seconds], color=color, zorder=3, label=label)
-        ax.scatter([cost.intensity], [attainable], facecolors="none", edgecolors=color, zorder=3)
-    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
-    ax.set_ylabel("FLOP/s")
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.grid(True, which="both", alpha=0.2)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
 # Reports: the JSON file and the printed table
 # ---------------------------------------------------------------------------------------------
 
-def results_json(runs: Sequence[BenchmarkRun], machine: dict, peaks: MachinePeaks | None,
+def results_json(runs: Sequence[BenchmarkRun], machine: dict, peaks: MachinePeaks | None = None,
                  extra: dict | None = None) -> dict:
     """The whole benchmark as a JSON-ready dict: schema tag, UTC time, machine facts, the
-    roofline measurements, every run (summary and per-request detail) and `extra` (models,
-    workloads, notes)."""
+    roofline measurements (an s07_roofline `MachinePeaks`, or None), every run (summary and
+    per-request detail) and `extra` (models, workloads, notes)."""
     return {"schema": RESULTS_SCHEMA,
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": machine,
@@ -871,6 +541,27 @@ def results_json(runs: Sequence[BenchmarkRun], machine: dict, peaks: MachinePeak
                 **asdict(peaks), "ridge_intensity_flop_per_byte": peaks.ridge_intensity},
             "runs": [run.to_json() for run in runs],
             **(extra or {})}
+
+
+def check_output_file(path: str | Path) -> Path:
+    """`path` as a file the results can be written to, checked before a run spends minutes.
+
+    Raises ValueError naming the rule: the path must not be a directory; its nearest existing
+    folder must be a directory (not a file) that this process may write into (missing folders
+    below it are created when writing); an existing file must be writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory: name a file to write the results to")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"cannot write {path}: {folder} is a file, not a directory")
+    target = path if path.exists() else folder
+    if not os.access(target, os.W_OK):
+        raise ValueError(f"cannot write {path}: no permission to write {target}")
+    return path
 
 
 def write_results(path: str | Path, results: dict) -> Path:
@@ -908,53 +599,89 @@ def format_table(runs: Sequence[BenchmarkRun]) -> str:
 # main: the roofline of this machine and a small run on the bundled model
 # ---------------------------------------------------------------------------------------------
 
+# --requests at most: at batch 1 a chat request of the bundled model takes tens of
+# milliseconds per engine here, so 1,000 are a few minutes; more is a load test (S20).
+MAX_REQUESTS = 1000
+
+
+def check_count(parser: argparse.ArgumentParser, flag: str, value: int, low: int,
+                high: int | None = None) -> None:
+    """Exit with a usage error (status 2) naming `flag` unless low <= value (<= high)."""
+    if value < low or (high is not None and value > high):
+        rule = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        parser.error(f"{flag} must be {rule} (got {value})")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    cores = os.cpu_count() or 1
     parser = argparse.ArgumentParser(
         description="Chapter 7: TTFT, ITL, throughput and the roofline on the bundled model.")
     parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
-                        help="checkpoint directory (default: the bundled model)")
+                        help="local checkpoint directory (default: the bundled model)")
     parser.add_argument("--workload", default="chat", choices=sorted(WORKLOAD_KINDS))
-    parser.add_argument("--requests", type=int, default=4, help="requests in the workload")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the workload")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--requests", type=int, default=4,
+                        help=f"requests in the workload, 1 to {MAX_REQUESTS}")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the workload, >= 0")
+    parser.add_argument("--threads", type=int, default=1,
+                        help=f"torch intra-op threads, 1 to the logical cores ({cores})")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
+
+    # Every rule is checked here, before a model is loaded or a request sent.
+    check_count(parser, "--requests", args.requests, 1, MAX_REQUESTS)
+    check_count(parser, "--seed", args.seed, 0)
+    check_count(parser, "--threads", args.threads, 1, cores)
+    if args.json is not None:
+        try:
+            check_output_file(args.json)
+        except ValueError as err:
+            parser.error(f"--json: {err}")
+    model_dir = Path(args.model)
+    if not model_dir.is_dir():
+        parser.error(f"--model: {'not a directory' if model_dir.exists() else 'no such directory'}"
+                     f": {args.model}")
+    bundled = model_dir.resolve() == s03.BUNDLED_MODEL_DIR.resolve()
 
     import torch
     import s05_kv_cache as s05
     import s06_torch as s06
+    from s03_checkpoint import CheckpointTokenizer, load_config, load_state_dict
+    from s07_roofline import attach_floor, decode_step_cost, measure_peaks, prefill_cost
 
     torch.set_num_threads(args.threads)
     try:
-        model, tokenizer = s03.load(args.model)
-        max_context = min(model.config.max_position_embeddings, 1024)
+        config = load_config(model_dir)
+        weights = load_state_dict(model_dir)
+        model = s03.Transformer(config, weights)
+        tokenizer = CheckpointTokenizer.from_pretrained(model_dir)
+        max_context = min(config.max_position_embeddings, 1024)
         workload = make_workload(args.workload, tokenizer, args.requests, args.seed, max_context)
     except ValueError as err:
-        parser.error(f"{err} (the bundled model is written by scripts/train_bundled_model.py)")
-    cfg = model.config
-    print(f"{args.model}: {s03.parameter_count(cfg):,} parameters; workload {workload.name!r}: "
-          f"{len(workload.requests)} requests, seed {workload.seed}")
+        hint = ""
+        if bundled and not (model_dir / "model.safetensors").is_file():
+            hint = " (the bundled model is written by scripts/train_bundled_model.py)"
+        parser.error(f"{err}{hint}")
+    print(f"{args.model}: {s03.parameter_count(config):,} parameters; workload "
+          f"{workload.name!r}: {len(workload.requests)} requests, seed {workload.seed}")
     peaks = measure_peaks(repeats=3)
     print(f"memory bandwidth {peaks.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
           f"({peaks.bandwidth_method})")
     print(f"matmul {peaks.matmul_flops_per_s / 1e9:.1f} GFLOP/s ({peaks.matmul_method})")
     print(f"ridge point: {peaks.ridge_intensity:.1f} FLOP/byte; a decode step here does "
-          f"{decode_step_cost(cfg, workload.max_context).intensity:.2f}, a prefill of "
+          f"{decode_step_cost(config, workload.max_context).intensity:.2f}, a prefill of "
           f"{workload.requests[0].prompt_tokens} tokens "
-          f"{prefill_cost(cfg, workload.requests[0].prompt_tokens).intensity:.1f}\n", flush=True)
-    torch_model = s06.TorchTransformer.from_pretrained(args.model)
-    engines = [
-        HookedEngine.for_cached("S05 NumPy + KV cache", s05.Engine(model, tokenizer, max_context)),
-        HookedEngine.for_cached("S06 torch", s06.Engine(torch_model, tokenizer, max_context))]
-    label = "bundled" if Path(args.model).resolve() == s03.BUNDLED_MODEL_DIR.resolve() \
-        else Path(args.model).name
+          f"{prefill_cost(config, workload.requests[0].prompt_tokens).intensity:.1f}\n",
+          flush=True)
+    torch_model = s06.TorchTransformer(config, weights)
+    clients = [StreamClient("S05 NumPy + KV cache", s05.Engine(model, tokenizer, max_context)),
+               StreamClient("S06 torch", s06.Engine(torch_model, tokenizer, max_context))]
+    label = "bundled" if bundled else model_dir.name
     runs = []
-    for engine in engines:
+    for client in clients:
         # A bar only on a terminal, where it erases itself: in a log or a pipe its carriage
         # returns are not undone, and the table would start on the bar's line.
-        run = run_benchmark(engine, workload, model=label,
-                            progress=sys.stderr.isatty())
-        attach_floor(run, cfg, peaks)
+        run = run_benchmark(client, workload, model=label, progress=sys.stderr.isatty())
+        attach_floor(run, config, peaks)
         runs.append(run)
     print(format_table(runs))
     if args.json:

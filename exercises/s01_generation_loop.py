@@ -1,4 +1,4 @@
-"""S01 exercises: stop strings, streaming, and timing the loop.
+"""S01 exercises: stop strings and streaming through the engine's seams, and timing the loop.
 
 Fill in each function, then grade your work:
 
@@ -9,11 +9,11 @@ in exercises/solutions/ -- try first, peek later.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np  # noqa: F401  (you will want it)
 
-from s01_generation_loop import STOP_EOS, Engine, Generation, Stats, sample  # noqa: F401
+from s01_generation_loop import Engine, Sequence as RequestState  # noqa: F401
 
 
 # Exercise 1: stop strings (4 points) ------------------------------------------------------------
@@ -31,30 +31,52 @@ def apply_stop_strings(text: str, stop: Sequence[str]) -> tuple[str, str | None]
     raise NotImplementedError("exercise 1a")
 
 
-def generate_with_stop(engine: Engine, prompt: str, max_tokens: int, stop: Sequence[str],
-                       temperature: float = 0.0, seed: int | None = None) -> Generation:
-    """Like `engine.generate`, but also stop as soon as the decoded completion contains a stop
-    string (check after every token, on the whole completion text, so a stop string that spans
-    two tokens is caught). Then return the text truncated before the stop string, all generated
-    token ids, and stats whose finish_reason is "stop" (set stop_reason to STOP_EOS).
+class StopStringEngine(Engine):
+    """S01's engine that also stops at stop strings, written by overriding seams only: the loop
+    (`Engine.run`) and the stop rules (`stop_rule`) stay as they are.
 
-    Raise ValueError if `stop` is empty or contains an empty string. Reuse
-    `engine.check_request` and `engine.stop_reason`; keep EOS, budget and context-full rules.
+    `stop`: a non-empty list of non-empty strings (else ValueError in __init__). After every
+    token, look for the stop strings in the whole completion text so far (decode
+    `seq.output_ids`, without EOS), so a stop string spread over two tokens is caught. When one
+    occurs, set `seq.matched_stop_string` to it: S01's `stop_rule` then ends the request with
+    finish_reason "stop" and stop_reason the stop string. The completion's text must be the
+    text before the stop string. Hints: `filter_text(seq, text)` is called with each new piece
+    of text and returns what may be shown; `end_text(seq)` gives what is left at the end. S01's
+    detokenizer (`DecodeAtEnd`) shows nothing until the end, so `filter_text` sees "" until then:
+    decide what you decode, and what `end_text` returns once a stop string matched (nothing more:
+    the engine does not call it then).
     """
-    raise NotImplementedError("exercise 1b")
+
+    def __init__(self, model, tokenizer, max_context: int, stop: Sequence[str]):
+        raise NotImplementedError("exercise 1b")
 
 
 # Exercise 2: streaming (3 points) ---------------------------------------------------------------
-# A chat UI shows each word as it is produced instead of waiting for the whole answer.
+# A chat UI shows each word as it is produced instead of waiting for the whole answer. S01's
+# stream yields one RequestOutput per token, but its text_delta stays "" until the end.
 
-def stream(engine: Engine, prompt: str, max_tokens: int, temperature: float = 0.0,
-           seed: int | None = None) -> Iterator[str]:
-    """Yield the completion as text deltas, one per generated token that adds text, *while*
-    generating (a generator: the first delta must be yielded after the first pass, not at the
-    end). "".join(stream(...)) must equal engine.generate(...).text for the same arguments.
-    Never yield EOS text or an empty string. Same validation and stop rules as generate.
+class WordStreamer:
+    """A detokenizer for a word tokenizer (S01's), with the interface the engine expects:
+    `feed(token_id) -> str` returns the text this token adds (for S01's tokenizer: the word,
+    with the space decode puts before it, if any), `flush() -> str` what is left at the end.
+    The deltas joined must equal `tokenizer.decode(all fed ids)`. Keep the work per token
+    constant: do not decode the whole output every time (hint: the spacing of a word depends
+    only on the word before it).
     """
-    raise NotImplementedError("exercise 2")
+
+    def __init__(self, tokenizer):
+        raise NotImplementedError("exercise 2")
+
+    def feed(self, token_id: int) -> str:
+        raise NotImplementedError("exercise 2")
+
+    def flush(self) -> str:
+        raise NotImplementedError("exercise 2")
+
+
+class StreamingEngine(Engine):
+    """S01's engine whose stream shows each word as it arrives: override one seam so it uses
+    `WordStreamer`."""
 
 
 # Exercise 3: timing the loop (3 points) ---------------------------------------------------------

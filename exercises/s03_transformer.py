@@ -4,9 +4,9 @@ Fill in each function, then grade your work:
 
     make grade            # or: python exercises/grade.py s03
 
-You may use anything in code/s03_transformer.py (imported below) except the function an exercise
-asks you to write: the point is to write RoPE, GQA and the header reader yourself. Reference
-solutions are in exercises/solutions/ -- try first, peek later.
+You may use anything in code/s03_transformer.py and code/s03_checkpoint.py (imported below)
+except the function an exercise asks you to write: the point is to write RoPE, GQA and the header
+reader yourself. Reference solutions are in exercises/solutions/ -- try first, peek later.
 
 Shape legend: H query heads, Hkv key/value heads, T queries in this step, S keys, D head dim.
 """
@@ -17,7 +17,8 @@ from typing import Mapping, Sequence
 
 import numpy as np  # noqa: F401  (you will want it)
 
-from s03_transformer import CheckpointError, TransformerConfig  # noqa: F401
+from s03_checkpoint import CheckpointError  # noqa: F401
+from s03_transformer import TransformerConfig  # noqa: F401
 
 
 # Exercise 1: RoPE from scratch (3 points) -------------------------------------------------------

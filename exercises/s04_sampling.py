@@ -6,8 +6,9 @@ Fill in each function, then grade your work:
 
 Everything you need is in code/s04_sampling.py (imported below): `check_logits` validates a row
 of logits and returns a float32 copy, `log_softmax` is numerically safe, `NEG_INF` is the only
-"removed" marker, and `Engine.next_logits` is the hook a subclass overrides. Reference solutions
-are in exercises/solutions/ -- try first, peek later.
+"removed" marker, and `Engine.sample(logits, seq)` is the seam a subclass overrides (the loop is
+S01's `Engine.run`; `seq` is S01's `Sequence`, whose `token_ids` are the prompt and the output so
+far). Reference solutions are in exercises/solutions/ -- try first, peek later.
 
 Shape legend: T tokens, V vocabulary. Logits are float32 arrays (V,) unless stated otherwise.
 """
@@ -80,17 +81,18 @@ class NoRepeatNGramEngine(Engine):
 
     __init__(model, tokenizer, max_context, no_repeat_ngram_size, **kwargs): validate the size
     first (the same ValueError as `banned_tokens`), pass everything else to Engine, keep the
-    size in `self.no_repeat_ngram_size`. Override one method, `next_logits(ids)`: the raw logits
-    from Engine.next_logits with the banned tokens removed. Nothing else changes: penalties,
-    temperature, filters, stop rules and seeds all work as before, because every step of the
-    pipeline keeps a -inf logit at -inf.
+    size in `self.no_repeat_ngram_size`. Override one seam, `sample(logits, seq)`: remove the
+    tokens banned by the context `seq.token_ids` from the model's raw logits (V,), then hand
+    the row to Engine.sample. Nothing else changes: penalties, temperature, filters, stop rules
+    and seeds all work as before, because every step of the pipeline keeps a -inf logit at
+    -inf.
     """
 
     def __init__(self, model, tokenizer, max_context: int, no_repeat_ngram_size: int,
                  **kwargs):
         raise NotImplementedError("exercise 2c")
 
-    def next_logits(self, ids: list[int]) -> np.ndarray:
+    def sample(self, logits: np.ndarray, seq) -> int:
         raise NotImplementedError("exercise 2c")
 
 

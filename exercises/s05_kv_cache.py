@@ -5,8 +5,9 @@ Fill in each function, then grade your work:
     make grade            # or: python exercises/grade.py s05
 
 Everything you need is in code/s05_kv_cache.py and code/s03_transformer.py (imported below):
-`Engine` (this chapter's engine: `self.runner` is its `CachedTransformer`, `self.cached_ids`
-the ids whose K/V the cache holds), `CachedTransformer.step(ids)` (runs T new tokens after the
+`Engine` (this chapter's engine: S01's loop with the `model_step(seq)` seam answered from the
+cache; `self.runner` is its `CachedTransformer`; `seq` is S01's `Sequence`, with `token_ids`,
+`num_computed_tokens` and `stats`), `CachedTransformer.step(ids)` (runs T new tokens after the
 cached ones and returns their hidden states (T, C)), `KVCache.truncate(n)`, and from S03 a
 model's `check_positions`, `embed`, `blocks[i].qkv`, `blocks[i].finish`, `head`, and the free
 function `s03.attention(q, k, v, q_positions, k_positions, scale)`. Reference solutions are in
@@ -184,24 +185,29 @@ class PrefixReuseEngine(Engine):
     """S05's Engine that keeps the part of the cache a new request shares with what it holds.
 
     __init__(model, tokenizer, max_context, **kwargs): as Engine, plus
-    self.computed_tokens = [] (one entry per next_logits call: how many tokens it ran).
+    self.cached_ids = [] (the ids whose K/V the cache holds, whichever request put them there)
+    and self.computed_tokens = [] (one entry per model step: how many tokens it ran).
 
-    Override one method, next_logits(ids) -> raw logits (V,) for the token after ids:
-      1. keep = common_prefix_len(self.cached_ids, ids), but at most len(ids) - 1: the last id
+    Override one seam, model_step(seq) -> raw logits (V,) for the token after ids =
+    seq.token_ids (the chapter's Engine asks "does this request own the cache?"; this one asks
+    "how much of these ids does the cache hold?", whoever asked before):
+      1. Record the pass as Engine.model_step does: seq.stats.context_lens.append(len(ids)).
+      2. keep = common_prefix_len(self.cached_ids, ids), but at most len(ids) - 1: the last id
          must always run, because the cache stores keys and values, not the logits that
          followed them (a request repeating the cached ids exactly still runs one token).
-      2. Forget the rest: self.runner.cache.truncate(keep) and self.cached_ids[:keep].
-      3. Run only ids[keep:] with self.runner.step(...), take the LM head
+      3. Forget the rest: self.runner.cache.truncate(keep) and self.cached_ids[:keep].
+      4. Run only ids[keep:] with self.runner.step(...), take the LM head
          (self.runner.model.head) of the last hidden row; append len(ids) - keep to
-         self.computed_tokens; now self.cached_ids = list(ids).
+         self.computed_tokens; now self.cached_ids = list(ids) and
+         seq.num_computed_tokens = len(ids).
     An ordinary decode step is the special case keep = len(ids) - 1. If step raises (a bad id,
     a full cache), the cache and self.cached_ids must still agree (step already rolls the
-    cache back to `keep` positions). ValueError for an empty ids list.
+    cache back to `keep` positions).
     Greedy tokens must equal Engine's, request after request: reuse changes cost, not meaning.
     """
 
     def __init__(self, model: Transformer, tokenizer, max_context: int, **kwargs):
         raise NotImplementedError("exercise 3b")
 
-    def next_logits(self, ids: list[int]) -> np.ndarray:
+    def model_step(self, seq) -> np.ndarray:
         raise NotImplementedError("exercise 3b")

@@ -10,8 +10,9 @@ text. Every 10th speech is held out for validation. Training windows of `--conte
 are drawn at random offsets from the joined training speeches.
 
 Model: transformers' Qwen3ForCausalLM (GQA, per-head q/k RMSNorm, RoPE, SwiGLU, tied head), so
-the saved checkpoint is a plain Hugging Face one that code/s03_transformer.py and
-AutoModelForCausalLM both load. PyTorch does the training here; the course is about inference.
+the saved checkpoint is a plain Hugging Face one that code/s03_checkpoint.py (into S03's NumPy
+transformer) and AutoModelForCausalLM both load. PyTorch does the training here; the course is
+about inference.
 
 Optimiser: AdamW (betas 0.9, 0.95, weight decay 0.1 on matrices only), linear warm-up then
 cosine decay to 10% of the peak learning rate, gradient clipping at 1.0: the recipe of
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -139,6 +141,12 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
 
+    # Checked before torch sees it: set_num_threads(0) raises, and after 100000 the first
+    # parallel op segfaults (libgomp cannot create the threads). More threads than logical CPUs
+    # (S07's bound too) would only take turns on them.
+    cores = os.cpu_count() or 1
+    if not 1 <= args.threads <= cores:
+        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tokenizer = Tokenizer.from_file(str(TOKENIZER))

@@ -33,13 +33,16 @@ myst_dmath_double_inline = True
 
 # --- notebooks --------------------------------------------------------------------------------
 # Executed once and cached (jupyter-cache). The cache is keyed by the notebook's code cells, not
-# by the code they import, so the cache folder is named after a hash of code/ and data/: change
+# by the code they import, so the cache folder is named after a hash of code/, data/ and results/: change
 # the engine and every notebook runs again; change nothing and the build reuses the outputs.
 def _code_hash(root: Path) -> str:
+    # Notebook outputs depend on the code, the data and the recorded results they plot
+    # (results/scratch/ is a benchmark's scratch output, read by no notebook).
     digest = hashlib.sha256()
-    for folder in ("code", "data"):
+    for folder in ("code", "data", "results"):
         for path in sorted((root / folder).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
+            if path.is_file() and "__pycache__" not in path.parts \
+                    and path.relative_to(root).parts[:2] != ("results", "scratch"):
                 digest.update(str(path.relative_to(root)).encode())
                 digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

@@ -7,7 +7,9 @@ neighbours; this module runs the whole chain in one place, so a change anywhere 
 with the first index where the ids differ and both decoded texts.
 
 Engines: S01 loop (no cache), S04 (sampling engine, still no cache), S05 (NumPy KV cache),
-S06 (PyTorch, manual and SDPA attention). Models: the tiny random GPT-2 / Qwen3 / Llama of
+S06 (PyTorch, manual and SDPA attention). Every engine is driven through the same public call
+(S01's `generate(prompt, max_tokens)` and `stream`), with no per-engine dispatch: that they can
+all stand where the S01 engine stood is part of what is tested. Models: the tiny random GPT-2 / Qwen3 / Llama of
 S03's tests and the bundled model.
 """
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 import s01_generation_loop as s01
+import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
 import s05_kv_cache as s05
@@ -34,7 +37,16 @@ def first_difference(name: str, ours: list[int], reference: list[int], decode) -
             f"  engine text: {decode(ours)!r}\n  s01 text:    {decode(reference)!r}")
 
 
-ENGINES = ["s04", "s05", "s06_manual", "s06_sdpa"]
+def engines(model, torch_models, tokenizer, max_context):
+    """Every engine of Part I on one model, by name. Only construction differs (each takes the
+    model it runs: NumPy or torch); the call that follows is the same for all of them."""
+    return {
+        "s01": s01.Engine(model, tokenizer, max_context),
+        "s04": s04.Engine(model, tokenizer, max_context),
+        "s05": s05.Engine(model, tokenizer, max_context),
+        **{name: s06.Engine(torch_model, tokenizer, max_context)
+           for name, torch_model in torch_models.items()},
+    }
 
 
 @pytest.fixture(scope="module", params=sorted(TINY))
@@ -64,32 +76,38 @@ def hf_greedy(hf, ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
+def check_same_call(name: str, all_engines: dict, prompt: str, max_tokens: int, decode) -> list[int]:
+    """Run every engine through the same public call, S01's `generate(prompt, max_tokens)` and
+    `stream(...)`; all must give the S01 loop's ids, and each stream must join to its result."""
+    reference = all_engines["s01"].generate(prompt, max_tokens)
+    for engine_name, engine in all_engines.items():
+        got = engine.generate(prompt, max_tokens)
+        assert got.token_ids == reference.token_ids, first_difference(
+            f"{name} {engine_name}", got.token_ids, reference.token_ids, decode)
+        assert (got.text, got.finish_reason, got.stop_reason) == (
+            reference.text, reference.finish_reason, reference.stop_reason), engine_name
+        stream = engine.stream(prompt, max_tokens)
+        outputs = list(stream)
+        assert [t for o in outputs for t in o.new_token_ids] == reference.token_ids, engine_name
+        assert "".join(o.text_delta for o in outputs) == stream.result.text == reference.text
+        assert outputs[-1].finished and outputs[-1].finish_reason == reference.finish_reason
+    return reference.token_ids
+
+
 @pytest.mark.slow
 def test_every_engine_matches_the_s01_loop_and_hf_on_tiny_models(tiny_setup):
     name, hf, model, torch_models = tiny_setup
     tokenizer = IdTokenizer()
+    all_engines = engines(model, torch_models, tokenizer, MAX_CONTEXT)
     for ids in tiny_prompts():
         prompt = " ".join(map(str, ids))
         budget = min(NEW_TOKENS, MAX_CONTEXT - len(ids))
-        reference = s01.Engine(model, tokenizer, MAX_CONTEXT).generate(prompt, NEW_TOKENS).token_ids
+        reference = check_same_call(f"{name} (prompt {len(ids)})", all_engines, prompt,
+                                    NEW_TOKENS, tokenizer.decode)
         assert len(reference) == budget  # EOS_UNUSED never appears; budget or context stops
         hf_ids = hf_greedy(hf, ids, budget)
         assert reference == hf_ids, first_difference(f"{name} HF vs", hf_ids, reference,
                                                      tokenizer.decode)
-        for engine in ENGINES:
-            got = greedy_ids_for(engine, model, torch_models, tokenizer, prompt)
-            assert got == reference, first_difference(f"{name} {engine} (prompt {len(ids)})",
-                                                       got, reference, tokenizer.decode)
-
-
-def greedy_ids_for(engine: str, model, torch_models, tokenizer, prompt: str) -> list[int]:
-    params = s04.SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
-    if engine == "s04":
-        return s04.Engine(model, tokenizer, MAX_CONTEXT).generate(prompt, params).token_ids
-    if engine == "s05":
-        return s05.Engine(model, tokenizer, MAX_CONTEXT).generate(prompt, params).token_ids
-    return s06.Engine(torch_models[engine], tokenizer, MAX_CONTEXT).generate(
-        prompt, params).token_ids
 
 
 bundled = pytest.mark.skipif(not (s03.BUNDLED_MODEL_DIR / "model.safetensors").exists(),
@@ -108,7 +126,7 @@ BUNDLED_PROMPTS = [
 def test_every_engine_matches_the_s01_loop_and_hf_on_the_bundled_model():
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
-    model, tokenizer = s03.load()
+    model, tokenizer = s03_checkpoint.load()
     hf_tokenizer = Tokenizer.from_file(str(s03.BUNDLED_MODEL_DIR / "tokenizer.json"))
     torch_models = {
         f"s06_{impl}": s06.TorchTransformer.from_pretrained(s03.BUNDLED_MODEL_DIR,
@@ -117,8 +135,9 @@ def test_every_engine_matches_the_s01_loop_and_hf_on_the_bundled_model():
     hf = AutoModelForCausalLM.from_pretrained(s03.BUNDLED_MODEL_DIR, attn_implementation="eager",
                                               dtype=torch.float32).eval()
     max_context = model.config.max_position_embeddings
+    all_engines = engines(model, torch_models, tokenizer, max_context)
     for prompt in BUNDLED_PROMPTS:
-        reference = s01.Engine(model, tokenizer, max_context).generate(prompt, 30).token_ids
+        reference = check_same_call("bundled", all_engines, prompt, 30, tokenizer.decode)
         ids = tokenizer.encode(prompt)
         assert ids == hf_tokenizer.encode(prompt).ids      # HF gets the ids HF would make
         with torch.no_grad():
@@ -127,13 +146,3 @@ def test_every_engine_matches_the_s01_loop_and_hf_on_the_bundled_model():
                               pad_token_id=tokenizer.eos_id)
         hf_ids = out[0, len(ids):].tolist()
         assert hf_ids == reference, first_difference("HF", hf_ids, reference, tokenizer.decode)
-        params = s04.SamplingParams(temperature=0.0, max_tokens=30)
-        for engine in ENGINES:
-            if engine == "s04":
-                got = s04.Engine(model, tokenizer, max_context).generate(prompt, params).token_ids
-            elif engine == "s05":
-                got = s05.Engine(model, tokenizer, max_context).generate(prompt, params).token_ids
-            else:
-                got = s06.Engine(torch_models[engine], tokenizer, max_context).generate(
-                    prompt, params).token_ids
-            assert got == reference, first_difference(engine, got, reference, tokenizer.decode)

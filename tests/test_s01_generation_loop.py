@@ -242,15 +242,15 @@ def test_eos_as_last_allowed_token_is_an_eos_stop():
     # prompt "a b" has 2 tokens; passes see contexts of 2, 3, 4: the third token sampled is EOS.
     engine = Engine(ScriptedModel({2: 2, 3: 3, 4: TOK.eos_id}), TOK, max_context=16)
     g = engine.generate("a b", max_tokens=3)
-    assert g.stats.stop_reason == "eos" and g.stats.finish_reason == "stop"
+    assert g.finish_reason == "stop" and g.stop_reason is None  # vLLM: EOS names no stop
     assert g.token_ids == [2, 3, 0] and g.text == "a b"  # EOS produced, not in the text
-    assert g.stats.tokens_out == 3
+    assert g.stats.passes == 3
 
 
 def test_budget_stop_when_eos_comes_one_too_late():
     engine = Engine(ScriptedModel({2: 2, 3: 3, 4: 4, 5: TOK.eos_id}), TOK, max_context=16)
     g = engine.generate("a b", max_tokens=3)
-    assert g.stats.stop_reason == "max_tokens" and g.stats.finish_reason == "length"
+    assert g.finish_reason == "length" and g.stop_reason is None
     assert g.token_ids == [2, 3, 4] and g.text == "a b c"
 
 
@@ -258,7 +258,7 @@ def test_context_full_stop_and_no_pass_beyond_the_window():
     model = ScriptedModel({})
     engine = Engine(model, TOK, max_context=5)
     g = engine.generate("a b", max_tokens=10)
-    assert g.stats.stop_reason == "context_full" and g.stats.finish_reason == "length"
+    assert g.finish_reason == "length"                # 3 tokens of a budget of 10
     assert g.stats.context_lens == [2, 3, 4]          # a 5-token context is never run
     assert len(g.token_ids) == 3 and max(len(s) for s in model.seen) == 4
 
@@ -266,18 +266,18 @@ def test_context_full_stop_and_no_pass_beyond_the_window():
 def test_prompt_that_fills_the_context_stops_before_the_first_pass():
     model = ScriptedModel({})
     g = Engine(model, TOK, max_context=3).generate("a b c", max_tokens=5)
-    assert g.stats.stop_reason == "context_full" and g.stats.passes == 0
+    assert g.finish_reason == "length" and g.stats.passes == 0
     assert g.token_ids == [] and g.text == "" and model.seen == []
 
 
 def test_budget_and_full_context_at_once_reports_the_budget():
     g = Engine(ScriptedModel({}), TOK, max_context=4).generate("a b", max_tokens=2)
-    assert g.stats.stop_reason == "max_tokens" and g.stats.context_lens == [2, 3]
+    assert g.finish_reason == "length" and g.stats.context_lens == [2, 3]
 
 
 def test_eos_beats_the_full_context():
     g = Engine(ScriptedModel({3: TOK.eos_id}), TOK, max_context=4).generate("a b", max_tokens=9)
-    assert g.stats.stop_reason == "eos" and g.token_ids == [2, 0]
+    assert g.finish_reason == "stop" and g.token_ids == [2, 0]
 
 
 def test_each_pass_sees_the_whole_growing_context():
@@ -391,18 +391,19 @@ def sum_sq(n):
     return n * (n + 1) * (2 * n + 1) // 6
 
 
-def test_stats_finish_reason_mapping():
-    assert Stats(1, stop_reason="eos").finish_reason == "stop"
-    assert Stats(1, stop_reason="max_tokens").finish_reason == "length"
-    assert Stats(1, stop_reason="context_full").finish_reason == "length"
-    assert Stats(1).finish_reason is None
+def test_stats_count_passes_and_time_every_step():
+    g = Engine(ScriptedModel({}), TOK, max_context=64).generate("a b", max_tokens=4)
+    s = g.stats
+    assert isinstance(s, Stats) and s.prompt_tokens == 2 and s.passes == 4
+    assert len(s.pass_times_s) == len(s.step_times_s) == 4
+    assert all(0 <= m <= t for m, t in zip(s.pass_times_s, s.step_times_s))
 
 
 def test_main_prints_text_and_cost_table(capsys):
     from s01_generation_loop import main
     main(["--max-tokens", "12", "--temperature", "0"])
     out = capsys.readouterr().out
-    assert "--- completion ---" in out and "cumulative ratio" in out and "stop_reason=" in out
+    assert "--- completion ---" in out and "cumulative ratio" in out and "finish_reason=" in out
 
 
 def test_main_reports_bad_input_without_a_traceback(capsys):
@@ -424,3 +425,115 @@ def test_main_reports_bad_engine_settings_without_a_traceback(capsys, args, mess
         main(args)
     assert exc.value.code == 2
     assert f"error: {message}" in capsys.readouterr().err
+
+
+# --- the one engine interface: stream, RequestOutput, Completion, params, stop_rule -----------
+
+from s01_generation_loop import (  # noqa: E402
+    Completion, CompletionStream, GenerationParams, RequestOutput, Sequence, stop_rule,
+)
+
+
+def test_stream_yields_one_output_per_step_and_its_result_is_generate():
+    engine = Engine(ScriptedModel({2: 2, 3: 3, 4: TOK.eos_id}), TOK, max_context=16)
+    stream = engine.stream("a b", 5)
+    assert isinstance(stream, CompletionStream)
+    with pytest.raises(ValueError, match="the stream is not finished"):
+        stream.result
+    outputs = list(stream)
+    assert all(isinstance(o, RequestOutput) for o in outputs)
+    assert [o.new_token_ids for o in outputs] == [[2], [3], [0]]
+    assert [o.finished for o in outputs] == [False, False, True]
+    assert outputs[-1].finish_reason == "stop" and outputs[0].finish_reason is None
+    # S01 shows text only at the end (streaming text is S02's); joined == the result's text.
+    assert [o.text_delta for o in outputs] == ["", "", "a b"]
+    result = stream.result
+    assert isinstance(result, Completion) and result.text == "a b"
+    assert result.token_ids == [2, 3, 0] and result.request_id == outputs[0].request_id
+    again = engine.generate("a b", 5)
+    assert (again.text, again.token_ids, again.finish_reason) == ("a b", [2, 3, 0], "stop")
+    assert again.request_id != result.request_id  # every request gets its own id
+
+
+def test_a_stream_is_lazy_and_checks_the_request_at_the_call():
+    model = ScriptedModel({})
+    engine = Engine(model, TOK, max_context=16)
+    stream = engine.stream("a b", 3)
+    assert model.seen == []          # nothing ran yet
+    next(stream)
+    assert len(model.seen) == 1
+    with pytest.raises(ValueError, match="max_tokens must be an integer >= 1"):
+        engine.stream("a b", 0)      # raises here, not at the first next()
+
+
+def test_prompt_that_fills_the_context_gives_an_empty_finished_stream():
+    stream = Engine(ScriptedModel({}), TOK, max_context=2).stream("a b", 5)
+    assert list(stream) == []
+    assert stream.result.finish_reason == "length" and stream.result.token_ids == []
+
+
+def test_any_eos_id_of_the_tokenizer_ends_the_request():
+    class TwoEos(WordTokenizer):
+        eos_ids = (0, 5)             # "<eos>" and "."
+    tok = TwoEos(VOCAB)
+    g = Engine(ScriptedModel({2: 3, 3: 5}), tok, max_context=16).generate("a b", 6)
+    assert g.token_ids == [3, 5] and g.finish_reason == "stop" and g.text == "b"  # "." unseen
+
+
+def test_ignore_eos_generates_the_whole_budget():
+    model = ScriptedModel({2: TOK.eos_id, 3: TOK.eos_id})
+    g = Engine(model, TOK, max_context=16).generate("a b", 4, ignore_eos=True)
+    assert g.token_ids == [0, 0, 2, 2] and g.finish_reason == "length"
+    assert g.text == "a a"           # EOS decodes to nothing in S01's tokenizer
+    with pytest.raises(ValueError, match="ignore_eos must be a bool"):
+        Engine(model, TOK, 16).generate("a b", 4, ignore_eos=1)
+
+
+def test_params_object_in_place_of_max_tokens():
+    engine = Engine(ScriptedModel({}), TOK, max_context=16)
+    g = engine.generate("a", GenerationParams(max_tokens=3))
+    assert g.token_ids == [2, 2, 2]
+    with pytest.raises(ValueError, match="either a params object or keyword fields"):
+        engine.generate("a", GenerationParams(max_tokens=3), temperature=1.0)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['top_p'\]"):
+        engine.generate("a", 3, top_p=0.9)   # S04's field: not this engine's
+
+
+@pytest.mark.parametrize("prompt", ["a\udcff", "\ud800b"])
+def test_prompt_of_invalid_unicode_is_an_error_not_unk(prompt):
+    # Bytes that were not UTF-8 arrive from argv as lone surrogates (PEP 383); S02-S06 reject
+    # them, and so does S01, instead of encoding them as <unk>.
+    with pytest.raises(ValueError, match="prompt must be valid Unicode without lone surrogates"):
+        Engine(ScriptedModel({}), TOK, 8).generate(prompt, 2)
+
+
+def make_seq(prompt, outputs, max_tokens=4, eos=frozenset({0}), stop_ids=frozenset()):
+    seq = Sequence("r", list(prompt), GenerationParams(max_tokens=max_tokens), eos_ids=eos,
+                   generator=None, detokenizer=None, stop_token_ids=stop_ids)
+    for t in outputs:
+        seq.append(t)
+    return seq
+
+
+@pytest.mark.parametrize("prompt, outputs, kwargs, expected", [
+    ([2], [], {}, None),                                         # nothing generated yet
+    ([2, 2, 2, 2], [], {}, ("length", None)),                    # the prompt fills the context
+    ([2], [3], {}, None),
+    ([2], [0], {}, ("stop", None)),                              # EOS
+    ([2], [0], {"eos": frozenset()}, None),                      # ignore_eos: EOS is ordinary
+    ([2], [4], {"stop_ids": frozenset({4})}, ("stop", 4)),       # a stop token names itself
+    ([2], [3, 3, 3, 0], {}, ("stop", None)),                     # EOS as the last allowed token
+    ([2], [3, 3, 3, 3], {}, ("length", None)),                   # the budget
+    ([2], [3, 3, 3], {"max_tokens": 9}, ("length", None)),       # the window: 4 tokens
+])
+def test_stop_rule_by_hand(prompt, outputs, kwargs, expected):
+    assert stop_rule(make_seq(prompt, outputs, **kwargs), max_context=4) == expected
+
+
+def test_stop_rule_stop_string_comes_after_stop_tokens_and_before_the_budget():
+    seq = make_seq([2], [3, 3, 3, 3])
+    seq.matched_stop_string = "b"
+    assert stop_rule(seq, 16) == ("stop", "b")
+    seq = make_seq([2], [4], stop_ids=frozenset({4}))
+    seq.matched_stop_string = "b"
+    assert stop_rule(seq, 16) == ("stop", 4)

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 import s01_generation_loop as s01
 from s02_tokenizer import (
-    CORPUS_PATH, EOT, ROOT, SPLIT_PATTERN, TOKENIZER_PATH, BPETokenizer, Engine, Stats,
+    CORPUS_PATH, EOT, ROOT, SPLIT_PATTERN, TOKENIZER_PATH, BPETokenizer, Engine,
     StopStringMatcher, StreamingDetokenizer, bpe_merge, bpe_merge_heap, build_default,
     bytes_per_token, bytes_to_unicode, incomplete_utf8_tail, train_bpe, truncate_vocab,
 )
@@ -375,6 +375,49 @@ def test_stream_of_valid_text_never_shows_replacement_char(project, cl100k, text
         assert not any("\ufffd" in d for d in deltas)
 
 
+class DecodeOnly:
+    """A tokenizer seen through `decode` alone, like a checkpoint's read by HF tokenizers: the
+    detokenizer must take its text path (a window of ids, held back while it ends in U+FFFD)."""
+
+    def __init__(self, tokenizer):
+        self.inner, self.decoded_ids = tokenizer, 0
+
+    def decode(self, ids):
+        self.decoded_ids += len(ids)
+        return self.inner.decode(ids)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 2047), max_size=25))
+def test_text_path_stream_equals_decode_for_every_prefix_of_any_ids(project, ids):
+    for k in range(len(ids) + 1):
+        detok = StreamingDetokenizer(DecodeOnly(project))
+        assert not detok.by_bytes
+        deltas = [detok.feed(i) for i in ids[:k]]
+        assert "".join(deltas) + detok.flush() == project.decode(ids[:k])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text())
+def test_text_path_of_valid_text_never_shows_replacement_char(project, text):
+    detok = StreamingDetokenizer(DecodeOnly(project))
+    deltas = [detok.feed(i) for i in project.encode(text)] + [detok.flush()]
+    assert "".join(deltas) == text
+    if "\ufffd" not in text:
+        assert not any("\ufffd" in d for d in deltas)
+
+
+def test_text_path_work_per_token_does_not_grow_with_the_output(project):
+    # O(1) amortised: each feed decodes the last shown chunk plus what is held, never the whole
+    # output (S04's old TextDeltas decoded everything so far: 500 tokens cost 125,250 ids).
+    ids = project.encode("To be, or not to be: that is the question. Café 😀 日本. " * 40)[:500]
+    counting = DecodeOnly(project)
+    detok = StreamingDetokenizer(counting)
+    text = "".join(detok.feed(i) for i in ids) + detok.flush()
+    assert text == project.decode(ids)
+    assert counting.decoded_ids <= 10 * len(ids)
+
+
 # --- stop strings -----------------------------------------------------------------------------
 
 def cut_at_first_stop(text, stops):
@@ -385,6 +428,15 @@ def cut_at_first_stop(text, stops):
         if hits:
             return text[:end - max(hits)], True
     return text, False
+
+
+def first_stop_string(text, stops):
+    """The stop string `cut_at_first_stop` cuts at (the longest ending at the first position)."""
+    for end in range(1, len(text) + 1):
+        hits = [s for s in stops if text[:end].endswith(s)]
+        if hits:
+            return max(hits, key=len)
+    return None
 
 
 def run_matcher(stop, deltas):
@@ -487,7 +539,8 @@ class ScriptedModel:
 
 
 def drain(stream):
-    deltas = list(stream)
+    """The non-empty text deltas of a stream, and its Completion."""
+    deltas = [output.text_delta for output in stream if output.text_delta]
     return deltas, stream.result
 
 
@@ -502,7 +555,8 @@ def test_engine_equals_s01_loop_without_stop_strings(default, prompt, temperatur
     result = Engine(model, tokenizer, max_context=64).generate(prompt, 40, temperature, seed)
     assert result.token_ids == reference.token_ids
     assert result.text == reference.text
-    assert result.stats.stop_reason == reference.stats.stop_reason
+    assert (result.finish_reason, result.stop_reason) == (reference.finish_reason,
+                                                          reference.stop_reason)
     assert result.stats.context_lens == reference.stats.context_lens
 
 
@@ -512,8 +566,8 @@ def test_engine_equals_s01_loop_without_stop_strings(default, prompt, temperatur
 def test_stream_joined_equals_generate_and_s01_text_cut(default, prompt, stop, seed):
     tokenizer, model = default
     engine = Engine(model, tokenizer, max_context=64)
-    deltas, streamed = drain(engine.stream(prompt, 40, 0.8, seed, stop))
-    blocking = engine.generate(prompt, 40, 0.8, seed, stop)
+    deltas, streamed = drain(engine.stream(prompt, 40, 0.8, seed, stop=stop))
+    blocking = engine.generate(prompt, 40, 0.8, seed, stop=stop)
     assert "".join(deltas) == streamed.text == blocking.text
     assert streamed.token_ids == blocking.token_ids
     assert all(deltas)
@@ -521,12 +575,15 @@ def test_stream_joined_equals_generate_and_s01_text_cut(default, prompt, stop, s
     cut, hit = cut_at_first_stop(full.text, stop)
     if hit:
         assert blocking.text == cut
-        assert blocking.stats.stop_reason == "stop_string"
+        assert blocking.finish_reason == "stop"
+        assert blocking.stop_reason == first_stop_string(full.text, stop)
         assert full.token_ids[:len(blocking.token_ids)] == blocking.token_ids
     else:
         assert blocking.text == full.text and blocking.token_ids == full.token_ids
-    expected_finish = "stop" if hit or blocking.stats.stop_reason == "eos" else "length"
-    assert blocking.stats.finish_reason == expected_finish
+    eos = blocking.token_ids[-1] == tokenizer.eos_id
+    expected_finish = "stop" if hit or eos else "length"
+    assert blocking.finish_reason == expected_finish
+    assert blocking.stop_reason == (first_stop_string(full.text, stop) if hit else None)
 
 
 def test_engine_streams_a_split_emoji_and_a_stop_string_across_tokens(project):
@@ -536,7 +593,7 @@ def test_engine_streams_a_split_emoji_and_a_stop_string_across_tokens(project):
     deltas, result = drain(engine.stream(prompt, 50, stop=["END"]))
     assert "".join(deltas) == "ok 😀 then "
     assert "😀" in deltas and not any("\ufffd" in d for d in deltas)
-    assert result.stats.stop_reason == "stop_string" and result.stats.finish_reason == "stop"
+    assert result.finish_reason == "stop" and result.stop_reason == "END"
     assert project.decode(result.token_ids).endswith("END")
 
 
@@ -544,41 +601,40 @@ def test_stop_string_on_the_last_budget_token_finishes_with_stop(project):
     script = project.encode("a b.")
     engine = Engine(ScriptedModel(script, 1), project, max_context=99)
     result = engine.generate("x", max_tokens=len(script), stop=["."])
-    assert result.text == "a b" and result.stats.finish_reason == "stop"
+    assert result.text == "a b" and result.finish_reason == "stop" and result.stop_reason == "."
     result = engine.generate("x", max_tokens=len(script) - 1, stop=["."])
-    assert result.text == "a b" and result.stats.stop_reason == "max_tokens"
-    assert result.stats.finish_reason == "length"
+    assert result.text == "a b" and result.finish_reason == "length"
+    assert result.stop_reason is None
 
 
 def test_held_back_text_is_released_when_the_budget_ends(project):
     script = project.encode("a\n")
     engine = Engine(ScriptedModel(script, 1), project, max_context=99)
     deltas, result = drain(engine.stream("x", max_tokens=len(script), stop=["\n\n"]))
-    assert "".join(deltas) == "a\n" and result.stats.finish_reason == "length"
+    assert "".join(deltas) == "a\n" and result.finish_reason == "length"
 
 
 def test_held_back_text_is_released_at_eos(project):
     script = project.encode("a\n") + [project.eos_id]
     engine = Engine(ScriptedModel(script, 1), project, max_context=99)
     deltas, result = drain(engine.stream("x", max_tokens=10, stop=["\n\n"]))
-    assert deltas == ["a", "\n"] and result.stats.stop_reason == "eos"
-    assert result.stats.finish_reason == "stop"
+    assert deltas == ["a", "\n"] and result.token_ids[-1] == project.eos_id
+    assert result.finish_reason == "stop" and result.stop_reason is None
 
 
 def test_eos_and_context_full_finish_reasons(project):
     engine = Engine(ScriptedModel([ord("a"), project.eos_id], 1), project, max_context=99)
     result = engine.generate("x", 10)
     assert result.text == "a" and result.token_ids == [ord("a"), project.eos_id]
-    assert result.stats.stop_reason == "eos" and result.stats.finish_reason == "stop"
+    assert result.finish_reason == "stop" and result.stop_reason is None
     engine = Engine(ScriptedModel([ord("a")] * 5, 1), project, max_context=3)
     result = engine.generate("x", 10)
-    assert result.text == "aa" and result.stats.stop_reason == "context_full"
-    assert result.stats.finish_reason == "length"
+    assert result.text == "aa" and result.finish_reason == "length"   # 2 of 10: the window
 
 
 def test_user_typed_endoftext_is_not_eos(default, hf_project_ordinary):
     tokenizer, model = default
-    ids = Engine(model, tokenizer, 64).check_request(f"Ham.{EOT}", 5, 0.0)
+    ids = Engine(model, tokenizer, 64).check_prompt(f"Ham.{EOT}")
     assert tokenizer.eos_id not in ids
     assert ids == hf_project_ordinary.encode(f"Ham.{EOT}").ids    # ordinary text, per HF
 
@@ -591,8 +647,6 @@ def test_engine_rejects_bad_requests_before_the_first_token(project):
         engine.stream("x", 0)
     with pytest.raises(ValueError, match="max_context is 4"):
         engine.stream("a b c d e f", 5)
-    with pytest.raises(ValueError, match="exceeds the tokenizer"):
-        Engine(ScriptedModel([], 1, vocab_size=4096), project, max_context=4)
     with pytest.raises(ValueError, match="max_context must be an integer >= 1"):
         Engine(ScriptedModel([], 1), project, max_context=0)
     with pytest.raises(ValueError, match="prompt must be valid Unicode without lone surrogates"):
@@ -618,9 +672,9 @@ def test_engine_keeps_stop_strings_given_as_a_generator(project):
     script = project.encode("a b. c")
     engine = Engine(ScriptedModel(script, 1), project, max_context=99)
     result = engine.generate("x", 20, stop=iter(["."]))
-    assert result.text == "a b" and result.stats.stop_reason == "stop_string"
+    assert result.text == "a b" and result.stop_reason == "."
     deltas, streamed = drain(engine.stream("x", 20, stop=(s for s in ["."])))
-    assert "".join(deltas) == "a b" and streamed.stats.finish_reason == "stop"
+    assert "".join(deltas) == "a b" and streamed.finish_reason == "stop"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -638,11 +692,32 @@ def test_main_reports_bad_input_without_a_traceback(capsys, args, message):
     assert f"error: {message}" in capsys.readouterr().err
 
 
-def test_stats_finish_reason_names():
-    assert Stats(prompt_tokens=1, stop_reason="stop_string").finish_reason == "stop"
-    assert Stats(prompt_tokens=1, stop_reason="eos").finish_reason == "stop"
-    assert Stats(prompt_tokens=1, stop_reason="max_tokens").finish_reason == "length"
-    assert Stats(prompt_tokens=1).finish_reason is None
+def test_matcher_names_the_stop_string_it_cut_at():
+    # The first completed, reading character by character; on a tie, the longer one.
+    for text, stops, matched in [("xx ab cd", ["cd", "ab"], "ab"), ("xx ab cd", ["ab", "a"], "a"),
+                                 ("xx ab cd", ["b", "ab"], "ab"), ("xx ab cd", ["zz"], None)]:
+        matcher = StopStringMatcher(stops)
+        for ch in text:
+            matcher.feed(ch)
+        assert matcher.matched == matched and matcher.stopped == (matched is not None)
+
+
+def test_engine_text_path_for_a_tokenizer_without_decode_bytes(project):
+    # A checkpoint's tokenizer (HF tokenizers) has decode only: the detokenizer's text path.
+    class DecodeOnly:
+        eos_id, vocab_size = project.eos_id, project.vocab_size
+
+        def encode(self, text):
+            return project.encode(text)
+
+        def decode(self, ids):
+            return project.decode(ids)
+
+    script = project.encode("ok 😀 then END here")
+    engine = Engine(ScriptedModel(script, len(project.encode("Say:"))), DecodeOnly(), 99)
+    deltas, result = drain(engine.stream("Say:", 50, stop=["END"]))
+    assert "".join(deltas) == "ok 😀 then " and not any("\ufffd" in d for d in deltas)
+    assert result.stop_reason == "END"
 
 
 def test_bytes_per_token_by_hand(project):

@@ -8,6 +8,7 @@ Tiny random models are built from configs and saved in a temporary directory: no
 """
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -22,11 +23,15 @@ from transformers import (
 )
 
 from s01_generation_loop import Engine
+from s03_checkpoint import (
+    CheckpointError, CheckpointTokenizer, MissingTensorError, UnsupportedArchitectureError,
+    bfloat16_to_float32, config_from_hf_dict, load, load_config, load_state_dict,
+    read_safetensors, resolve_checkpoint,
+)
 from s03_transformer import (
-    BUNDLED_MODEL_DIR, CheckpointError, MissingTensorError, Transformer, TransformerConfig,
-    UnsupportedArchitectureError, apply_rope, attention, bfloat16_to_float32, bytes_per_token,
-    cost_breakdown, flops_per_token, format_cost_table, layer_breakdown, load, load_state_dict, main,
-    parameter_count, read_safetensors, rms_norm, rope, rope_inv_freq,
+    BUNDLED_MODEL_DIR, Transformer, TransformerConfig, apply_rope, attention, bytes_per_token,
+    cost_breakdown, flops_per_token, format_cost_table, layer_breakdown, main, parameter_count,
+    rms_norm, rope, rope_inv_freq,
 )
 
 V = 97          # a vocabulary size no real tokenizer has, so nothing matches by accident
@@ -91,9 +96,12 @@ def tiny(request, tmp_path_factory):
 
 
 class IdTokenizer:
-    """Prompts are token ids written as text ("5 17 3"): the tiny models have no tokenizer."""
+    """Prompts are token ids written as text ("5 17 3"): the tiny models have no tokenizer.
+    vocab_size is the tiny models' V (S02's engine and its heirs check that the tokenizer
+    covers every id the model can produce)."""
 
     eos_id = EOS_UNUSED
+    vocab_size = V
 
     def __init__(self, eos_id: int = EOS_UNUSED):
         self.eos_id = eos_id
@@ -146,7 +154,7 @@ def test_greedy_tokens_through_s01_loop_match_hf_generate(tiny):
     engine = Engine(ours, IdTokenizer(), max_context=ours.config.max_position_embeddings)
     result = engine.generate(" ".join(map(str, prompt)), max_tokens=N_GENERATE)
     assert result.token_ids == expected, first_difference(result.token_ids, expected)
-    assert result.stats.stop_reason == "max_tokens"
+    assert result.finish_reason == "length"
 
 
 def test_eos_stop_matches_hf_generate(tiny):
@@ -161,14 +169,14 @@ def test_eos_stop_matches_hf_generate(tiny):
     result = Engine(ours, IdTokenizer(eos), max_context=96).generate(
         " ".join(map(str, prompt)), max_tokens=N_GENERATE)
     assert result.token_ids == expected, first_difference(result.token_ids, expected)
-    assert result.stats.stop_reason == "eos"
+    assert result.finish_reason == "stop"
 
 
 # --- size and cost from the config ----------------------------------------------------------
 
 def test_parameter_count_matches_sum_of_hf_tensor_sizes(tiny):
     name, hf, directory = tiny
-    config = TransformerConfig.from_pretrained(directory)
+    config = load_config(directory)
     # model.parameters() yields a tied embedding / head matrix once.
     assert parameter_count(config) == sum(p.numel() for p in hf.parameters()), name
 
@@ -180,7 +188,7 @@ def test_flops_per_token_match_torch_flop_counter_on_an_hf_decode_step(tiny, con
     from torch.utils.flop_counter import FlopCounterMode
 
     name, hf, directory = tiny
-    config = TransformerConfig.from_pretrained(directory)
+    config = load_config(directory)
     ids = torch.arange(2, 2 + context_len).unsqueeze(0) % V
     with torch.no_grad():
         cache = hf(ids[:, :-1], use_cache=True).cache if context_len > 1 else None
@@ -194,7 +202,7 @@ def test_bytes_per_token_from_hf_parameter_sizes(tiny):
     """Weights read once (the embedding table only one row; a tied head still reads the whole
     table), plus K and V for every layer and position, in float32 and in bf16."""
     name, hf, directory = tiny
-    config = TransformerConfig.from_pretrained(directory)
+    config = load_config(directory)
     params = sum(p.numel() for p in hf.parameters())
     c, v = config.hidden_size, config.vocab_size
     tables = v * c
@@ -385,9 +393,9 @@ def test_unsupported_features_are_clear_errors(qwen3_dir, tmp_path):
     with pytest.raises(UnsupportedArchitectureError, match="sliding-window attention is not supported"):
         Transformer.from_pretrained(target)
     with pytest.raises(UnsupportedArchitectureError, match="rope_type 'yarn' is not supported"):
-        TransformerConfig.from_hf_dict({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+        config_from_hf_dict({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     with pytest.raises(UnsupportedArchitectureError, match="activation_function 'relu'"):
-        TransformerConfig.from_hf_dict({"model_type": "gpt2", "activation_function": "relu"})
+        config_from_hf_dict({"model_type": "gpt2", "activation_function": "relu"})
 
 
 def test_missing_tensor_is_named(qwen3_dir, tmp_path):
@@ -435,6 +443,51 @@ def test_hub_id_that_cannot_be_fetched_is_a_clear_error():
         Transformer.from_pretrained("llm-inference-course/no-such-model-xyz")
 
 
+@pytest.mark.parametrize("name_or_path", [
+    "./no-such-checkpoint", "../no-such-checkpoint", "/no/such/checkpoint", "~/no-such-checkpoint",
+    "checkpoints/qwen3/step-100", "checkpoints\\qwen3", "no-such-checkpoint/",
+])
+def test_a_local_path_that_does_not_exist_is_not_sent_to_the_hub(tmp_path, monkeypatch,
+                                                                  name_or_path):
+    """A name a hub id ("name" or "namespace/name") can never be is a mistyped path: "no such
+    directory", and the hub is not asked (its download function would fail the test)."""
+    import huggingface_hub
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError(f"the hub was asked for {args}")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_hub)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(CheckpointError, match="^no such directory: " + re.escape(name_or_path)):
+        resolve_checkpoint(name_or_path)
+    with pytest.raises(CheckpointError, match="^no such directory: "):
+        Transformer.from_pretrained(name_or_path)
+    with pytest.raises(CheckpointError, match="^no such directory: "):
+        load(tmp_path / "no-such-checkpoint")  # a Path object is always a path
+
+
+def test_home_and_hub_ids_still_resolve(tmp_path, monkeypatch, qwen3_dir):
+    """"~" is the home directory; "namespace/name" with no such local folder goes to the hub."""
+    import huggingface_hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo_id, **kwargs: asked.append(repo_id) or str(qwen3_dir))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(qwen3_dir, tmp_path / "ckpt")
+    assert resolve_checkpoint("~/ckpt") == tmp_path / "ckpt" and asked == []
+    assert resolve_checkpoint("Qwen/Qwen3-0.6B") == qwen3_dir and asked == ["Qwen/Qwen3-0.6B"]
+
+
+def test_main_reports_a_missing_local_directory_as_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "./no-such-checkpoint", "--max-tokens", "2"])
+    assert exit_info.value.code == 2
+    assert "error: no such directory: ./no-such-checkpoint" in capsys.readouterr().err
+
+
 def test_inconsistent_config_is_a_clear_error():
     with pytest.raises(ValueError, match=r"num_attention_heads \(6\) must be a multiple of num_key_value_heads \(4\)"):
         TransformerConfig(model_type="llama", vocab_size=10, hidden_size=24, num_hidden_layers=1,
@@ -453,6 +506,24 @@ def test_forward_rejects_bad_input(qwen3_dir):
         model.forward([3, 4], positions=[95, 96])
     with pytest.raises(ValueError, match="one entry per token"):
         model.forward([3, 4], positions=[0])
+
+
+def test_forward_refuses_more_tokens_than_the_context_window(tiny):
+    """Without explicit positions token t sits at position t: max_position_embeddings (96
+    here) tokens run, one more is refused by name, for RoPE models (which would otherwise
+    rotate past their trained window) and GPT-2 (which has no position row for it)."""
+    name, hf, directory = tiny
+    model = Transformer.from_pretrained(directory)
+    limit = model.config.max_position_embeddings
+    assert limit == hf.config.max_position_embeddings == 96
+    ids = [i % V for i in range(limit + 1)]
+    np.testing.assert_allclose(model.forward(ids[:limit])[-1], hf_logits(hf, ids[:limit])[-1],
+                               rtol=1e-4, atol=2e-5, err_msg=name)
+    with pytest.raises(ValueError, match=r"97 tokens do not fit the context window: .* must lie "
+                                         r"in \[0, max_position_embeddings=96\)"):
+        model.forward(ids)
+    with pytest.raises(ValueError, match=r"max_position_embeddings=96"):
+        model.check_positions(np.array(ids), None)
 
 
 def test_explicit_positions_give_the_rows_of_a_longer_pass(qwen3_dir):
@@ -510,11 +581,11 @@ def test_bundled_model_logits_match_transformers(bundled_hf):
 
 
 @bundled
-@pytest.mark.parametrize("prompt, stop_reason", [
-    ("Shall I compare thee to a summer's day?\n", "max_tokens"),  # greedy runs all 40 tokens
-    ("Romeo.\n", "eos"),                                          # a short speech, then EOS
+@pytest.mark.parametrize("prompt, finish_reason", [
+    ("Shall I compare thee to a summer's day?\n", "length"),  # greedy runs all 40 tokens
+    ("Romeo.\n", "stop"),                                     # a short speech, then EOS
 ])
-def test_bundled_model_greedy_matches_hf_generate(bundled_hf, prompt, stop_reason):
+def test_bundled_model_greedy_matches_hf_generate(bundled_hf, prompt, finish_reason):
     hf, hf_tok = bundled_hf
     model, tokenizer = load(BUNDLED_MODEL_DIR)
     ids = tokenizer.encode(prompt)
@@ -527,8 +598,8 @@ def test_bundled_model_greedy_matches_hf_generate(bundled_hf, prompt, stop_reaso
     expected = out[0, len(ids):].tolist()
     result = Engine(model, tokenizer, max_context=model.config.max_position_embeddings).generate(prompt, 40)
     assert result.token_ids == expected, first_difference(result.token_ids, expected)
-    assert result.stats.stop_reason == stop_reason
-    assert len(expected) == 40 if stop_reason == "max_tokens" else expected[-1] == eos
+    assert result.finish_reason == finish_reason
+    assert len(expected) == 40 if finish_reason == "length" else expected[-1] == eos
     assert result.text == hf_tok.decode(expected, skip_special_tokens=True)
 
 
@@ -721,7 +792,7 @@ def test_broken_json_files_are_named_errors(qwen3_dir, tmp_path, file, text, mat
 def test_config_values_that_break_a_rule_are_named(qwen3_dir, tmp_path, changes, match):
     target = copy_with(qwen3_dir, tmp_path, changes)
     with pytest.raises(CheckpointError, match=match):
-        TransformerConfig.from_pretrained(target)
+        load_config(target)
 
 
 def test_generation_config_eos_out_of_vocabulary_is_named(qwen3_dir, tmp_path):
@@ -745,7 +816,7 @@ def test_null_fields_default_as_in_transformers(tmp_path, name, changes):
     cfg.update(changes)
     (directory / "config.json").write_text(json.dumps(cfg))
     hf = AutoConfig.from_pretrained(directory)
-    ours = TransformerConfig.from_pretrained(directory)
+    ours = load_config(directory)
     assert (ours.num_key_value_heads, ours.head_dim) == (hf.num_key_value_heads, hf.head_dim)
     assert ours.num_key_value_heads == ours.num_attention_heads
 
@@ -764,7 +835,6 @@ def test_checkpoint_tokenizer_encodes_special_strings_as_text_like_s02():
     from tokenizers import Tokenizer
 
     from s02_tokenizer import BPETokenizer
-    from s03_transformer import CheckpointTokenizer
     ours = CheckpointTokenizer(BUNDLED_TOKENIZER, [2047])
     s02 = BPETokenizer.load_hf(BUNDLED_TOKENIZER)
     hf = Tokenizer.from_file(str(BUNDLED_TOKENIZER))  # matches specials by default
@@ -791,7 +861,6 @@ def test_allowing_some_special_tokens_keeps_the_template(tmp_path):
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
 
-    from s03_transformer import CheckpointTokenizer
     hf = Tokenizer.from_file(str(BUNDLED_TOKENIZER))
     hf.add_special_tokens(["<|im_end|>"])
     bos = hf.token_to_id("<|endoftext|>")
@@ -812,7 +881,6 @@ def test_allowing_some_special_tokens_keeps_the_template(tmp_path):
 
 @pytest.mark.skipif(not BUNDLED_TOKENIZER.exists(), reason="no bundled tokenizer")
 def test_checkpoint_tokenizer_rejects_text_that_is_not_unicode(tmp_path):
-    from s03_transformer import CheckpointTokenizer
     ours = CheckpointTokenizer(BUNDLED_TOKENIZER, [2047])
     with pytest.raises(ValueError, match=r"text must be valid Unicode: '\\ud800' at index 2 is a "
                                          "lone surrogate"):
@@ -823,6 +891,26 @@ def test_checkpoint_tokenizer_rejects_text_that_is_not_unicode(tmp_path):
     with pytest.raises(CheckpointError, match=r"tokenizer\.json: not a tokenizer\.json the HF "
                                               "tokenizers library can read"):
         CheckpointTokenizer(tmp_path / "tokenizer.json", [0])
+
+
+@pytest.mark.skipif(not BUNDLED_TOKENIZER.exists(), reason="no bundled tokenizer")
+def test_checkpoint_tokenizer_decode_refuses_ids_outside_the_vocabulary():
+    """V from HF tokenizers itself; ids inside [0, V) decode as HF decodes them. HF alone
+    raises OverflowError for -1 and drops an id >= V from the text without a word."""
+    from tokenizers import Tokenizer
+    hf = Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    v = hf.get_vocab_size()
+    ours = CheckpointTokenizer(BUNDLED_TOKENIZER, [2047])
+    ids = hf.encode("Romeo, Romeo! wherefore art thou Romeo?").ids + [v - 1, 0]
+    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    assert ours.decode(np.array(ids)) == ours.decode(ids)  # NumPy integers are integers
+    for bad in (-1, v, v + 1, 2**64):
+        with pytest.raises(ValueError, match=rf"token ids must lie in \[0, vocab_size={v}\) "
+                                             rf"\(got {bad}\)"):
+            ours.decode([5, bad])
+    for bad in (True, 2.7, 2.0, None, "3"):
+        with pytest.raises(ValueError, match="token ids must be integers"):
+            ours.decode([5, bad])
 
 
 def test_forward_rejects_ids_that_are_not_integers_or_out_of_int64(qwen3_model):

@@ -137,7 +137,7 @@ def test_chapter_quotes_what_the_bundled_model_does():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from s01_generation_loop import Engine
-    from s03_transformer import load
+    from s03_checkpoint import load
 
     chapter = (ROOT / "chapters" / "s03-transformer.md").read_text(encoding="utf-8")
     with torch.device("meta"):
@@ -164,9 +164,10 @@ def test_chapter_figure_and_quiz_state_the_bundled_dimensions():
     # size must come with updated prose).
     import json
 
-    from s03_transformer import TransformerConfig, bytes_per_token, flops_per_token
+    from s03_checkpoint import load_config
+    from s03_transformer import bytes_per_token, flops_per_token
 
-    cfg = TransformerConfig.from_pretrained(BUNDLED.parent)
+    cfg = load_config(BUNDLED.parent)
     c, n_layers, h, hkv, d, i = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
                                  cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size)
     chapter = " ".join((ROOT / "chapters" / "s03-transformer.md").read_text().split())

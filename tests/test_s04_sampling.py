@@ -4,8 +4,9 @@ Oracles: hand-computed vectors (every boundary of SamplingParams); Hugging Face 
 own logits processors and warpers on random logits, and its `generate()` (greedy with
 repetition penalty / min_new_tokens) on a tiny random Qwen3 and on the bundled model; torch's
 log_softmax for logprobs; closed-form distributions checked with a chi-square statistic whose
-critical values are checked against closed forms too; S02's stop-string matcher; and the S01
-and S02 engines for greedy parity.
+critical values are checked against closed forms too; S02's stop-string matcher against a
+character-by-character search written here; and the S01 and S02 engines for greedy parity (the
+loop is S01's: this chapter only overrides its `sample`, `make_sequence` and `filter_text`).
 """
 import dataclasses
 import math
@@ -22,10 +23,12 @@ from transformers.generation.logits_process import (
 
 import s01_generation_loop as s01
 import s02_tokenizer as s02
+import s03_checkpoint
+from s01_generation_loop import Completion
 from s04_sampling import (
-    Completion, Engine, SamplingParams, TokenLogprobs, apply_min_p, apply_min_tokens,
+    Engine, SamplingParams, TokenLogprobs, apply_min_p, apply_min_tokens,
     apply_presence_frequency_penalties, apply_repetition_penalty, apply_temperature, apply_top_k,
-    apply_top_p, compute_logprobs, draw, first_stop, process_logits, sample, TextDeltas,
+    apply_top_p, compute_logprobs, draw, process_logits, sample,
 )
 
 INF = np.inf
@@ -77,18 +80,19 @@ def test_params_are_frozen_and_normalised():
     (dict(repetition_penalty=-1.0), r"repetition_penalty must be a number in \(0, inf\)"),
     (dict(presence_penalty=2.5), r"presence_penalty must be a number in \[-2, 2\]"),
     (dict(frequency_penalty=-2.5), r"frequency_penalty must be a number in \[-2, 2\]"),
-    (dict(max_tokens=0), r"max_tokens must be an int >= 1"),
-    (dict(max_tokens=3.0), r"max_tokens must be an int >= 1"),
+    (dict(max_tokens=0), r"max_tokens must be an integer >= 1"),
+    (dict(max_tokens=3.0), r"max_tokens must be an integer >= 1"),
     (dict(min_tokens=-1), r"min_tokens must be an int in \[0, max_tokens=16\]"),
     (dict(min_tokens=5, max_tokens=4), r"min_tokens must be an int in \[0, max_tokens=4\]"),
-    (dict(stop=[""]), r"stop must be a str or a sequence of non-empty str"),
-    (dict(stop=""), r"stop must be a str or a sequence of non-empty str"),
-    (dict(stop=[1]), r"stop must be a str or a sequence of non-empty str"),
+    (dict(stop=[""]), r"stop strings must be non-empty strings"),
+    (dict(stop=""), r"stop strings must be non-empty strings"),
+    (dict(stop=[1]), r"stop strings must be non-empty strings"),
+    (dict(stop=["\ud800"]), r"stop strings must be valid Unicode without lone surrogates"),
     (dict(stop_token_ids=[-1]), r"stop_token_ids must be a sequence of ints >= 0"),
     (dict(stop_token_ids="ab"), r"stop_token_ids must be a sequence of ints >= 0"),
     (dict(stop_token_ids=5), r"stop_token_ids must be a sequence of ints >= 0"),
     (dict(stop_token_ids=0), r"stop_token_ids must be a sequence of ints >= 0"),
-    (dict(stop=0), r"stop must be a str or a sequence of non-empty str"),
+    (dict(stop=0), r"stop must be a string, an iterable of strings or None"),
     (dict(ignore_eos="yes"), r"ignore_eos must be a bool"),
     (dict(seed=-1), r"seed must be None or an int in \[0, 2\*\*63\)"),
     (dict(seed=1.5), r"seed must be None or an int in \[0, 2\*\*63\)"),
@@ -121,11 +125,11 @@ def test_iterables_are_read_once_before_they_are_checked():
     p = SamplingParams(stop=(s for s in ["x", "y"]), stop_token_ids=(i for i in [1, 2]))
     assert (p.stop, p.stop_token_ids) == (("x", "y"), (1, 2))
     assert SamplingParams(stop=iter(["\n"])).stop == ("\n",)
-    with pytest.raises(ValueError, match="stop must be a str or a sequence of non-empty str"):
+    with pytest.raises(ValueError, match="stop strings must be non-empty strings"):
         SamplingParams(stop=(s for s in ["x", ""]))
     with pytest.raises(ValueError, match="stop_token_ids must be a sequence of ints >= 0"):
         SamplingParams(stop_token_ids=(i for i in [1, -1]))
-    with pytest.raises(ValueError, match="stop must be a str or a sequence of non-empty str"):
+    with pytest.raises(ValueError, match="stop must be a string, an iterable of strings or None"):
         SamplingParams(stop=b"\n")
 
 
@@ -625,10 +629,21 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8)
 def test_completion_fields_and_a_plain_greedy_run():
     engine = Engine(ScriptedModel({1: B, 2: C, 3: TOK.eos_id}), TOK, 16)
     c = engine.generate("a", GREEDY)
-    assert isinstance(c, Completion)
+    assert isinstance(c, Completion)   # S01's one result type
     assert (c.token_ids, c.text, c.finish_reason) == ([B, C, 0], "b c", "stop")
-    assert c.matched_stop is None
-    assert c.logprobs is None and c.stats.stop_reason == "eos" and c.stats.passes == 3
+    assert c.stop_reason is None       # vLLM: EOS names no stop
+    assert c.logprobs is None and c.stats.passes == 3 and c.stats.context_lens == [1, 2, 3]
+
+
+def test_sampling_params_extend_the_s01_and_s02_request_fields():
+    assert issubclass(SamplingParams, s02.GenerationParams)
+    assert issubclass(s02.GenerationParams, s01.GenerationParams)
+    # An earlier chapter's params object is converted, keeping its fields (greedy by default).
+    engine = Engine(ScriptedModel({1: B, 2: C}), TOK, 16)
+    c = engine.generate("a", s01.GenerationParams(max_tokens=2))
+    assert c.token_ids == [B, C] and c.finish_reason == "length"
+    c = engine.generate("a", s02.GenerationParams(max_tokens=5, stop=("c",)))
+    assert c.token_ids == [B, C] and c.stop_reason == "c"
 
 
 def test_min_tokens_delays_eos():
@@ -642,15 +657,13 @@ def test_min_tokens_delays_eos():
 def test_ignore_eos_generates_through_eos_to_the_budget():
     engine = Engine(ScriptedModel(row=[10, 0, 5, 0, 0, 0, 0]), TOK, 16)
     c = engine.generate("a", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-    assert c.token_ids == [0, 0, 0] and c.finish_reason == "length"
-    assert c.stats.stop_reason == "max_tokens"
+    assert c.token_ids == [0, 0, 0] and c.finish_reason == "length" and c.stop_reason is None
 
 
 def test_stop_token_ids_stop_and_are_left_out_of_the_text():
     engine = Engine(ScriptedModel({1: B, 2: DOT}), TOK, 16)
     c = engine.generate("a", dataclasses.replace(GREEDY, stop_token_ids=[DOT]))
-    assert (c.token_ids, c.text, c.finish_reason, c.matched_stop) == ([B, DOT], "b", "stop", DOT)
-    assert c.stats.stop_reason == "stop_token"
+    assert (c.token_ids, c.text, c.finish_reason, c.stop_reason) == ([B, DOT], "b", "stop", DOT)
 
 
 def test_stop_string_across_tokens_cuts_the_text_before_it():
@@ -658,32 +671,77 @@ def test_stop_string_across_tokens_cuts_the_text_before_it():
     c = engine.generate("a", dataclasses.replace(GREEDY, stop=["b c", "zz"]))
     assert c.token_ids == [A, B, C]        # the token completing "b c" is in token_ids ...
     assert c.text == "a "                  # ... but the text ends before the stop string
-    assert (c.finish_reason, c.matched_stop, c.stats.stop_reason) == ("stop", "b c", "stop_string")
+    assert (c.finish_reason, c.stop_reason) == ("stop", "b c")
 
 
 def test_stop_strings_do_not_fire_before_min_tokens():
     engine = Engine(ScriptedModel({1: A, 2: B, 3: C, 4: A}), TOK, 16)
     c = engine.generate("a", dataclasses.replace(GREEDY, stop="a", min_tokens=2))
-    assert c.token_ids == [A, B, C, A] and c.text == "a b c " and c.matched_stop == "a"
+    assert c.token_ids == [A, B, C, A] and c.text == "a b c " and c.stop_reason == "a"
 
 
-def test_first_stop_names_the_first_completed_stop_string():
-    assert first_stop("xx ab cd", ["cd", "ab"]) == "ab"     # not the first listed
-    assert first_stop("xx ab cd", ["ab", "a"]) == "a"       # "a" is complete one character earlier
-    assert first_stop("xx ab cd", ["b", "ab"]) == "ab"      # both end at "b": the longer
-    assert first_stop("xx ab cd", ["zz"]) is None
+def first_completed(text, stops):
+    """The oracle: read `text` character by character; the first stop string that is complete
+    at the end of what was read, the longest when several complete on the same character."""
+    for end in range(1, len(text) + 1):
+        done = [s for s in stops if text[:end].endswith(s)]
+        if done:
+            return max(done, key=len)
+    return None
+
+
+def matched(text, stops, cuts=()):
+    """Feed `text` to S02's StopStringMatcher in pieces cut at `cuts`; (shown, matched)."""
+    matcher = s02.StopStringMatcher(stops)
+    bounds = [0, *sorted(cuts), len(text)]
+    shown = "".join(matcher.feed(text[a:b]) for a, b in zip(bounds, bounds[1:]))
+    shown += matcher.flush()
+    assert matcher.stopped == (matcher.matched is not None)
+    return shown, matcher.matched
+
+
+def test_the_matcher_names_the_first_completed_stop_string():
+    assert matched("xx ab cd", ["cd", "ab"]) == ("xx ", "ab")     # not the first listed
+    assert matched("xx ab cd", ["ab", "a"]) == ("xx ", "a")       # "a" completes first
+    assert matched("xx ab cd", ["b", "ab"]) == ("xx ", "ab")      # both end at "b": the longer
+    assert matched("xx ab cd", ["zz"]) == ("xx ab cd", None)
+    assert matched("xx ab cd", ["b c"], cuts=[4, 5, 6]) == ("xx a", "b c")  # across deltas
 
 
 @settings(max_examples=200, deadline=None)
-@given(text=st.text("abc", max_size=12), stops=st.lists(st.text("abc", min_size=1, max_size=3),
-                                                       min_size=1, max_size=3))
-def test_first_stop_agrees_with_s02_matcher(text, stops):
-    matcher = s02.StopStringMatcher(stops)
-    shown = matcher.feed(text) + matcher.flush()
-    matched = first_stop(text, stops)
-    assert matcher.stopped == (matched is not None)
-    if matched is not None:
-        assert text.startswith(shown + matched) and matched in stops
+@given(text=st.text("abc", max_size=12),
+       stops=st.lists(st.text("abc", min_size=1, max_size=3), min_size=1, max_size=3),
+       cuts=st.lists(st.integers(0, 12), max_size=4))
+def test_the_matcher_agrees_with_a_character_by_character_search(text, stops, cuts):
+    """Whatever the stop strings and however the text is cut into deltas, `matched` is the
+    oracle's, and the shown text is everything before that stop string."""
+    shown, name = matched(text, stops, [c for c in cuts if c <= len(text)])
+    assert name == first_completed(text, stops)
+    if name is None:
+        assert shown == text
+    else:
+        assert text.startswith(shown + name)
+        assert first_completed(shown + name, stops) == name
+
+
+@settings(max_examples=60, deadline=None)
+@given(script=st.lists(st.sampled_from([A, B, C]), min_size=1, max_size=8),
+       stops=st.lists(st.sampled_from(["a", "b", "a b", "b c", " c", "c a b"]), min_size=1,
+                      max_size=3))
+def test_completion_stop_reason_is_the_matchers(script, stops):
+    """The engine's stop_reason is the matched stop string of the text the tokens make."""
+    engine = Engine(ScriptedModel({1 + i: t for i, t in enumerate(script)}), TOK, 16)
+    c = engine.generate("a", SamplingParams(temperature=0, max_tokens=len(script), stop=stops))
+    full = TOK.decode(script)
+    expected = first_completed(full, stops)
+    assert c.stop_reason == expected
+    assert c.finish_reason == ("stop" if expected is not None else "length")
+    if expected is not None:
+        assert full.startswith(c.text + expected)
+        assert first_completed(TOK.decode(c.token_ids), stops) == expected  # ends at the match
+        assert first_completed(TOK.decode(c.token_ids[:-1]), stops) is None
+    else:
+        assert c.text == full
 
 
 def test_earliest_stop_string_wins_within_one_delta():
@@ -691,24 +749,27 @@ def test_earliest_stop_string_wins_within_one_delta():
     # the text is cut at the earlier one, listed second.
     engine = Engine(ScriptedModel({1: A, 2: B, 3: C}), TOK, 16)
     c = engine.generate("a", dataclasses.replace(GREEDY, stop=[" c", "b c"]))
-    assert c.text == "a " and c.matched_stop == "b c"
+    assert c.text == "a " and c.stop_reason == "b c"
 
 
 def test_stop_priority_on_the_last_allowed_token():
     engine = Engine(ScriptedModel({1: B, 2: TOK.eos_id}), TOK, 16)
     c = engine.generate("a", SamplingParams(temperature=0, max_tokens=2))
-    assert c.finish_reason == "stop" and c.stats.stop_reason == "eos"
+    assert (c.finish_reason, c.stop_reason, c.token_ids) == ("stop", None, [B, TOK.eos_id])
     engine = Engine(ScriptedModel({1: B, 2: C}), TOK, 16)
     c = engine.generate("a", SamplingParams(temperature=0, max_tokens=2, stop="c"))
-    assert c.finish_reason == "stop" and c.text == "b "
+    assert c.finish_reason == "stop" and c.stop_reason == "c" and c.text == "b "
+    c = engine.generate("a", SamplingParams(temperature=0, max_tokens=2, stop_token_ids=[C]))
+    assert c.finish_reason == "stop" and c.stop_reason == C and c.text == "b"
     c = engine.generate("a", SamplingParams(temperature=0, max_tokens=2))
-    assert c.finish_reason == "length" and c.stats.stop_reason == "max_tokens"
+    assert (c.finish_reason, c.stop_reason, c.token_ids) == ("length", None, [B, C])
 
 
 def test_full_context_is_length():
     model = ScriptedModel(row=[0, 0, 1, 0, 0, 0, 0])  # "a" forever, never EOS
     c = Engine(model, TOK, max_context=4).generate("a b", GREEDY)
-    assert c.finish_reason == "length" and c.stats.stop_reason == "context_full"
+    assert c.finish_reason == "length" and c.stop_reason is None
+    # 2 tokens of a budget of 8: the context filled first, and no pass ran on 4 tokens
     assert len(c.token_ids) == 2 and max(len(s) for s in model.seen) == 3
 
 
@@ -743,8 +804,12 @@ def test_engine_seeded_requests_reproduce_whatever_runs_between(bigram):
 
 def test_engine_rejects_bad_input():
     engine = Engine(ScriptedModel(), TOK, 8)
-    with pytest.raises(ValueError, match="params must be a SamplingParams"):
-        engine.generate("a", {"temperature": 0})
+    with pytest.raises(ValueError, match="max_tokens must be an integer >= 1"):
+        engine.generate("a", {"temperature": 0})       # not a params object, not a count
+    with pytest.raises(ValueError, match="pass either a params object or keyword fields"):
+        engine.generate("a", GREEDY, top_k=3)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['top_q'\]"):
+        engine.generate("a", 4, top_q=0.5)
     with pytest.raises(ValueError, match="prompt must be a non-empty string"):
         engine.generate("", GREEDY)
     with pytest.raises(ValueError, match="logprobs_mode must be one of"):
@@ -776,9 +841,28 @@ def test_greedy_equals_the_s01_loop_on_the_bigram_model(bigram, prompt, max_toke
         f"first difference at {first_difference(ours.token_ids, reference.token_ids)}: "
         f"{ours.text!r} vs {reference.text!r}")
     assert ours.text == reference.text
-    assert ours.stats.stop_reason == reference.stats.stop_reason
-    assert ours.finish_reason == reference.stats.finish_reason
+    assert (ours.finish_reason, ours.stop_reason) == (reference.finish_reason,
+                                                      reference.stop_reason)
     assert ours.stats.context_lens == reference.stats.context_lens
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_s01_call_style_is_greedy_and_gives_the_s01_loops_ids(bigram, prompt):
+    """`generate(prompt, 12)` as in S01: greedy by default (although SamplingParams' own
+    default temperature is 1.0, vLLM's), the same ids, text and passes as the S01 loop."""
+    tokenizer, model = bigram
+    reference = s01.Engine(model, tokenizer, 256).generate(prompt, 12)
+    ours = Engine(model, tokenizer, 256).generate(prompt, 12)
+    assert ours.token_ids == reference.token_ids, (
+        f"first difference at {first_difference(ours.token_ids, reference.token_ids)}: "
+        f"{ours.text!r} vs {reference.text!r}")
+    assert (ours.text, ours.finish_reason) == (reference.text, reference.finish_reason)
+    assert ours.stats.context_lens == reference.stats.context_lens
+    # positional temperature and seed, and SamplingParams fields as keywords
+    sampled = Engine(model, tokenizer, 256).generate(prompt, 12, 0.8, 3, top_k=20)
+    again = Engine(model, tokenizer, 256).generate(
+        prompt, SamplingParams(max_tokens=12, temperature=0.8, seed=3, top_k=20))
+    assert sampled.token_ids == again.token_ids
 
 
 # --- streaming, byte-level text, several EOS ids (S02's tokenizer) ---------------------------
@@ -788,23 +872,93 @@ def bpe_bigram():
     return s02.build_default()
 
 
-def test_text_deltas_never_split_a_character():
+TOKENIZER_JSON = s02.TOKENIZER_PATH   # data/tokenizer.json, the project's (and the bundled model's)
+MULTILINGUAL = "Où est 😀? 日本語 — fin. Ça va, 👍🏽 ok?\n"
+
+
+def checkpoint_tokenizer():
+    """The project tokenizer as a checkpoint's, read by HF `tokenizers` (S03): it has `decode`
+    and no `decode_bytes`, so S02's streaming detokenizer takes its text path."""
+    return s03_checkpoint.CheckpointTokenizer(TOKENIZER_JSON, eos_ids=[2047])
+
+
+def streamed(detokenizer, ids):
+    return [detokenizer.feed(i) for i in ids] + [detokenizer.flush()]
+
+
+def test_the_byte_path_never_splits_a_character():
     tokenizer = s02.BPETokenizer.load_hf()
     text = "Café 😀 日本"
-    deltas = TextDeltas(tokenizer)
-    pieces = [deltas.feed(i) for i in tokenizer.encode_ordinary(text)] + [deltas.flush()]
+    detokenizer = s02.StreamingDetokenizer(tokenizer)
+    assert detokenizer.by_bytes
+    pieces = streamed(detokenizer, tokenizer.encode_ordinary(text))
     assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
     assert "😀" in pieces  # its four byte tokens come out as one delta
 
 
-def test_text_deltas_with_a_checkpoint_tokenizer_read_by_hf_tokenizers():
-    import s03_transformer as s03
-    tokenizer = s03.CheckpointTokenizer(s03.ROOT / "data" / "tokenizer.json", eos_ids=[2047])
-    text = "Où est 😀? 日本語 — fin."
-    ids = tokenizer.encode(text)
-    deltas = TextDeltas(tokenizer)
-    pieces = [deltas.feed(i) for i in ids] + [deltas.flush()]
-    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+def test_the_text_path_with_a_checkpoint_tokenizer_read_by_hf_tokenizers():
+    """S04's engine streams a checkpoint's text through S02's detokenizer: with `decode` only,
+    no delta holds U+FFFD, and the deltas joined are HF's decode of the ids, for every prefix."""
+    tokenizer = checkpoint_tokenizer()
+    ids = tokenizer.encode(MULTILINGUAL)
+    assert any("\ufffd" in tokenizer.decode([i]) for i in ids)  # byte pieces: a real test
+    detokenizer = s02.StreamingDetokenizer(tokenizer)
+    assert not detokenizer.by_bytes
+    pieces = streamed(detokenizer, ids)
+    assert "".join(pieces) == tokenizer.decode(ids) == MULTILINGUAL
+    assert not any("\ufffd" in p for p in pieces)
+    for n in range(1, len(ids) + 1):                     # every prefix, flushed where it stops
+        detokenizer = s02.StreamingDetokenizer(tokenizer)
+        assert "".join(streamed(detokenizer, ids[:n])) == tokenizer.decode(ids[:n])
+
+
+class CountingDecoder:
+    """Wraps a tokenizer and counts what the detokenizer asks it to decode. It exposes
+    `decode_bytes` only when the wrapped tokenizer has it, so the wrapper leaves the path the
+    detokenizer takes as it is."""
+
+    def __init__(self, tokenizer):
+        self.inner = tokenizer
+        self.decoded: list[int] = []          # ids decoded, one entry per call
+        if hasattr(tokenizer, "decode_bytes"):
+            self.decode_bytes = self._decode_bytes
+
+    def decode(self, ids):
+        ids = list(ids)
+        self.decoded.append(len(ids))
+        return self.inner.decode(ids)
+
+    def _decode_bytes(self, ids):
+        ids = list(ids)
+        self.decoded.append(len(ids))
+        return self.inner.decode_bytes(ids)
+
+
+@pytest.mark.parametrize("make", [checkpoint_tokenizer, s02.BPETokenizer.load_hf],
+                         ids=["text path", "byte path"])
+def test_detokenizer_work_per_token_does_not_grow_with_the_output(make):
+    """500 tokens of corpus and multilingual text: the ids decoded per `feed` stay bounded by a
+    constant (a text-path window is the last shown chunk plus the ids held back), where
+    decoding the whole output each step would reach 500 ids and 125,000 in all."""
+    tokenizer = make()
+    corpus = s02.CORPUS_PATH.read_text(encoding="utf-8")[:4000]
+    ids = tokenizer.encode((MULTILINGUAL + corpus[:300]) * 3 + corpus)[:500]
+    assert len(ids) == 500
+    counting = CountingDecoder(tokenizer)
+    detokenizer = s02.StreamingDetokenizer(counting)
+    assert detokenizer.by_bytes == hasattr(tokenizer, "decode_bytes")
+    per_feed, pieces = [], []
+    for token in ids:
+        before = sum(counting.decoded)
+        pieces.append(detokenizer.feed(token))
+        per_feed.append(sum(counting.decoded) - before)
+    pieces.append(detokenizer.flush())
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert max(per_feed) <= 16, max(per_feed)            # bounded, whatever the position
+    assert sum(per_feed) <= 16 * len(ids)
+    assert max(per_feed[-100:]) <= max(per_feed[:100]) + 8  # no growth from start to end
+    if detokenizer.by_bytes:
+        assert per_feed == [1] * 500                     # one token's bytes per feed
 
 
 def test_stop_string_made_of_byte_tokens():
@@ -815,7 +969,7 @@ def test_stop_string_made_of_byte_tokens():
     model = ScriptedModel(script, row=np.zeros(tokenizer.vocab_size))
     model.vocab_size = tokenizer.vocab_size
     c = Engine(model, tokenizer, 64).generate("A", SamplingParams(temperature=0, stop="😀"))
-    assert c.text == "ok " and c.matched_stop == "😀" and c.finish_reason == "stop"
+    assert c.text == "ok " and c.stop_reason == "😀" and c.finish_reason == "stop"
     assert c.token_ids == ids[:ids.index(128) + 1]  # up to the emoji's last byte token (0x80)
 
 
@@ -827,7 +981,8 @@ def test_greedy_equals_s02_engine_with_stop_strings(bpe_bigram, prompt, stop):
     ours = Engine(model, tokenizer, 128).generate(
         prompt, SamplingParams(temperature=0, max_tokens=40, stop=stop))
     assert ours.token_ids == reference.token_ids and ours.text == reference.text
-    assert ours.stats.stop_reason == reference.stats.stop_reason
+    assert (ours.finish_reason, ours.stop_reason) == (reference.finish_reason,
+                                                      reference.stop_reason)
 
 
 @pytest.mark.parametrize("params", [
@@ -838,17 +993,17 @@ def test_greedy_equals_s02_engine_with_stop_strings(bpe_bigram, prompt, stop):
 def test_stream_joined_equals_generate(bpe_bigram, params):
     tokenizer, model = bpe_bigram
     engine = Engine(model, tokenizer, 128)
-    deltas = engine.stream("Ham.\nTo be, or not to be", params)
-    pieces = []
-    while True:
-        try:
-            pieces.append(next(deltas))
-        except StopIteration as end:
-            streamed = end.value
-            break
+    stream = engine.stream("Ham.\nTo be, or not to be", params)
+    outputs = list(stream)
+    result = stream.result
     whole = engine.generate("Ham.\nTo be, or not to be", params)
-    assert "".join(pieces) == streamed.text == whole.text
-    assert streamed.token_ids == whole.token_ids and all(pieces)
+    assert "".join(o.text_delta for o in outputs) == result.text == whole.text
+    assert result.token_ids == whole.token_ids
+    assert [t for o in outputs for t in o.new_token_ids] == result.token_ids  # one per step
+    assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
+    last = outputs[-1]
+    assert (last.finish_reason, last.stop_reason) == (whole.finish_reason, whole.stop_reason)
+    assert all(o.request_id == result.request_id for o in outputs)
 
 
 def test_stream_validates_before_the_first_token():
@@ -872,7 +1027,7 @@ def test_every_eos_id_stops_and_min_tokens_suppresses_them_all():
     row = [0, 0, 5, 0, 0, 0, 10]  # "\n" (the second EOS) most likely, then "a"
     engine = Engine(ScriptedModel(row=row), tokenizer, 16)
     c = engine.generate("a", GREEDY)
-    assert c.token_ids == [6] and c.finish_reason == "stop" and c.stats.stop_reason == "eos"
+    assert c.token_ids == [6] and c.finish_reason == "stop" and c.stop_reason is None
     c = engine.generate("a", dataclasses.replace(GREEDY, min_tokens=2))
     assert c.token_ids == [A, A, 6]
 
@@ -880,7 +1035,11 @@ def test_every_eos_id_stops_and_min_tokens_suppresses_them_all():
 # --- greedy with penalties and min_tokens == HF generate, on S03's NumPy transformer ---------
 
 class IdTokenizer:
-    """Prompts are token ids written as text ("5 17 3"): the tiny model has no tokenizer."""
+    """Prompts are token ids written as text ("5 17 3"): the tiny model has no tokenizer.
+    vocab_size is the tiny model's V (S02's engine and its heirs check that the tokenizer
+    covers every id the model can produce)."""
+
+    vocab_size = 97
 
     def __init__(self, eos_id):
         self.eos_id = eos_id
@@ -966,11 +1125,10 @@ bundled = pytest.mark.skipif(not (_bundled_dir() / "model.safetensors").exists()
 @pytest.fixture(scope="module")
 def bundled_models():
     """(HF model, S03 model, S03 tokenizer) of data/model."""
-    import s03_transformer as s03
     from transformers import AutoModelForCausalLM
     hf_model = AutoModelForCausalLM.from_pretrained(_bundled_dir(), attn_implementation="eager",
                                                     dtype=torch.float32).eval()
-    model, tokenizer = s03.load(_bundled_dir())
+    model, tokenizer = s03_checkpoint.load(_bundled_dir())
     return hf_model, model, tokenizer
 
 
@@ -1022,7 +1180,7 @@ def test_main_reports_undecodable_argv_bytes_not_a_traceback(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
-        assert "must be valid UTF-8 text" in capsys.readouterr().err
+        assert "must be valid Unicode without lone surrogates" in capsys.readouterr().err
 
 
 def test_main_reports_a_corrupt_checkpoint_as_a_usage_error(tmp_path, capsys):

@@ -1,9 +1,11 @@
 """Tests for chapter S05: the KV cache, prefill and decode, and the counted work.
 
 Oracles: HF `transformers` (decode logits at every step against a full forward, the keys and
-values in its DynamicCache, and greedy `generate`), the S01 loop running S03's uncached forward (greedy tokens), S04's engine (sampled
-tokens with a fixed seed), and closed-form counts of multiply-adds and K/V bytes worked out by
-hand in this file (never taken from the module under test).
+values in its DynamicCache, and greedy `generate`), the S01 loop running S03's uncached forward
+(greedy tokens), S04's engine (sampled tokens with a fixed seed), and closed-form counts of
+multiply-adds and K/V bytes worked out by hand in this file (never taken from the module under
+test). The engine's loop is S01's; this chapter overrides its `model_step`, so whether a step
+prefills or decodes is checked by counting the runner's calls (a `runner_class` subclass).
 """
 import shutil
 
@@ -13,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
 from s01_generation_loop import Engine as LoopEngine
@@ -303,10 +306,21 @@ def test_greedy_tokens_equal_s01_loop_and_hf_generate(tiny, prompt_len):
     ours = Engine(model, IdTokenizer(), CONTEXT).generate(prompt_text(prompt), greedy())
     assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
     assert ours.token_ids == loop.token_ids, first_difference(ours.token_ids, loop.token_ids)
-    assert ours.stats.stop_reason == loop.stats.stop_reason == (
-        "max_tokens" if new == N_GENERATE else "context_full")
-    assert ours.finish_reason == "length"
+    assert ours.finish_reason == loop.finish_reason == "length"
+    assert ours.stop_reason is loop.stop_reason is None
+    assert len(ours.token_ids) == new        # the budget, or what fits: prompt + new = context
     assert ours.stats.context_lens == loop.stats.context_lens
+
+
+def test_s01_call_style_is_greedy_and_gives_the_s01_loops_ids(tiny_by_name):
+    """`generate(prompt, 12)`, S01's call, on the cached engine: greedy, S01's and HF's ids."""
+    hf, model = tiny_by_name("qwen3_gqa_tied")
+    prompt = [5, 17, 42, 8, 63]
+    loop = LoopEngine(model, IdTokenizer(), CONTEXT).generate(prompt_text(prompt), 12)
+    ours = Engine(model, IdTokenizer(), CONTEXT).generate(prompt_text(prompt), 12)
+    assert ours.token_ids == loop.token_ids, first_difference(ours.token_ids, loop.token_ids)
+    assert ours.token_ids == hf_greedy(hf, prompt, 12, eos_id=EOS_UNUSED)
+    assert ours.stats.context_lens == loop.stats.context_lens == list(range(5, 17))
 
 
 def test_eos_stop_equals_hf_generate(tiny):
@@ -317,20 +331,21 @@ def test_eos_stop_equals_hf_generate(tiny):
     expected = hf_greedy(hf, prompt, N_GENERATE, eos_id=eos)
     ours = Engine(model, IdTokenizer(eos), CONTEXT).generate(prompt_text(prompt), greedy())
     assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
-    assert ours.stats.stop_reason == "eos" and ours.finish_reason == "stop"
+    assert ours.finish_reason == "stop" and ours.stop_reason is None  # EOS: no stop named
+    assert ours.token_ids[-1] == eos and eos not in ours.token_ids[:-1]
 
 
 def test_context_boundaries(tiny):
     name, hf, model = tiny
     engine = Engine(model, IdTokenizer(), CONTEXT)
     full = engine.generate(prompt_text([3] * CONTEXT), greedy())
-    assert full.token_ids == [] and full.stats.stop_reason == "context_full"
+    assert full.token_ids == [] and full.stop_reason is None
     assert full.finish_reason == "length" and full.stats.passes == 0
     with pytest.raises(ValueError, match="prompt is 97 tokens but max_context is 96"):
         engine.generate(prompt_text([3] * (CONTEXT + 1)), greedy())
     small = Engine(model, IdTokenizer(), max_context=8)       # a cache smaller than the model's
     out = small.generate(prompt_text([3, 4, 5]), greedy(ignore_eos=True))
-    assert len(out.token_ids) == 5 and out.stats.stop_reason == "context_full"
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"   # 5 of a budget of 36
     assert small.runner.cache.num_cached == 7  # the 8th token was sampled, never run
 
 
@@ -350,34 +365,89 @@ def test_sampled_tokens_and_logprobs_equal_s04_engine(tiny, seed):
                                [lp.logprob for lp in reference.logprobs], rtol=1e-4, atol=1e-5)
 
 
-def test_interleaved_streams_on_one_engine_each_equal_their_solo_run(tiny_by_name):
-    """Two requests streamed alternately share one cache: whenever the ids handed to
-    next_logits are not the cached ones plus one, the engine prefills again, so neither request
-    can read the other's keys."""
+class CountingRunner(CachedTransformer):
+    """The chapter's runner, recording each call: ("prefill", prompt tokens) or ("decode",
+    positions cached before the step). Plugged in through the engine's `runner_class` seam."""
+
+    def __init__(self, model, max_seq_len=None):
+        super().__init__(model, max_seq_len)
+        self.calls: list[tuple[str, int]] = []
+
+    def prefill(self, prompt_ids):
+        self.calls.append(("prefill", len(prompt_ids)))
+        return super().prefill(prompt_ids)
+
+    def decode(self, token_id):
+        self.calls.append(("decode", self.cache.num_cached))
+        return super().decode(token_id)
+
+
+class CountingEngine(Engine):
+    runner_class = CountingRunner
+
+
+def run_in_turns(streams):
+    """Advance the streams one step each, in turn, until all are done; their Completions."""
+    pending = dict(enumerate(streams))
+    while pending:
+        for i, stream in list(pending.items()):
+            if next(stream, None) is None:
+                del pending[i]
+    return [stream.result for stream in streams]
+
+
+def test_a_request_prefills_once_then_decodes_one_token_per_step(tiny_by_name):
+    """From the engine's own state: the first step of a request prefills its prompt, every
+    later one decodes the newest token at the next position. 12 tokens: 1 prefill, 11 decodes."""
     hf, model = tiny_by_name("qwen3_gqa_tied")
-    engine = Engine(model, IdTokenizer(), CONTEXT)
+    engine = CountingEngine(model, IdTokenizer(), CONTEXT)
+    out = engine.generate(prompt_text([5, 17, 42]), greedy(12))
+    assert out.token_ids == hf_greedy(hf, [5, 17, 42], 12, eos_id=EOS_UNUSED)   # the oracle
+    assert engine.runner.calls == [("prefill", 3)] + [("decode", n) for n in range(3, 14)]
+    assert engine.runner.cache.num_cached == 14    # the 12th token was sampled, never run
+    engine.runner.calls.clear()
+    again = engine.generate(prompt_text([5, 17, 42]), greedy(12))   # a new request: prefill
+    assert again.token_ids == out.token_ids
+    assert engine.runner.calls == [("prefill", 3)] + [("decode", n) for n in range(3, 14)]
+
+
+def test_interleaved_streams_on_one_engine_each_equal_their_solo_run(tiny_by_name):
+    """Two requests streamed alternately share one cache. The engine knows the cache holds the
+    other request's keys, so every step prefills the whole context again (never decodes on the
+    wrong keys), and both results equal their solo runs and HF's. A request left alone again
+    goes back to decoding."""
+    hf, model = tiny_by_name("qwen3_gqa_tied")
+    engine = CountingEngine(model, IdTokenizer(), CONTEXT)
     prompt_ids = [[5, 17, 42], [9, 9, 1, 60]]
     prompts = [prompt_text(ids) for ids in prompt_ids]
     solo = [engine.generate(p, greedy(12)).token_ids for p in prompts]
     assert solo == [hf_greedy(hf, ids, 12, eos_id=EOS_UNUSED) for ids in prompt_ids]  # oracle
     assert solo[0] != solo[1]                                 # else the test could not fail
-    streams = [engine.stream(p, greedy(12)) for p in prompts]
-    results = [None, None]
-    while any(r is None for r in results):
-        for i, stream in enumerate(streams):
-            if results[i] is None:
-                try:
-                    next(stream)
-                except StopIteration as end:
-                    results[i] = end.value.token_ids
-    assert results == solo
+    engine.runner.calls.clear()
+    results = run_in_turns([engine.stream(p, greedy(12)) for p in prompts])
+    assert [r.token_ids for r in results] == solo
+    expected = [("prefill", len(ids) + step) for step in range(12) for ids in prompt_ids]
+    assert engine.runner.calls == expected
+
+    # A runs 3 steps, B runs to the end, then A continues: one prefill of A's whole context
+    # (prompt + 3 tokens), then decodes again.
+    engine.runner.calls.clear()
+    a, b = (engine.stream(p, greedy(12)) for p in prompts)
+    for _ in range(3):
+        next(a)
+    list(b)
+    mark = len(engine.runner.calls)
+    list(a)
+    assert (a.result.token_ids, b.result.token_ids) == (solo[0], solo[1])
+    assert engine.runner.calls[mark:] == [("prefill", 3 + 3)] + [("decode", n)
+                                                                 for n in range(6, 14)]
 
 
 def test_a_failed_request_does_not_corrupt_another_ones_cache(tiny_by_name):
     """A prompt with an id the model does not have fails in prefill, after the cache was reset:
     the request streamed before it must then prefill again, not decode on the wrong cache."""
     hf, model = tiny_by_name("qwen3_gqa_tied")
-    engine = Engine(model, IdTokenizer(), CONTEXT)
+    engine = CountingEngine(model, IdTokenizer(), CONTEXT)
     prompt = prompt_text([5, 17, 42])
     solo = engine.generate(prompt, greedy(10)).token_ids
     assert solo == hf_greedy(hf, [5, 17, 42], 10, eos_id=EOS_UNUSED)    # the oracle
@@ -385,12 +455,10 @@ def test_a_failed_request_does_not_corrupt_another_ones_cache(tiny_by_name):
     next(stream), next(stream)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 97\)"):
         engine.generate(prompt_text([5, 500]), greedy(3))
-    while True:
-        try:
-            next(stream)
-        except StopIteration as end:
-            assert end.value.token_ids == solo
-            break
+    mark = len(engine.runner.calls)
+    list(stream)
+    assert stream.result.token_ids == solo
+    assert engine.runner.calls[mark] == ("prefill", 3 + 2)   # prompt and the 2 tokens so far
 
 
 def test_a_step_that_fails_half_way_leaves_the_cache_as_it_was(tiny_by_name, monkeypatch):
@@ -530,19 +598,21 @@ def test_bundled_greedy_equals_s01_loop_and_hf_generate():
 
     hf = AutoModelForCausalLM.from_pretrained(s03.BUNDLED_MODEL_DIR, attn_implementation="eager",
                                               dtype=torch.float32).eval()
-    model, tokenizer = s03.load()
+    model, tokenizer = s03_checkpoint.load()
     context = model.config.max_position_embeddings
     corpus = (s03.ROOT / "data" / "shakespeare.txt").read_text(encoding="utf-8")
     long_ids = tokenizer.encode(corpus[:20 * context])[:context - 12]
     ids_tokenizer = IdTokenizer(tokenizer.eos_id)
+    ids_tokenizer.vocab_size = model.vocab_size   # the bundled model's V, not the tiny models'
     for prompt in (tokenizer.encode("ROMEO.\n"), long_ids):
         expected = hf_greedy(hf, prompt, min(40, context - len(prompt)), eos_id=tokenizer.eos_id)
         loop = LoopEngine(model, ids_tokenizer, context).generate(prompt_text(prompt), 40)
         ours = Engine(model, ids_tokenizer, context).generate(prompt_text(prompt), greedy(40))
         assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
         assert ours.token_ids == loop.token_ids, first_difference(ours.token_ids, loop.token_ids)
-        assert ours.stats.stop_reason == loop.stats.stop_reason
-    assert ours.stats.stop_reason in ("eos", "context_full")
+        assert (ours.finish_reason, ours.stop_reason) == (loop.finish_reason, loop.stop_reason)
+    # The long prompt ends by EOS or by filling the context, 12 tokens after it.
+    assert ours.finish_reason == "stop" or len(long_ids) + len(ours.token_ids) == context
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -578,7 +648,7 @@ def test_main_generates_with_the_cache_and_prints_the_comparison(checkpoint_with
 def test_main_reports_bad_input_as_usage_errors(checkpoint_with_tokenizer, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--model", str(checkpoint_with_tokenizer), "--max-tokens", "0"])
-    assert "max_tokens must be an int >= 1" in capsys.readouterr().err
+    assert "max_tokens must be an integer >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--model", str(tmp_path)])
     assert "no config.json" in capsys.readouterr().err
@@ -587,7 +657,8 @@ def test_main_reports_bad_input_as_usage_errors(checkpoint_with_tokenizer, tmp_p
             (["--max-context", "-3"], "--max-context must be >= 1 (got -3)"),
             (["--max-context", "65"], "--max-context must be at most the model's context "
                                       "window, max_position_embeddings = 64 (got 65)"),
-            (["--prompt", "ab\udcff"], "--prompt must be valid UTF-8 text")]:  # PEP 383 bytes
+            (["--prompt", "ab\udcff"],                                   # PEP 383 bytes
+             "--prompt must be valid Unicode without lone surrogates")]:
         with pytest.raises(SystemExit) as exit_info:
             main(["--model", str(checkpoint_with_tokenizer), "--max-tokens", "2", *argv])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err

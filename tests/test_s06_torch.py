@@ -2,7 +2,7 @@
 
 Oracles: HF `transformers` (logits of a full forward in float32 with eager attention, greedy
 `generate`), the S01 loop, the S05 NumPy engine (greedy tokens) and the S04 engine (whole
-completions: ids, text, finish_reason, matched stop, logprobs) running S03's NumPy model on the
+completions: ids, text, finish_reason, stop_reason, logprobs) running S03's NumPy model on the
 same weights; S04's NumPy logits processors and `draw` on the same rows and the same uniform
 numbers; S03's parameter count; closed-form values worked out by hand.
 
@@ -14,6 +14,11 @@ bfloat16, 0.005 in float16, for logits of magnitude up to 3.8): every logit with
 float32's top-2 gap exceeds twice that tolerance (there, no error within tolerance can flip
 it); greedy generation equal to HF float32 for the first 4 tokens (bfloat16; the worst model
 diverged after 7) or 16 tokens (float16; all 36 matched).
+
+The loop is S01's; this chapter overrides the seams `runner_class`, `make_sequence`, `sample`,
+`decode_input` and `model_step`. Rows the model did not compute (NaN, no finite entry) and the
+prefill/decode calls are put in or counted through `runner_class` subclasses, never by patching
+a method.
 """
 import shutil
 
@@ -25,6 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import s01_generation_loop as s01
+import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
 import s05_kv_cache as s05
@@ -162,7 +168,18 @@ def test_greedy_equals_hf_generate_s01_loop_and_s05_engine(tiny, impl, prompt_le
     # The S01 loop runs the torch model itself through forward(): S01's contract holds.
     loop = s01.Engine(model, IdTokenizer(), CONTEXT).generate(prompt_text(prompt), N_GENERATE)
     assert ours.token_ids == loop.token_ids
-    assert ours.stats.stop_reason == loop.stats.stop_reason
+    assert (ours.finish_reason, ours.stop_reason) == (loop.finish_reason, loop.stop_reason)
+    assert ours.stats.context_lens == loop.stats.context_lens
+
+
+def test_s01_call_style_is_greedy_and_gives_the_s01_loops_ids(tiny):
+    """`generate(prompt, 12)`, S01's call, on the torch engine: greedy, S01's and HF's ids."""
+    name, hf, directory, numpy_model = tiny
+    model = TorchTransformer.from_pretrained(directory)
+    loop = s01.Engine(numpy_model, IdTokenizer(), CONTEXT).generate(prompt_text(PROMPT), 12)
+    ours = Engine(model, IdTokenizer()).generate(prompt_text(PROMPT), 12)
+    assert ours.token_ids == loop.token_ids, first_difference(ours.token_ids, loop.token_ids)
+    assert ours.token_ids == hf_greedy(hf, PROMPT, 12, eos_id=EOS_UNUSED)
     assert ours.stats.context_lens == loop.stats.context_lens
 
 
@@ -174,7 +191,8 @@ def test_eos_stop_equals_hf_generate(tiny):
     model = TorchTransformer.from_pretrained(directory)
     ours = Engine(model, IdTokenizer(eos)).generate(prompt_text(PROMPT), greedy())
     assert ours.token_ids == expected, first_difference(ours.token_ids, expected)
-    assert ours.stats.stop_reason == "eos" and ours.finish_reason == "stop"
+    assert ours.finish_reason == "stop" and ours.stop_reason is None  # EOS: no stop named
+    assert ours.token_ids[-1] == eos and eos not in ours.token_ids[:-1]
 
 
 def test_context_boundaries(tiny):
@@ -182,12 +200,12 @@ def test_context_boundaries(tiny):
     engine = Engine(TorchTransformer.from_pretrained(directory), IdTokenizer())
     assert engine.max_context == CONTEXT
     full = engine.generate(prompt_text([3] * CONTEXT), greedy())
-    assert full.token_ids == [] and full.stats.stop_reason == "context_full"
+    assert full.token_ids == [] and full.finish_reason == "length" and full.stats.passes == 0
     with pytest.raises(ValueError, match="prompt is 97 tokens but max_context is 96"):
         engine.generate(prompt_text([3] * (CONTEXT + 1)), greedy())
     small = Engine(engine.model, IdTokenizer(), max_context=8)
     out = small.generate(prompt_text([3, 4, 5]), greedy(ignore_eos=True))
-    assert len(out.token_ids) == 5 and out.stats.stop_reason == "context_full"
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"   # 5 of a budget of 36
     assert small.runner.cache.num_cached == 7  # the 8th token was sampled, never run
     assert small.runner.cache.max_seq_len == 8
 
@@ -201,7 +219,7 @@ def text_model(tmp_path_factory):
     text and stop strings."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
     tokenizer_json = s03.ROOT / "data" / "tokenizer.json"
-    vocab = s03.CheckpointTokenizer(tokenizer_json, [0]).vocab_size
+    vocab = s03_checkpoint.CheckpointTokenizer(tokenizer_json, [0]).vocab_size
     config = Qwen3Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, intermediate_size=96,
                          vocab_size=vocab, max_position_embeddings=128, tie_word_embeddings=True,
@@ -215,17 +233,17 @@ def text_model(tmp_path_factory):
     hf.save_pretrained(directory)
     shutil.copy(tokenizer_json, directory / "tokenizer.json")  # a complete checkpoint for main()
     return (TorchTransformer.from_pretrained(directory), s03.Transformer.from_pretrained(directory),
-            lambda eos: s03.CheckpointTokenizer(tokenizer_json, [eos]), directory)
+            lambda eos: s03_checkpoint.CheckpointTokenizer(tokenizer_json, [eos]), directory)
 
 
 TEXT_PROMPT = "Romeo.\nBut soft! what light"
 
 
-def completions_equal(ours: s04.Completion, ref: s04.Completion) -> None:
+def completions_equal(ours: s01.Completion, ref: s01.Completion) -> None:
     assert ours.token_ids == ref.token_ids, first_difference(ours.token_ids, ref.token_ids)
     assert ours.text == ref.text
-    assert (ours.finish_reason, ours.matched_stop) == (ref.finish_reason, ref.matched_stop)
-    assert ours.stats.stop_reason == ref.stats.stop_reason
+    assert (ours.finish_reason, ours.stop_reason) == (ref.finish_reason, ref.stop_reason)
+    assert ours.stats.context_lens == ref.stats.context_lens
     assert (ours.logprobs is None) == (ref.logprobs is None)
     if ref.logprobs is not None:
         for a, b in zip(ours.logprobs, ref.logprobs, strict=True):
@@ -279,17 +297,16 @@ def test_processed_logprobs_mode_equals_s04s(text_model):
 def test_stream_joined_equals_generate(text_model, params):
     torch_model, _, make_tokenizer, _ = text_model
     engine = Engine(torch_model, make_tokenizer(0))
-    deltas = engine.stream(TEXT_PROMPT, params)
-    pieces = []
-    while True:
-        try:
-            pieces.append(next(deltas))
-        except StopIteration as end:
-            streamed = end.value
-            break
+    stream = engine.stream(TEXT_PROMPT, params)
+    outputs = list(stream)
+    streamed = stream.result
     whole = engine.generate(TEXT_PROMPT, params)
-    assert "".join(pieces) == streamed.text == whole.text
+    assert "".join(o.text_delta for o in outputs) == streamed.text == whole.text
     assert streamed.token_ids == whole.token_ids and streamed.finish_reason == whole.finish_reason
+    assert [t for o in outputs for t in o.new_token_ids] == streamed.token_ids  # one per step
+    assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+    assert (outputs[-1].finish_reason, outputs[-1].stop_reason) == (whole.finish_reason,
+                                                                    whole.stop_reason)
 
 
 def test_seeded_sampling_reproduces_and_seeds_differ(text_model):
@@ -317,14 +334,32 @@ def test_step_times_split_model_and_the_rest(text_model):
             TEXT_PROMPT, greedy(1)).stats)
 
 
+def fixed_row_engine(model, tokenizer, row: torch.Tensor) -> Engine:
+    """An engine whose runner does its real passes but hands the sampler `row` (V,) instead of
+    the logits it computed: a model that produced exactly that row. Through `runner_class`."""
+
+    class FixedRowRunner(CachedTransformer):
+        def prefill(self, prompt_ids):
+            super().prefill(prompt_ids)
+            return row.clone()
+
+        def decode(self, token):
+            super().decode(token)
+            return row.clone()
+
+    class FixedRowEngine(Engine):
+        runner_class = FixedRowRunner
+
+    return FixedRowEngine(model, tokenizer)
+
+
 def test_min_tokens_that_rules_out_every_token_is_an_error(text_model):
     """A model whose only finite logit is EOS's, with min_tokens > 0: S04's error, raised from
     the id the device flags with -1 (no extra host round trip)."""
     torch_model, _, make_tokenizer, _ = text_model
-    engine = Engine(torch_model, make_tokenizer(0))
     only_eos = torch.full((torch_model.vocab_size,), float("-inf"))
     only_eos[0] = 1.0
-    engine.runner.prefill = lambda ids: only_eos.clone()
+    engine = fixed_row_engine(torch_model, make_tokenizer(0), only_eos)
     with pytest.raises(ValueError, match="min_tokens ruled out every token"):
         engine.generate(TEXT_PROMPT, greedy(5, min_tokens=2))
     assert engine.generate(TEXT_PROMPT, greedy(5)).token_ids == [0]  # without it: EOS at once
@@ -675,29 +710,76 @@ def test_main_names_a_missing_bundled_model(monkeypatch, tmp_path, capsys):
 
 # --- regressions: bad input is an error, never wrong tokens -----------------------------------
 
+class CountingRunner(CachedTransformer):
+    """S06's runner, recording each call: ("prefill", prompt tokens) or ("decode", positions
+    cached before the step). Plugged in through the engine's `runner_class` seam."""
+
+    def __init__(self, model, max_seq_len=None):
+        super().__init__(model, max_seq_len)
+        self.calls: list[tuple[str, int]] = []
+
+    def prefill(self, prompt_ids):
+        self.calls.append(("prefill", len(prompt_ids)))
+        return super().prefill(prompt_ids)
+
+    def decode(self, token):
+        self.calls.append(("decode", self.cache.num_cached))
+        return super().decode(token)
+
+
+class CountingEngine(Engine):
+    runner_class = CountingRunner
+
+
+def run_in_turns(streams):
+    """Advance the streams one step each, in turn, until all are done; their Completions."""
+    pending = dict(enumerate(streams))
+    while pending:
+        for i, stream in list(pending.items()):
+            if next(stream, None) is None:
+                del pending[i]
+    return [stream.result for stream in streams]
+
+
+def test_a_request_prefills_once_then_decodes_from_the_device_token(text_model):
+    """S05's rule from the engine's state, on the device: one prefill of the prompt, then one
+    decode per token at the next position, each fed the id `draw` left on the device."""
+    torch_model, numpy_model, make_tokenizer, _ = text_model
+    tokenizer = make_tokenizer(0)
+    engine = CountingEngine(torch_model, tokenizer)
+    out = engine.generate(TEXT_PROMPT, greedy(10, ignore_eos=True))
+    n = len(tokenizer.encode(TEXT_PROMPT))
+    assert engine.runner.calls == [("prefill", n)] + [("decode", k) for k in range(n, n + 9)]
+    assert out.token_ids == s04.Engine(numpy_model, tokenizer, 128).generate(
+        TEXT_PROMPT, greedy(10, ignore_eos=True)).token_ids                  # the oracle
+
+
 def test_interleaved_streams_on_one_engine_each_equal_their_solo_run(text_model):
     """Two requests streamed in turn on one engine share its one KV cache. S06 used to decode
-    each on top of the other's keys (wrong tokens, silently); like S05's engine it now keeps
-    the ids the cache holds and prefills again when they are not the request's."""
-    torch_model, _, make_tokenizer, _ = text_model
-    engine = Engine(torch_model, make_tokenizer(0))
+    each on top of the other's keys (wrong tokens, silently); with S05's rule (the cache's
+    owner and the request's computed tokens) every step after the other request ran prefills
+    again, and both completions equal their solo runs."""
+    from transformers import AutoModelForCausalLM
+    torch_model, _, make_tokenizer, directory = text_model
+    tokenizer = make_tokenizer(0)
+    engine = CountingEngine(torch_model, tokenizer)
     a_params = greedy(12, ignore_eos=True)
     b_params = s04.SamplingParams(temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
     a_prompt, b_prompt = TEXT_PROMPT, "HAMLET:\nTo be, or not"
     solo_a = engine.generate(a_prompt, a_params)
     solo_b = engine.generate(b_prompt, b_params)
     assert solo_a.token_ids != solo_b.token_ids          # else the test could not fail
-    a, b = engine.stream(a_prompt, a_params), engine.stream(b_prompt, b_params)
-    done: dict[str, s04.Completion] = {}
-    while len(done) < 2:
-        for name, stream in (("a", a), ("b", b)):
-            if name not in done:
-                try:
-                    next(stream)
-                except StopIteration as end:
-                    done[name] = end.value
-    completions_equal(done["a"], solo_a)
-    completions_equal(done["b"], solo_b)
+    hf = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager",
+                                              dtype=torch.float32).eval()
+    never = next(i for i in range(2, V) if i not in solo_a.token_ids)   # HF must not stop
+    assert solo_a.token_ids == hf_greedy(hf, tokenizer.encode(a_prompt), 12, eos_id=never)
+    engine.runner.calls.clear()
+    done_a, done_b = run_in_turns([engine.stream(a_prompt, a_params),
+                                   engine.stream(b_prompt, b_params)])
+    completions_equal(done_a, solo_a)
+    completions_equal(done_b, solo_b)
+    lengths = [len(tokenizer.encode(a_prompt)), len(tokenizer.encode(b_prompt))]
+    assert engine.runner.calls == [("prefill", n + step) for step in range(12) for n in lengths]
 
 
 def test_nan_logits_from_a_broken_checkpoint_are_s04s_error(text_model, tmp_path):
@@ -707,11 +789,11 @@ def test_nan_logits_from_a_broken_checkpoint_are_s04s_error(text_model, tmp_path
     *_, directory = text_model
     broken = tmp_path / "nan_norm"
     shutil.copytree(directory, broken)
-    weights = s03.read_safetensors(broken / "model.safetensors")
+    weights = s03_checkpoint.read_safetensors(broken / "model.safetensors")
     weights["model.norm.weight"] = np.full_like(weights["model.norm.weight"], np.nan)
     safetensors.numpy.save_file(weights, str(broken / "model.safetensors"))
     torch_model, tokenizer = load(broken, device="cpu")
-    numpy_model, _ = s03.load(broken)
+    numpy_model, _ = s03_checkpoint.load(broken)
     for params in (greedy(3), s04.SamplingParams(temperature=1.0, seed=0, max_tokens=3),
                    greedy(1, logprobs=2)):
         with pytest.raises(ValueError, match=r"logits must not contain NaN or \+inf"):
@@ -727,12 +809,11 @@ def test_nan_logits_from_a_broken_checkpoint_are_s04s_error(text_model, tmp_path
 ])
 def test_logits_rows_s04_rejects_are_rejected_on_the_device_too(text_model, bad, message):
     torch_model, _, make_tokenizer, _ = text_model
-    engine = Engine(torch_model, make_tokenizer(0))
     row = torch.full((torch_model.vocab_size,), float("-inf"))
     if bad is not None:
         row[:] = 0.0
         row[5] = bad
-    engine.runner.prefill = lambda ids: row.clone()
+    engine = fixed_row_engine(torch_model, make_tokenizer(0), row)
     for params in (greedy(3), s04.SamplingParams(temperature=0.7, seed=1, max_tokens=3)):
         with pytest.raises(ValueError, match=message):
             s04.process_logits(row.numpy(), params)                              # the oracle
@@ -793,7 +874,8 @@ def test_main_reports_bad_input_as_usage_errors(text_model, tmp_path, capsys):
     shutil.copytree(directory, bad_tokenizer)
     (bad_tokenizer / "tokenizer.json").write_text("{bad")
     for argv, message in [
-            (["--model", str(directory), "--prompt", "ab\udcff"], "must be valid UTF-8 text"),
+            (["--model", str(directory), "--prompt", "ab\udcff"],
+             "--prompt must be valid Unicode without lone surrogates"),
             (["--model", str(broken)], "config.json"),
             (["--model", str(bad_tokenizer)], "tokenizer.json"),
             (["--model", str(directory), "--max-context", "0"], "max_context must be")]:

@@ -1,14 +1,13 @@
-"""Tests for chapter S07: the benchmark harness, the workloads and the roofline arithmetic.
+"""Tests for chapter S07's harness (code/s07_measuring.py): timestamps from the public stream.
 
-Oracles: hand-computed values (latencies of a fake engine on a fake clock, percentiles of
-short lists, FLOPs and bytes of a tiny config counted weight by weight), the project tokenizer
-(a prompt's token count), HF `transformers` greedy `generate()` (the tokens every engine run
-through the harness must still produce). No test asserts a timing of this machine.
+Oracles: hand-computed values (latencies of fake engines on a fake clock, with one token per
+output and with 2-3 tokens per output, percentiles of short lists), HF `transformers` greedy
+`generate()` (the tokens every engine run through the harness must produce), and the
+command line's stated rules (exit status 2, a message naming the rule, nothing loaded or
+run first). No test asserts a timing of this machine.
 """
 import json
 import math
-import struct
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -19,12 +18,13 @@ import s03_transformer as s03
 import s05_kv_cache as s05
 import s06_torch as s06
 import s07_measuring as s07
-from s07_measuring import (
-    BenchmarkRun, Distribution, HFGenerateEngine, HookedEngine, MachinePeaks, Request,
-    RequestResult, StepCost, TimedGeneration, attach_floor, bandwidth_floor_s, decode_step_cost,
-    make_workload, prefill_cost, results_json, roofline_floor_s, run_benchmark, stamp_calls,
-    token_times_from_step_starts, write_results,
-)
+import s07_roofline
+from s03_checkpoint import CheckpointTokenizer, config_from_hf_dict
+from s07_measuring import (Distribution, HFGenerateClient, RequestResult, Stamp, StampStreamer,
+                           StreamClient, TimedRequest, results_json, run_benchmark,
+                           stamp_stream, write_results)
+from s07_roofline import MachinePeaks, attach_floor
+from s07_workloads import Request, Workload, make_workload
 
 TOKENIZER_JSON = s07.ROOT / "data" / "tokenizer.json"
 EOS = 2047   # <|endoftext|> in data/tokenizer.json
@@ -32,11 +32,11 @@ EOS = 2047   # <|endoftext|> in data/tokenizer.json
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return s03.CheckpointTokenizer(TOKENIZER_JSON, [EOS])
+    return CheckpointTokenizer(TOKENIZER_JSON, [EOS])
 
 
 # ---------------------------------------------------------------------------------------------
-# A fake engine on a fake clock: every latency is known by hand
+# Fake engines on a fake clock: every latency is known by hand
 # ---------------------------------------------------------------------------------------------
 
 class FakeClock:
@@ -57,93 +57,180 @@ TOKENIZE_S = 2.0 ** -10
 PREFILL_PER_TOKEN_S = 2.0 ** -8
 SAMPLE_S = 2.0 ** -9
 DECODE_S = 2.0 ** -6
-FINISH_S = 2.0 ** -7     # work after the last token (final flush, building the result)
+FINISH_S = 2.0 ** -7     # work after the last output (building the result, freeing state)
 STEP_S = DECODE_S + SAMPLE_S
 
 
-class FakeRunner:
-    def __init__(self, clock: FakeClock):
-        self.clock = clock
+class FakeStream:
+    """The course's CompletionStream shape: iterate for RequestOutputs, then `.result`."""
 
-    def prefill(self, ids):
-        self.clock.advance(PREFILL_PER_TOKEN_S * len(ids))
-        return "logits"
+    def __init__(self, outputs, finish):
+        self._outputs, self._finish = outputs, finish
+        self.completion = None
 
-    def decode(self, token):
-        self.clock.advance(DECODE_S)
-        return "logits"
+    def __iter__(self):
+        return self
 
+    def __next__(self):
+        return next(self._outputs)
 
-@dataclass
-class FakeStats:
-    pass_times_s: list = field(default_factory=list)
-
-
-@dataclass
-class FakeResult:
-    token_ids: list
-    stats: FakeStats
+    @property
+    def result(self) -> s01.Completion:
+        if self.completion is None:
+            raise ValueError("the stream is not finished")
+        return self.completion
 
 
 class FakeEngine:
-    """Tokenize, prefill, then (sample, decode) per token, then finish, like S05's engine, on a
-    fake clock."""
+    """The course's engine interface, `stream(prompt, max_tokens, temperature, seed, **options)`,
+    on a fake clock. The prompt has one token per character. Encoding happens in `stream` (as
+    S01's add_request checks the prompt there); the first `next` runs the prefill and samples;
+    every later `next` runs one decode step and samples. Step k carries sizes[k % len(sizes)]
+    tokens (fewer at the end): 1 is Part I's engines, more is what speculative decoding yields.
+    After the last token, FINISH_S of work; with `empty_last` a last output without a token."""
 
-    def __init__(self, clock: FakeClock):
-        self.clock = clock
-        self.runner = FakeRunner(clock)
+    def __init__(self, clock: FakeClock, sizes=(1,), empty_last: bool = False,
+                 corrupt_result: bool = False):
+        self.clock, self.sizes = clock, tuple(sizes)
+        self.empty_last, self.corrupt_result = empty_last, corrupt_result
+        self.calls = []
 
-    def generate(self, request: Request) -> FakeResult:
+    def stream(self, prompt, max_tokens=16, temperature=None, seed=None, **options):
+        self.calls.append({"prompt": prompt, "max_tokens": max_tokens,
+                           "temperature": temperature, "seed": seed, **options})
         self.clock.advance(TOKENIZE_S)
-        ids = list(range(request.prompt_tokens))
-        stats = FakeStats()
-        self.runner.prefill(ids)
-        stats.pass_times_s.append(PREFILL_PER_TOKEN_S * len(ids))
-        out = []
-        for k in range(request.max_tokens):
-            self.clock.advance(SAMPLE_S)
-            out.append(7 + k)
-            if k < request.max_tokens - 1:
-                self.runner.decode(out[-1])
+        stream = FakeStream(None, None)
+        stream._outputs = self._run(len(prompt), max_tokens, stream)
+        return stream
+
+    def _run(self, prompt_tokens, max_tokens, stream):
+        stats = s01.Stats(prompt_tokens=prompt_tokens)
+        self.clock.advance(PREFILL_PER_TOKEN_S * prompt_tokens)
+        stats.pass_times_s.append(PREFILL_PER_TOKEN_S * prompt_tokens)
+        ids, step = [], 0
+        while len(ids) < max_tokens:
+            if step:
+                self.clock.advance(DECODE_S)
                 stats.pass_times_s.append(DECODE_S)
+            self.clock.advance(SAMPLE_S)
+            size = min(self.sizes[step % len(self.sizes)], max_tokens - len(ids))
+            new = [7 + len(ids) + i for i in range(size)]
+            ids += new
+            step += 1
+            done = len(ids) == max_tokens and not self.empty_last
+            yield s01.RequestOutput("0", new, "x", done, "length" if done else None)
         self.clock.advance(FINISH_S)
-        return FakeResult(out, stats)
+        if self.empty_last:
+            yield s01.RequestOutput("0", [], "", True, "length")
+        result_ids = ids[:-1] + [0] if self.corrupt_result else ids
+        stream.completion = s01.Completion("0", "", result_ids, "length", None, None, stats)
 
 
-def fake_hooked(clock: FakeClock) -> HookedEngine:
-    engine = FakeEngine(clock)
-    return HookedEngine("fake", engine, [(engine.runner, "prefill"), (engine.runner, "decode")],
-                        engine.generate)
+FAKE_WORKLOAD = Workload("fake", 0, (Request(0, "aaaa", 4, 3), Request(1, "bbbbbbbb", 8, 1),
+                                     Request(2, "c" * 16, 16, 5)))
 
 
-FAKE_WORKLOAD = s07.Workload("fake", 0, (Request(0, "a", 4, 3), Request(1, "b", 8, 1),
-                                         Request(2, "c", 16, 5)))
+def one(request: Request) -> Workload:
+    return Workload("one", 0, (request,))
 
 
 def test_latencies_of_one_request_by_hand():
     clock = FakeClock()
-    run = run_benchmark(fake_hooked(clock), s07.Workload("one", 0, (Request(0, "a", 4, 3),)),
+    engine = FakeEngine(clock)
+    run = run_benchmark(StreamClient("fake", engine), one(Request(0, "aaaa", 4, 3)),
                         clock=clock, warmup=False, progress=False)
     (r,) = run.requests
-    # TTFT: tokenize, prefill of 4 tokens, sample token 0.
+    # TTFT: tokenize, prefill of 4 tokens, sample token 0; the stamp is taken when `next`
+    # hands the output over.
     assert r.ttft_s == TOKENIZE_S + 4 * PREFILL_PER_TOKEN_S + SAMPLE_S
-    # Each later token: one decode step and one sample; the last token counts as available
-    # when the engine returns, so the work after it (FINISH_S) lands in the last gap.
-    assert r.itl_s == [STEP_S, STEP_S + FINISH_S]
-    assert r.e2e_s == r.ttft_s + 2 * STEP_S + FINISH_S
-    assert r.tpot_s == (r.e2e_s - r.ttft_s) / 2
-    assert r.output_tokens == 3 and r.token_ids == [7, 8, 9]
+    # Each later token: one decode step and one sample.
+    assert r.itl_s == [STEP_S, STEP_S]
+    # e2e ends at the last output (vLLM's latency): the work after it (FINISH_S) is not in it,
+    # but it is in the run's wall time.
+    assert r.e2e_s == r.ttft_s + 2 * STEP_S
+    assert run.wall_s == r.e2e_s + FINISH_S
+    assert r.tpot_s == STEP_S
+    assert r.tokens_per_s == 3 / r.e2e_s
+    assert r.output_tokens == 3 and r.token_ids == [7, 8, 9] and r.tokens_per_output == [1, 1, 1]
     assert r.model_step_s == [DECODE_S, DECODE_S]
+    # Greedy, EOS ignored, exactly max_tokens: what every engine of the course is asked.
+    assert engine.calls == [{"prompt": "aaaa", "max_tokens": 3, "temperature": 0.0,
+                             "seed": None, "ignore_eos": True}]
+
+
+def test_several_tokens_per_output_itl_is_per_output_tpot_per_token():
+    clock = FakeClock()
+    client = StreamClient("spec", FakeEngine(clock, sizes=(2, 3)))
+    timed = client.measure(Request(0, "aa", 2, 6), clock)
+    # Outputs of 2, 3 and 1 tokens (the last one capped at max_tokens), one step apart.
+    t0 = 100.0 + TOKENIZE_S + 2 * PREFILL_PER_TOKEN_S + SAMPLE_S
+    t1, t2 = t0 + STEP_S, t0 + 2 * STEP_S
+    assert timed.stamps == [Stamp(t0, (7, 8)), Stamp(t1, (9, 10, 11)), Stamp(t2, (12,))]
+    assert timed.token_times_s == [t0, t0, t1, t1, t1, t2]   # k tokens share their output's time
+    r = RequestResult.from_timed(Request(0, "aa", 2, 6), timed)
+    assert r.ttft_s == t0 - 100.0
+    assert r.itl_s == [STEP_S, STEP_S]        # one gap per output after the first, not per token
+    assert r.e2e_s == t2 - 100.0
+    assert r.tpot_s == 2 * STEP_S / 5         # per token: (e2e - TTFT) / (n - 1)
+    assert r.output_tokens == 6 and r.tokens_per_output == [2, 3, 1]
+    assert r.token_ids == list(range(7, 13))
+    assert r.tokens_per_s == 6 / r.e2e_s
+
+
+def test_three_tokens_per_output_over_a_run():
+    clock = FakeClock()
+    workload = Workload("w", 0, (Request(0, "aaaa", 4, 6), Request(1, "bb", 2, 3)))
+    run = run_benchmark(StreamClient("spec3", FakeEngine(clock, sizes=(3,))), workload,
+                        clock=clock, warmup=False, progress=False)
+    first, second = run.requests
+    assert first.tokens_per_output == [3, 3] and first.itl_s == [STEP_S]
+    assert second.tokens_per_output == [3] and second.itl_s == [] and second.tpot_s == 0.0
+    assert first.tpot_s == STEP_S / 5
+    assert run.itl_s.count == 1 and run.itl_s.p50 == STEP_S     # pooled gaps: outputs
+    assert run.tpot_s.count == 2                                # one per request with n >= 2
+    assert run.output_tokens == 9
+    e2e = [TOKENIZE_S + 4 * PREFILL_PER_TOKEN_S + SAMPLE_S + STEP_S,
+           TOKENIZE_S + 2 * PREFILL_PER_TOKEN_S + SAMPLE_S]
+    assert [r.e2e_s for r in run.requests] == e2e
+    assert run.wall_s == pytest.approx(sum(e2e) + 2 * FINISH_S)
+    assert run.output_tokens_per_s == pytest.approx(9 / run.wall_s)
+
+
+def test_an_output_without_a_token_is_not_stamped():
+    clock = FakeClock()
+    timed = StreamClient("f", FakeEngine(clock, empty_last=True)).measure(
+        Request(0, "aa", 2, 2), clock)
+    assert [s.token_ids for s in timed.stamps] == [(7,), (8,)]
+    r = RequestResult.from_timed(Request(0, "aa", 2, 2), timed)
+    assert r.e2e_s == TOKENIZE_S + 2 * PREFILL_PER_TOKEN_S + SAMPLE_S + STEP_S  # not FINISH_S
+
+
+def test_stamp_stream_reads_the_clock_after_each_next():
+    clock = FakeClock()
+
+    def outputs():
+        for k in range(3):
+            clock.advance(2.0 ** -k)
+            yield s01.RequestOutput("r", [k] * (k + 1), "", k == 2)
+
+    timed = TimedRequest(5, clock())
+    stamp_stream(timed, outputs(), clock)
+    assert timed.stamps == [Stamp(101.0, (0,)), Stamp(101.5, (1, 1)), Stamp(101.75, (2, 2, 2))]
+
+
+def test_stream_client_checks_the_stream_against_the_result():
+    clock = FakeClock()
+    with pytest.raises(RuntimeError, match="streamed tokens are not the result's"):
+        StreamClient("bad", FakeEngine(clock, corrupt_result=True)).measure(
+            Request(0, "aa", 2, 3), clock)
 
 
 def test_run_summary_percentiles_and_throughput_by_hand():
     clock = FakeClock()
-    run = run_benchmark(fake_hooked(clock), FAKE_WORKLOAD, model="m", clock=clock,
-                        warmup=True, progress=False)
+    run = run_benchmark(StreamClient("fake", FakeEngine(clock)), FAKE_WORKLOAD, model="m",
+                        clock=clock, warmup=True, progress=False)
     assert [r.request_id for r in run.requests] == [0, 1, 2]     # the warm-up is not recorded
-    # Request 1 has one token: it is also the last one, available when the engine returns.
-    ttft = [TOKENIZE_S + p * PREFILL_PER_TOKEN_S + SAMPLE_S + (FINISH_S if n == 1 else 0.0)
-            for p, n in ((4, 3), (8, 1), (16, 5))]
+    ttft = [TOKENIZE_S + p * PREFILL_PER_TOKEN_S + SAMPLE_S for p in (4, 8, 16)]
     assert [r.ttft_s for r in run.requests] == ttft
     t = run.ttft_s
     # Sorted ttft = a < b < c; linear percentiles: p at index p/100 * 2.
@@ -152,57 +239,47 @@ def test_run_summary_percentiles_and_throughput_by_hand():
     assert t.p50 == b
     assert t.p90 == pytest.approx(b + 0.8 * (c - b))
     assert t.p99 == pytest.approx(b + 0.98 * (c - b))
-    # ITL: 2 gaps + 0 gaps + 4 gaps; sorted: STEP_S x 4, then STEP_S + FINISH_S x 2.
+    # ITL: 2 gaps + 0 gaps + 4 gaps, all one step.
     assert run.itl_s.count == 6
-    assert run.itl_s.p50 == STEP_S and run.itl_s.p99 == STEP_S + FINISH_S
-    assert run.itl_s.mean == pytest.approx(STEP_S + 2 * FINISH_S / 6)
+    assert run.itl_s.p50 == STEP_S and run.itl_s.p99 == STEP_S and run.itl_s.mean == STEP_S
     # TPOT only for requests with >= 2 tokens.
-    assert run.tpot_s.count == 2
-    e2e = [TOKENIZE_S + p * PREFILL_PER_TOKEN_S + SAMPLE_S + (n - 1) * STEP_S + FINISH_S
-           for p, n in ((4, 3), (8, 1), (16, 5))]
-    assert [r.e2e_s for r in run.requests] == pytest.approx(e2e)
-    # One request after another on a clock that only the engine moves: wall = sum of e2e.
-    assert run.wall_s == pytest.approx(sum(e2e))
+    assert run.tpot_s.count == 2 and run.tpot_s.mean == STEP_S
+    e2e = [tt + (n - 1) * STEP_S for tt, n in zip(ttft, (3, 1, 5))]
+    assert [r.e2e_s for r in run.requests] == e2e
+    # One request after another on a clock only the engine moves: wall = e2e + finishing work.
+    assert run.wall_s == pytest.approx(sum(e2e) + 3 * FINISH_S)
     assert run.output_tokens == 9
-    assert run.output_tokens_per_s == pytest.approx(9 / sum(e2e))
+    assert run.output_tokens_per_s == pytest.approx(9 / run.wall_s)
     assert run.model_step_s.count == 6 and run.model_step_s.mean == DECODE_S
-
-
-def test_stamp_calls_leaves_results_and_methods_unchanged():
-    clock = FakeClock()
-    runner = FakeRunner(clock)
-    with stamp_calls([(runner, "prefill"), (runner, "decode")], clock) as starts:
-        assert runner.prefill([1, 2]) == "logits"
-        assert runner.decode(3) == "logits"
-    assert starts == [100.0, 100.0 + 2 * PREFILL_PER_TOKEN_S]
-    assert "prefill" not in vars(runner) and "decode" not in vars(runner)
-    with pytest.raises(ZeroDivisionError):
-        with stamp_calls([(runner, "decode")], clock):
-            1 / 0
-    assert "decode" not in vars(runner)
-    with pytest.raises(ValueError, match="has no method 'forward' to time"):
-        with stamp_calls([(runner, "decode"), (runner, "forward")], clock):
-            pass
-    assert "decode" not in vars(runner)
-
-
-def test_token_times_need_one_step_per_token():
-    assert token_times_from_step_starts([1.0, 2.0, 4.0], 9.0, 3) == [2.0, 4.0, 9.0]
-    assert token_times_from_step_starts([1.0], 3.0, 1) == [3.0]
-    with pytest.raises(RuntimeError, match="made 2 steps for 3 tokens"):
-        token_times_from_step_starts([1.0, 2.0], 9.0, 3)
 
 
 def test_request_result_rejects_bad_stamps():
     request = Request(0, "a", 1, 2)
     with pytest.raises(ValueError, match="generated no token"):
-        RequestResult.from_timed(request, TimedGeneration([], 0.0, [], 1.0))
-    with pytest.raises(ValueError, match="2 timestamps for 1 tokens"):
-        RequestResult.from_timed(request, TimedGeneration([5], 0.0, [0.5, 0.6], 1.0))
+        RequestResult.from_timed(request, TimedRequest(0, 0.0))
+    with pytest.raises(ValueError, match="generated 1 tokens; the harness asks for exactly "
+                                         "max_tokens = 2"):
+        RequestResult.from_timed(request, TimedRequest(0, 0.0, [Stamp(0.5, (5,))]))
+    with pytest.raises(ValueError, match="generated 3 tokens"):
+        RequestResult.from_timed(request, TimedRequest(0, 0.0, [Stamp(0.5, (5, 6, 7))]))
     with pytest.raises(ValueError, match="timestamps must be in order"):
-        RequestResult.from_timed(request, TimedGeneration([5, 6], 0.0, [0.6, 0.5], 1.0))
+        RequestResult.from_timed(request, TimedRequest(0, 0.0, [Stamp(0.6, (5,)),
+                                                                Stamp(0.5, (6,))]))
     with pytest.raises(ValueError, match="timestamps must be in order"):
-        RequestResult.from_timed(request, TimedGeneration([5, 6], 0.0, [0.5, 0.6], 0.55))
+        RequestResult.from_timed(request, TimedRequest(0, 1.0, [Stamp(0.5, (5, 6))]))
+
+
+def test_stamp_streamer_skips_the_prompt_and_stamps_each_put():
+    clock = FakeClock()
+    timed = TimedRequest(3, clock())
+    streamer = StampStreamer(timed, clock)
+    streamer.put(torch.tensor([[1, 2, 3]]))     # the prompt
+    clock.advance(0.5)
+    streamer.put(torch.tensor([9]))
+    clock.advance(0.25)
+    streamer.put(torch.tensor([4]))
+    streamer.end()
+    assert timed.stamps == [Stamp(100.5, (9,)), Stamp(100.75, (4,))]
 
 
 def test_distribution_hand_values_and_errors():
@@ -219,47 +296,7 @@ def test_distribution_hand_values_and_errors():
 
 
 # ---------------------------------------------------------------------------------------------
-# Workloads
-# ---------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("kind", sorted(s07.WORKLOAD_KINDS))
-def test_workload_is_reproducible_and_exact(kind, tokenizer):
-    first = make_workload(kind, tokenizer, 5, seed=3, max_context=256)
-    again = make_workload(kind, tokenizer, 5, seed=3, max_context=256)
-    other = make_workload(kind, tokenizer, 5, seed=4, max_context=256)
-    assert first == again
-    assert first.requests != other.requests
-    (p_lo, p_hi), (o_lo, o_hi) = s07.WORKLOAD_KINDS[kind]
-    corpus = s07.CORPUS_PATH.read_text(encoding="utf-8")
-    for r in first.requests:
-        assert len(tokenizer.encode(r.prompt)) == r.prompt_tokens
-        assert p_lo <= r.prompt_tokens <= p_hi and o_lo <= r.max_tokens <= o_hi
-        assert r.prompt in corpus
-    assert first.max_context <= 256
-
-
-def test_workload_output_cap_and_word_tokenizer():
-    words, _ = s01.build_default()
-    w = make_workload("chat", words, 4, seed=0, max_context=64, max_output_tokens=5)
-    assert all(r.max_tokens <= 5 for r in w.requests)
-    assert all(len(words.encode(r.prompt)) == r.prompt_tokens for r in w.requests)
-
-
-def test_workload_errors(tokenizer):
-    with pytest.raises(ValueError, match="kind must be one of"):
-        make_workload("poetry", tokenizer, 1, 0, 256)
-    with pytest.raises(ValueError, match="num_requests must be an integer >= 1"):
-        make_workload("chat", tokenizer, 0, 0, 256)
-    with pytest.raises(ValueError, match=r"needs max_context >= 224 tokens"):
-        make_workload("long", tokenizer, 1, 0, 200)
-    with pytest.raises(ValueError, match="max_output_tokens must be >= 1"):
-        make_workload("chat", tokenizer, 1, 0, 256, max_output_tokens=0)
-    with pytest.raises(ValueError, match="no speech of the corpus gave a prompt"):
-        make_workload("chat", tokenizer, 1, 0, 256, text="Ham.\nNo.\n\nHor.\nYes.\n")
-
-
-# ---------------------------------------------------------------------------------------------
-# Real engines through the harness: the hooks change no token
+# Real engines through the harness: the same tokens as HF, nothing patched
 # ---------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -273,9 +310,21 @@ def tiny_qwen3():
                          eos_token_id=EOS, pad_token_id=EOS, bos_token_id=None)
     config._attn_implementation = "eager"
     hf = Qwen3ForCausalLM(config).eval()
-    cfg = s03.TransformerConfig.from_hf_dict(hf.config.to_dict())
+    cfg = config_from_hf_dict(hf.config.to_dict())
     weights = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
     return hf, cfg, weights
+
+
+def callables_of(*objects) -> list[tuple[dict, dict]]:
+    """Every callable an object holds itself, and every one its class defines: what patching a
+    method by name would change (it sets a callable on the object, or on its class)."""
+    return [({k: v for k, v in vars(obj).items() if callable(v)},
+             {k: v for k, v in vars(type(obj)).items() if callable(v)}) for obj in objects]
+
+
+def same_objects(a: list[tuple[dict, dict]], b: list[tuple[dict, dict]]) -> bool:
+    return all(x.keys() == y.keys() and all(x[k] is y[k] for k in x)
+               for pair_a, pair_b in zip(a, b) for x, y in zip(pair_a, pair_b))
 
 
 def test_engines_through_the_harness_give_hf_greedy_tokens(tiny_qwen3, tokenizer):
@@ -292,108 +341,23 @@ def test_engines_through_the_harness_give_hf_greedy_tokens(tiny_qwen3, tokenizer
         # same tokens exactly when EOS is never the argmax, which this checks.
         assert EOS not in expected[-1]
     numpy_model = s03.Transformer(cfg, weights)
-    engines = [
-        HookedEngine.for_s01("S01", s01.Engine(numpy_model, tokenizer, 128)),
-        HookedEngine.for_cached("S05", s05.Engine(numpy_model, tokenizer, 128)),
-        HookedEngine.for_cached("S06", s06.Engine(s06.TorchTransformer(cfg, weights), tokenizer,
-                                                  128)),
-        HFGenerateEngine("HF", hf, tokenizer, pad_token_id=EOS),
-    ]
-    for engine in engines:
-        run = run_benchmark(engine, workload, clock=s07.time.perf_counter, progress=False)
+    engines = [s01.Engine(numpy_model, tokenizer, 128), s05.Engine(numpy_model, tokenizer, 128),
+               s06.Engine(s06.TorchTransformer(cfg, weights), tokenizer, 128)]
+    watched = [numpy_model, *engines, *(e.runner for e in engines[1:]), engines[2].model]
+    before = callables_of(*watched)
+    clients = [StreamClient(name, e) for name, e in zip(("S01", "S05", "S06"), engines)]
+    clients.append(HFGenerateClient("HF", hf, tokenizer, pad_token_id=EOS))
+    for client in clients:
+        run = run_benchmark(client, workload, clock=s07.time.perf_counter, progress=False)
         for r, want in zip(run.requests, expected):
-            assert r.token_ids == want, engine.name
+            assert r.token_ids == want, client.name
+            assert r.tokens_per_output == [1] * len(want), client.name
             assert r.output_tokens == len(r.itl_s) + 1
             assert 0 <= r.ttft_s <= r.e2e_s
-        if engine.name != "HF":
+        if client.name != "HF":
             assert run.model_step_s.count == sum(len(w) - 1 for w in expected)
-    # The hooks are gone and S01's engine has its own tokenizer back.
-    assert "forward" not in vars(numpy_model)
-    assert engines[0].engine.tokenizer is tokenizer
-
-
-# ---------------------------------------------------------------------------------------------
-# Roofline arithmetic on a config small enough to count by hand
-# ---------------------------------------------------------------------------------------------
-
-# V=10, C=4, L=1, H=2, Hkv=1, D=2, I=6, tied head, q/k norms, no biases.
-HAND = s03.TransformerConfig(model_type="qwen3", vocab_size=10, hidden_size=4,
-                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                             head_dim=2, intermediate_size=6, max_position_embeddings=16,
-                             norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0,
-                             qk_norm=True)
-
-
-def test_decode_step_cost_by_hand():
-    # Weights per token: q 4x4, k 4x2, v 4x2, o 4x4 = 48; MLP 3 x 4x6 = 72; head 10x4 = 40.
-    # FLOPs at S = 3: 2 x (48 + 72 + 40) + attention 2 x 2 x (H D = 4) x 3 = 320 + 48 = 368.
-    # Bytes (float32): projections 48, MLP 72, norms (2 C + 2 D =) 12, final norm 4, head 40,
-    # one embedding row 4: 180 values = 720 bytes; K/V: 2 cached positions read + 1 written,
-    # 2 x Hkv D = 4 values each: 12 values = 48 bytes. Total 768.
-    cost = decode_step_cost(HAND, 3)
-    assert (cost.flops, cost.bytes) == (368, 768)
-    assert cost.intensity == pytest.approx(368 / 768)
-    assert decode_step_cost(HAND, 3, dtype_bytes=2).bytes == 384
-
-
-def test_prefill_cost_by_hand():
-    # 3 tokens: weights 2 x 120 each = 720; attention: token s attends s positions,
-    # 16 FLOPs per position: 16 x (1 + 2 + 3) = 96; LM head on the last row only: 80. 896.
-    # Bytes: 176 weight values + one embedding row (4) = 720 bytes; K/V of 3 positions
-    # written: 3 x 4 values = 48 bytes. 768.
-    cost = prefill_cost(HAND, 3)
-    assert (cost.flops, cost.bytes) == (896, 768)
-    # One prompt token is one decode step at S = 1.
-    assert prefill_cost(HAND, 1) == decode_step_cost(HAND, 1)
-    with pytest.raises(ValueError, match="prompt_tokens must be >= 1"):
-        prefill_cost(HAND, 0)
-
-
-def test_floors_and_ridge_by_hand():
-    peaks = MachinePeaks(bandwidth_bytes_per_s=100.0, matmul_flops_per_s=1000.0,
-                         bandwidth_method="hand", matmul_method="hand")
-    assert peaks.ridge_intensity == 10.0
-    decode = StepCost(flops=368, bytes=768)
-    assert bandwidth_floor_s(decode, peaks) == 7.68
-    assert roofline_floor_s(decode, peaks) == 7.68                     # bandwidth-bound
-    assert roofline_floor_s(StepCost(flops=50_000, bytes=768), peaks) == 50.0  # compute-bound
-
-
-def test_attach_floor_uses_the_median_decode_context():
-    peaks = MachinePeaks(100.0, 1000.0, "hand", "hand")
-    # Prompt 2, 3 tokens: decode steps read S = 3 and 4; prompt 1, 2 tokens: S = 2.
-    requests = [RequestResult(0, 2, 3, 0.5, [2.0, 4.0], 6.0, [1, 2, 3]),
-                RequestResult(1, 1, 2, 0.5, [3.0], 4.0, [1, 2])]
-    run = BenchmarkRun("e", "m", "w", 0, requests, wall_s=10.0)
-    attach_floor(run, HAND, peaks)
-    assert run.decode_context_len == 3
-    assert run.decode_floor_s == 7.68
-    assert run.decode_vs_floor == pytest.approx(3.0 / 7.68)           # ITL p50 = 3.0
-    lone = BenchmarkRun("e", "m", "w", 0, [RequestResult(0, 2, 1, 0.5, [], 1.0, [1])], 1.0)
-    attach_floor(lone, HAND, peaks)
-    assert lone.decode_floor_s is None and lone.decode_vs_floor is None
-
-
-def test_measurements_run_and_state_their_method():
-    bandwidth, method = s07.measure_bandwidth(nbytes=2**20, repeats=1)
-    assert bandwidth > 0 and "bytes read + written" in method
-    flops, method = s07.measure_matmul_flops(n=64, repeats=1)
-    assert flops > 0 and "2 n^3 FLOPs" in method
-    with pytest.raises(ValueError, match="need nbytes >= 4 and repeats >= 1"):
-        s07.measure_bandwidth(nbytes=2, repeats=1)
-    with pytest.raises(ValueError, match="need n >= 1 and repeats >= 1"):
-        s07.measure_matmul_flops(n=8, repeats=0)
-
-
-def test_plot_roofline_writes_a_png(tmp_path):
-    peaks = MachinePeaks(1e10, 1e11, "hand", "hand")
-    path = s07.plot_roofline(peaks, [("decode", StepCost(100, 200), 1e-8),
-                                     ("prefill", StepCost(10_000, 200), 1e-7)],
-                             tmp_path / "roof.png")
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", data[16:24])   # the PNG's IHDR chunk: width, height
-    assert (width, height) == (900, 576)                # figsize (7.5, 4.8) inches at 120 dpi
+    # Nothing was patched: no method of the engines, runners or models was replaced.
+    assert same_objects(callables_of(*watched), before)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,15 +366,16 @@ def test_plot_roofline_writes_a_png(tmp_path):
 
 def test_results_json_schema(tmp_path):
     clock = FakeClock()
-    run = run_benchmark(fake_hooked(clock), FAKE_WORKLOAD, model="fake-model", clock=clock,
-                        progress=False)
+    run = run_benchmark(StreamClient("fake", FakeEngine(clock, sizes=(1, 2))), FAKE_WORKLOAD,
+                        model="fake-model", clock=clock, progress=False)
+    from test_s07_roofline import HAND
     attach_floor(run, HAND, MachinePeaks(100.0, 1000.0, "hand bw", "hand mm"))
     machine = s07.machine_facts()
     path = write_results(tmp_path / "out" / "r.json",
                          results_json([run], machine, MachinePeaks(100.0, 1000.0, "a", "b"),
                                       extra={"note": "test"}))
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert data["schema"] == s07.RESULTS_SCHEMA and data["note"] == "test"
+    assert data["schema"] == s07.RESULTS_SCHEMA == "s07-benchmark/2" and data["note"] == "test"
     assert set(data) >= {"created_utc", "machine", "roofline", "runs"}
     for key in ("cpu_model", "logical_cores", "torch_threads", "torch", "numpy",
                 "transformers", "device", "python"):
@@ -429,7 +394,89 @@ def test_results_json_schema(tmp_path):
                                                        / summary["decode_floor_s"])
     assert r["peak_memory"]["max_rss_bytes"] > 0
     assert "load_average_1min" in r
-    assert [q["output_tokens"] for q in r["per_request"]] == [3, 1, 5]
-    assert r["per_request"][1]["tpot_s"] is None and r["per_request"][1]["itl_s"] == []
+    per = r["per_request"]
+    assert [q["output_tokens"] for q in per] == [3, 1, 5]
+    assert [q["tokens_per_output"] for q in per] == [[1, 2], [1], [1, 2, 1, 1]]
+    assert per[1]["tpot_s"] is None and per[1]["itl_s"] == []
+    assert per[0]["tokens_per_s"] == pytest.approx(3 / per[0]["e2e_s"])
     table = s07.format_table([run])
     assert "fake-model" in table and "ITL/floor" in table
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: every bad input is a usage error naming its rule, before anything runs
+# ---------------------------------------------------------------------------------------------
+
+def usage_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        s07.main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert "parameters" not in captured.out            # nothing was loaded or measured
+    return captured.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--requests", "100000000"], f"--requests must be an integer in [1, {s07.MAX_REQUESTS}]"),
+    (["--requests", "0"], f"--requests must be an integer in [1, {s07.MAX_REQUESTS}]"),
+    (["--seed", "-1"], "--seed must be an integer >= 0 (got -1)"),
+    (["--threads", "0"], "--threads must be an integer in [1, "),
+    (["--threads", "-1"], "--threads must be an integer in [1, "),
+    (["--threads", "100000"], "--threads must be an integer in [1, "),
+    (["--model", "/no/such/checkpoint"], "--model: no such directory: /no/such/checkpoint"),
+])
+def test_cli_rules(argv, message, capsys):
+    assert message in usage_error(argv, capsys)
+
+
+def test_cli_threads_bound_is_the_logical_core_count(capsys):
+    import os
+    cores = os.cpu_count()
+    assert f"--threads must be an integer in [1, {cores}] (got {cores + 1})" in usage_error(
+        ["--threads", str(cores + 1)], capsys)
+
+
+def test_cli_json_must_be_a_writable_file(tmp_path, capsys):
+    err = usage_error(["--json", str(tmp_path)], capsys)
+    assert f"--json: {tmp_path} is a directory" in err
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    err = usage_error(["--json", str(blocker / "sub" / "out.json")], capsys)
+    assert f"{blocker} is a file, not a directory" in err
+    with pytest.raises(ValueError, match="no permission to write"):
+        import os
+        real_access = os.access
+        try:
+            os.access = lambda path, mode: False
+            s07.check_output_file(tmp_path / "new.json")
+        finally:
+            os.access = real_access
+    assert s07.check_output_file(tmp_path / "new" / "deeper" / "r.json").name == "r.json"
+    assert not (tmp_path / "new").exists()             # checking creates nothing
+
+
+def test_cli_hint_only_when_the_bundled_model_is_missing(tmp_path, monkeypatch, capsys):
+    empty = tmp_path / "not_a_checkpoint"
+    empty.mkdir()
+    err = usage_error(["--model", str(empty)], capsys)
+    assert "config.json" in err and "train_bundled_model" not in err
+    monkeypatch.setattr(s03, "BUNDLED_MODEL_DIR", empty)   # the bundled model, not trained yet
+    err = usage_error([], capsys)
+    assert "scripts/train_bundled_model.py" in err
+
+
+def test_main_runs_the_bundled_model_end_to_end(tmp_path, monkeypatch, capsys):
+    # The roofs are measured elsewhere (test_s07_roofline); here they are fixed, so the run
+    # is quick.
+    monkeypatch.setattr(s07_roofline, "measure_peaks",
+                        lambda **kw: MachinePeaks(1e10, 1e11, "fixed bw", "fixed mm"))
+    out = tmp_path / "run.json"
+    s07.main(["--requests", "1", "--workload", "chat", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert "S05 NumPy + KV cache" in text and "S06 torch" in text and "ITL/floor" in text
+    data = json.loads(out.read_text())
+    assert data["schema"] == s07.RESULTS_SCHEMA
+    s05_run, s06_run = data["runs"]
+    assert s05_run["per_request"][0]["token_ids"] == s06_run["per_request"][0]["token_ids"]
+    assert s05_run["model"] == "bundled"
+    assert s05_run["summary"]["output_tokens"] == s05_run["per_request"][0]["output_tokens"]

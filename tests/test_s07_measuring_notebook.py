@@ -54,9 +54,9 @@ def test_committed_notebook_is_valid_and_has_no_outputs():
 def test_notebook_imports_the_harness_and_does_not_redefine_it():
     source = code_source(NOTEBOOK)
     assert "from s07_measuring import" in source
-    for name in ("run_benchmark", "Distribution", "HookedEngine", "make_workload",
-                 "measure_peaks", "decode_step_cost", "prefill_cost", "MachinePeaks",
-                 "stamp_calls", "Engine"):
+    for name in ("run_benchmark", "Distribution", "StreamClient", "TimedRequest",
+                 "stamp_stream", "make_workload", "measure_peaks", "decode_step_cost",
+                 "prefill_cost", "MachinePeaks", "Engine"):
         assert not re.search(rf"^\s*(class|def) {name}\b", source, re.MULTILINE), name
     assert "bench_s07_engines" not in source.replace("bench_s07_engines.py`", "")  # never reruns it
 

@@ -199,6 +199,14 @@ CASES = [
 ]
 
 
+def stop_rule_that_fired(gen, max_tokens: int) -> str:
+    """Which of S01's three rules ended a Completion, from what it holds: EOS is the only
+    "stop"; "length" with the whole budget spent is max_tokens, else the context was full."""
+    if gen.finish_reason == "stop":
+        return "eos"
+    return "max_tokens" if len(gen.token_ids) == max_tokens else "context_full"
+
+
 def drive(page, prompt, max_tokens, temperature, seed, max_context):
     page.fill(".gl-prompt", prompt)
     page.fill(".gl-max-tokens", str(max_tokens))
@@ -222,7 +230,7 @@ def read_simulator(page) -> dict:
       return {
         context: all(".gl-context .gl-tok").map(e => Number(e.dataset.id)),
         text: q(".gl-completion").hidden ? "" : q(".gl-completion").textContent,
-        stop: q(".gl-stat-stop_reason").textContent,
+        stop: q(".gl-stat-stopped-by").textContent,
         finish: q(".gl-stat-finish_reason").textContent,
         passes: Number(q(".gl-stat-passes").textContent),
         lens: all(".gl-cost-pass").map(e => Number(e.dataset.n)),
@@ -260,8 +268,8 @@ def test_simulator_steps_match_the_engine(sites, browser, engine_512):
             assert steps == gen.stats.passes, case
             assert got["context"] == tokenizer.encode(prompt) + gen.token_ids, case
             assert got["text"] == gen.text, case
-            assert got["stop"] == gen.stats.stop_reason, case
-            assert got["finish"] == gen.stats.finish_reason, case
+            assert got["stop"] == stop_rule_that_fired(gen, max_tokens), case
+            assert got["finish"] == gen.finish_reason, case
             assert got["passes"] == gen.stats.passes, case
             assert got["lens"] == gen.stats.context_lens, case
             assert got["uncached"] == [n * n for n in gen.stats.context_lens], case
@@ -287,12 +295,12 @@ def test_run_button_ends_where_stepping_ends(sites, browser, engine_512):
     page.fill(".gl-max-tokens", "30")
     page.click(".gl-reset")
     page.click(".gl-run")
-    page.wait_for_function("document.querySelector('.gl-stat-stop_reason').textContent !== '\u2014'",
+    page.wait_for_function("document.querySelector('.gl-stat-stopped-by').textContent !== '\u2014'",
                            timeout=20_000)
     gen = Engine(model, tokenizer, max_context=256).generate("O, what a noble mind", 30, 0.8, 0)
     got = read_simulator(page)
     assert got["context"] == tokenizer.encode("O, what a noble mind") + gen.token_ids
-    assert got["stop"] == gen.stats.stop_reason and got["lens"] == gen.stats.context_lens
+    assert got["stop"] == stop_rule_that_fired(gen, 30) and got["lens"] == gen.stats.context_lens
     assert not watched.problems(), watched.problems()
     watched.close()
 

@@ -328,8 +328,9 @@ def test_exported_traces_are_the_engines(sim_data):
         gen = engine.generate(t["prompt"], t["max_tokens"], t["temperature"], t["seed"])
         assert t["token_ids"] == gen.token_ids and t["text"] == gen.text
         assert t["context_lens"] == gen.stats.context_lens
-        reasons.add(gen.stats.stop_reason)
-    assert {"eos", "max_tokens"} <= reasons
+        assert t["finish_reason"] == gen.finish_reason
+        reasons.add((gen.finish_reason, len(gen.token_ids) == t["max_tokens"]))
+    assert {("stop", False), ("length", True)} <= reasons   # an EOS stop and a budget stop
 
 
 def test_float32_text_round_trips():
@@ -364,3 +365,24 @@ def test_chapter_map_reads_readme_rows_and_refuses_a_malformed_one(tmp_path):
     readme.write_text("## Other\n")
     with pytest.raises(ValueError, match="no '## Chapters' section"):
         course_site.readme_chapters(readme)
+
+
+def test_notebook_cache_key_follows_results_but_not_scratch(tmp_path):
+    # The site's notebooks plot results/: a changed result must re-run them (once a bench run
+    # with --replace-results left them stale); a scratch run must not.
+    import ast
+    from site_testing import SITE
+    tree = ast.parse((SITE / "conf.py").read_text())
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_code_hash")
+    namespace: dict = {}
+    module = ast.fix_missing_locations(ast.Module([ast.Import([ast.alias("hashlib")]), func], []))
+    exec(compile(module, "conf", "exec"), namespace)
+    code_hash = namespace["_code_hash"]
+    for folder in ("code", "data", "results", "results/scratch"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "results" / "s07.json").write_text("{}")
+    before = code_hash(tmp_path)
+    (tmp_path / "results" / "scratch" / "s07.json").write_text("{}")
+    assert code_hash(tmp_path) == before
+    (tmp_path / "results" / "s07.json").write_text('{"x": 1}')
+    assert code_hash(tmp_path) != before

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from s01_generation_loop import STOP_EOS, Engine, Generation, Stats, sample
+from s01_generation_loop import Engine
 
 
 # Exercise 1 -----------------------------------------------------------------------------------
@@ -19,53 +19,49 @@ def apply_stop_strings(text: str, stop: Sequence[str]) -> tuple[str, str | None]
     return text[:pos], matched
 
 
-def generate_with_stop(engine: Engine, prompt: str, max_tokens: int, stop: Sequence[str],
-                       temperature: float = 0.0, seed: int | None = None) -> Generation:
-    if not stop or any(not isinstance(s, str) or s == "" for s in stop):
-        raise ValueError("stop must be a non-empty list of non-empty strings")
-    ids = engine.check_request(prompt, max_tokens, temperature, seed)
-    rng = np.random.default_rng(seed)
-    stats = Stats(prompt_tokens=len(ids))
-    out: list[int] = []
-    while stats.stop_reason is None:
-        if len(ids) >= engine.max_context:
-            stats.stop_reason = "context_full"
-            break
-        logits = engine.model.forward(ids)
-        stats.context_lens.append(len(ids))
-        token = sample(logits[-1], temperature, rng)
-        ids.append(token)
-        out.append(token)
-        stats.tokens_out = len(out)
-        stats.stop_reason = engine.stop_reason(token, len(out), max_tokens)
-        text, matched = apply_stop_strings(engine.tokenizer.decode(out), stop)
+class StopStringEngine(Engine):
+    def __init__(self, model, tokenizer, max_context: int, stop: Sequence[str]):
+        if not stop or any(not isinstance(s, str) or s == "" for s in stop):
+            raise ValueError("stop must be a non-empty list of non-empty strings")
+        super().__init__(model, tokenizer, max_context)
+        self.stop = list(stop)
+
+    def filter_text(self, seq, text: str) -> str:
+        visible = [t for t in seq.output_ids if t not in seq.eos_ids]
+        cut, matched = apply_stop_strings(self.tokenizer.decode(visible), self.stop)
         if matched is not None:
-            stats.stop_reason = STOP_EOS  # finish_reason "stop", like EOS
-            return Generation(text=text, token_ids=out, stats=stats)
-    text_ids = out[:-1] if out and out[-1] == engine.tokenizer.eos_id else out
-    return Generation(text=engine.tokenizer.decode(text_ids), token_ids=out, stats=stats)
+            seq.matched_stop_string = matched   # stop_rule ends the request
+            return cut                          # all of the text before the stop string
+        return ""                               # no match yet: the end shows the whole text
+
+    def end_text(self, seq) -> str:
+        return seq.detokenizer.flush()
 
 
 # Exercise 2 -----------------------------------------------------------------------------------
 
-def stream(engine: Engine, prompt: str, max_tokens: int, temperature: float = 0.0,
-           seed: int | None = None) -> Iterator[str]:
-    ids = engine.check_request(prompt, max_tokens, temperature, seed)
-    rng = np.random.default_rng(seed)
-    out: list[int] = []
-    sent = ""
-    while len(ids) < engine.max_context:
-        token = sample(engine.model.forward(ids)[-1], temperature, rng)
-        ids.append(token)
-        out.append(token)
-        if token == engine.tokenizer.eos_id:
-            return
-        text = engine.tokenizer.decode(out)
-        if len(text) > len(sent):
-            yield text[len(sent):]
-            sent = text
-        if len(out) >= max_tokens:
-            return
+class WordStreamer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.previous: int | None = None
+
+    def feed(self, token_id: int) -> str:
+        if self.previous is None:
+            delta = self.tokenizer.decode([token_id])
+        else:  # the pair's text minus the previous word's: the space (if any) and the word
+            delta = self.tokenizer.decode([self.previous, token_id])[
+                len(self.tokenizer.decode([self.previous])):]
+        if token_id != self.tokenizer.eos_id:
+            self.previous = token_id
+        return delta
+
+    def flush(self) -> str:
+        return ""
+
+
+class StreamingEngine(Engine):
+    def make_detokenizer(self):
+        return WordStreamer(self.tokenizer)
 
 
 # Exercise 3 -----------------------------------------------------------------------------------

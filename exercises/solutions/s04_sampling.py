@@ -76,8 +76,9 @@ class NoRepeatNGramEngine(Engine):
         super().__init__(model, tokenizer, max_context, **kwargs)
         self.no_repeat_ngram_size = int(no_repeat_ngram_size)
 
-    def next_logits(self, ids: list[int]) -> np.ndarray:
-        return apply_no_repeat_ngram(super().next_logits(ids), ids, self.no_repeat_ngram_size)
+    def sample(self, logits: np.ndarray, seq) -> int:
+        banned = apply_no_repeat_ngram(logits, seq.token_ids, self.no_repeat_ngram_size)
+        return super().sample(banned, seq)
 
 
 # Exercise 3 -----------------------------------------------------------------------------------

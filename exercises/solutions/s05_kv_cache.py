@@ -190,11 +190,12 @@ class PrefixReuseEngine(Engine):
 
     def __init__(self, model: Transformer, tokenizer, max_context: int, **kwargs):
         super().__init__(model, tokenizer, max_context, **kwargs)
+        self.cached_ids: list[int] = []       # whose K/V the cache holds, across requests
         self.computed_tokens: list[int] = []
 
-    def next_logits(self, ids: list[int]) -> np.ndarray:
-        if not ids:
-            raise ValueError("next_logits needs at least one token id")
+    def model_step(self, seq) -> np.ndarray:
+        ids = seq.token_ids
+        seq.stats.context_lens.append(len(ids))
         # At least the last id must run: the cache stores K/V, not the logits they led to.
         keep = min(common_prefix_len(self.cached_ids, ids), len(ids) - 1)
         self.runner.cache.truncate(keep)
@@ -202,5 +203,6 @@ class PrefixReuseEngine(Engine):
         new = ids[keep:]
         hidden = self.runner.step(new)                                     # (T_new, C)
         self.cached_ids = list(ids)
+        seq.num_computed_tokens = len(ids)
         self.computed_tokens.append(len(new))
         return self.runner.model.head(hidden[-1:])[0].astype(np.float32, copy=False)  # (V,)

@@ -39,22 +39,21 @@ def test_apply_stop_strings_earliest_and_tie():
 def test_stop_string_straddling_a_token_boundary():
     # tokens: "to" "be" "," "or" "not" "to" "be": the stop "or not" spans two tokens.
     model = Script([TO, BE, COMMA, OR, NOT, TO, BE])
-    g = ex.generate_with_stop(Engine(model, TOK, 64), "not", 20, stop=["or not"])
-    assert g.text == "to be, "
-    assert g.stats.finish_reason == "stop"
+    g = ex.StopStringEngine(model, TOK, 64, stop=["or not"]).generate("not", 20)
+    assert g.text == "to be, "  # the text before the stop string, to the character
+    assert g.finish_reason == "stop" and g.stop_reason == "or not"
     assert g.token_ids == [TO, BE, COMMA, OR, NOT]  # stopped right after the completing token
     assert model.passes == 5
 
 
 @pytest.mark.points(1)
 def test_stop_strings_keep_the_other_rules():
-    model = Script([TO, BE])
-    g = ex.generate_with_stop(Engine(model, TOK, 64), "not", 20, stop=["xyz"])
-    assert g.text == "to be" and g.stats.stop_reason == "eos"
-    g = ex.generate_with_stop(Engine(Script([TO] * 9), TOK, 64), "not", 3, stop=["be"])
-    assert g.stats.finish_reason == "length" and len(g.token_ids) == 3
+    g = ex.StopStringEngine(Script([TO, BE]), TOK, 64, stop=["xyz"]).generate("not", 20)
+    assert g.text == "to be" and g.finish_reason == "stop" and g.stop_reason is None  # EOS
+    g = ex.StopStringEngine(Script([TO] * 9), TOK, 64, stop=["be"]).generate("not", 3)
+    assert g.finish_reason == "length" and len(g.token_ids) == 3 and g.text == "to to to"
     with pytest.raises(ValueError):
-        ex.generate_with_stop(Engine(Script([TO]), TOK, 64), "not", 3, stop=[""])
+        ex.StopStringEngine(Script([TO]), TOK, 64, stop=[""])
 
 
 # Exercise 2 ----------------------------------------------------------------------------------
@@ -64,17 +63,19 @@ def test_stream_joins_to_generate():
     tokens = [TO, BE, COMMA, OR, NOT, NL, TO, BE]
     for max_tokens in (1, 3, 8, 20):
         expected = Engine(Script(tokens), TOK, 64).generate("not", max_tokens).text
-        deltas = list(ex.stream(Engine(Script(tokens), TOK, 64), "not", max_tokens))
-        assert "".join(deltas) == expected
-        assert all(d for d in deltas)
+        outputs = list(ex.StreamingEngine(Script(tokens), TOK, 64).stream("not", max_tokens))
+        assert "".join(o.text_delta for o in outputs) == expected
+        # every word arrives with its own token (EOS, the last output, adds none)
+        assert all(o.text_delta for o in outputs if o.new_token_ids != [TOK.eos_id])
 
 
 @pytest.mark.points(1)
-def test_stream_is_lazy():
+def test_stream_is_lazy_and_streams():
     model = Script([TO, BE, OR])
-    gen = ex.stream(Engine(model, TOK, 64), "not", 3)
+    stream = ex.StreamingEngine(model, TOK, 64).stream("not", 3)
     assert model.passes == 0
-    assert next(gen) == "to" and model.passes == 1
+    assert next(stream).text_delta == "to" and model.passes == 1
+    assert next(stream).text_delta == " be"
 
 
 # Exercise 3 ----------------------------------------------------------------------------------

@@ -119,7 +119,10 @@ def test_no_repeat_ngram_matches_hf_and_rules_out_everything():
 
 
 class IdTokenizer:
-    """Prompts are token ids written as text ("5 17 3"): the tiny model has no tokenizer."""
+    """Prompts are token ids written as text ("5 17 3"): the tiny model has no tokenizer.
+    vocab_size is the tiny model's V (the engine checks that the tokenizer covers its ids)."""
+
+    vocab_size = 23
 
     def __init__(self, eos_id):
         self.eos_id = eos_id

@@ -13,6 +13,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from exercise_loader import load_exercise
 from s01_generation_loop import Engine as LoopEngine
+from s03_checkpoint import load_config
 from s03_transformer import Transformer, TransformerConfig
 from s04_sampling import SamplingParams
 from s05_kv_cache import Engine, count_work, kv_cache_bytes, step_work
@@ -81,7 +82,7 @@ def test_config_errors_and_agreement_with_the_chapter(tmp_path):
                          num_key_value_heads=2, head_dim=12, intermediate_size=64, vocab_size=50)
     config.save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
-    ours = TransformerConfig.from_pretrained(tmp_path)
+    ours = load_config(tmp_path)
     for dtype_bytes in (1, 2, 4):
         assert ex.kv_bytes_per_token(raw, dtype_bytes) == kv_cache_bytes(ours, 1, dtype_bytes)
 
@@ -194,9 +195,11 @@ def test_sliding_window_runner_errors_and_restart(models):
 # Exercise 3 ----------------------------------------------------------------------------------
 
 class IdTokenizer:
-    """Prompts are token ids written as text: exact ids, no tokenizer in the way."""
+    """Prompts are token ids written as text: exact ids, no tokenizer in the way. vocab_size is
+    the tiny model's V (the engine checks that the tokenizer covers its ids)."""
 
     eos_id = 0
+    vocab_size = 41
 
     def encode(self, text):
         return [int(t) for t in text.split()]
@@ -264,5 +267,6 @@ def test_a_diverging_prompt_truncates_the_cache(models):
     assert out.token_ids == plain.generate(text(edited), GREEDY).token_ids
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 41\)"):
         reuse.generate(text(first[:6] + [99]), GREEDY)
+    assert reuse.runner.cache.num_cached == len(reuse.cached_ids) == 4   # the common prefix
     again = reuse.generate(text(first), GREEDY)
     assert again.token_ids == plain.generate(text(first), GREEDY).token_ids

@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from exercise_loader import load_exercise
-import s03_transformer as s03
+import s03_checkpoint
 from s04_sampling import SamplingParams
 from s06_torch import CachedTransformer, Engine, TorchTransformer
 
@@ -143,7 +143,10 @@ def test_decode_floor_and_errors():
 # Exercise 3 ----------------------------------------------------------------------------------
 
 class IdTokenizer:
-    """Prompts as ids written out ("5 17 3"): the tiny model has no tokenizer."""
+    """Prompts as ids written out ("5 17 3"): the tiny model has no tokenizer. vocab_size is the
+    tiny model's V (the engine checks that the tokenizer covers its ids)."""
+
+    vocab_size = 97
 
     def __init__(self, eos_id: int):
         self.eos_id = eos_id
@@ -182,7 +185,7 @@ def tiny():
                          max_position_embeddings=64, tie_word_embeddings=False)
     config._attn_implementation = "eager"
     hf = Qwen3ForCausalLM(config).eval()
-    ours = TorchTransformer(s03.TransformerConfig.from_hf_dict(config.to_dict()), hf.state_dict())
+    ours = TorchTransformer(s03_checkpoint.config_from_hf_dict(config.to_dict()), hf.state_dict())
     return hf, ours
 
 

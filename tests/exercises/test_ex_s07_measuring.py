@@ -5,7 +5,7 @@ by hand below, and at batch 1 the chapter's tested cost functions (S03's `flops_
 `bytes_per_token`) on several configs (exercise 1); a brute-force search over batch sizes with
 exact integer arithmetic on those same S03 counts, and a boundary ridge built to be hit exactly
 (exercise 2); hand-computed percentiles, NumPy's `np.percentile`, and the chapter's tested
-`RequestResult.from_timed` (exercise 3).
+`RequestResult.from_timed` on the same stamps (exercise 3).
 """
 import math
 from fractions import Fraction
@@ -16,22 +16,24 @@ import pytest
 from exercise_loader import load_exercise
 import s03_transformer as s03
 import s07_measuring as s07
+from s03_checkpoint import config_from_hf_dict, load_config
+from s07_workloads import Request
 
 ex = load_exercise("s07_measuring")
 
 # Published config.json fields of Qwen/Qwen3-0.6B.
-QWEN3_0_6B = s03.TransformerConfig.from_hf_dict(
+QWEN3_0_6B = config_from_hf_dict(
     {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
      "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
      "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True,
      "attention_bias": False, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
      "rope_theta": 1000000})
-SMALL_LLAMA = s03.TransformerConfig.from_hf_dict(
+SMALL_LLAMA = config_from_hf_dict(
     {"model_type": "llama", "hidden_size": 96, "intermediate_size": 160,
      "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
      "vocab_size": 500, "tie_word_embeddings": False, "max_position_embeddings": 128,
      "rms_norm_eps": 1e-6, "rope_theta": 10000})
-BUNDLED = s03.TransformerConfig.from_pretrained(s03.BUNDLED_MODEL_DIR)
+BUNDLED = load_config(s03.BUNDLED_MODEL_DIR)
 
 # Qwen3-0.6B by hand. One layer's matrices: q 1024*2048 + k, v 1024*1024 each + o 2048*1024
 # = 6,291,456; MLP 3*1024*3072 = 9,437,184; together 15,728,640. Norms 2*1024 + 2*128 = 2,304.
@@ -90,7 +92,7 @@ def test_decode_step_cost_rejects_bad_input():
         args = {"config": QWEN3_0_6B, "batch_size": 1, "context_len": 8, "dtype_bytes": 4, **kwargs}
         with pytest.raises(ValueError, match=message):
             ex.decode_step_cost(**args)
-    gpt2 = s03.TransformerConfig.from_hf_dict(
+    gpt2 = config_from_hf_dict(
         {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100,
          "n_positions": 32, "eos_token_id": 0})
     with pytest.raises(ValueError, match="only llama and qwen3 models without biases"):
@@ -185,22 +187,28 @@ def test_percentile_by_hand_and_against_numpy():
 
 @pytest.mark.points(2)
 def test_request_latencies_by_hand_and_as_the_harness_computes_them():
-    got = ex.request_latencies(10.0, [10.5, 10.6, 10.8], 10.9)
+    got = ex.request_latencies(10.0, [10.5, 10.6, 10.8], [1, 1, 1])
     assert set(got) == {"ttft_s", "itl_s", "e2e_s", "tpot_s"}
-    assert got["ttft_s"] == pytest.approx(0.5) and got["e2e_s"] == pytest.approx(0.9)
-    assert got["itl_s"] == pytest.approx([0.1, 0.2]) and got["tpot_s"] == pytest.approx(0.2)
-    one = ex.request_latencies(0.0, [0.25], 0.5)
+    assert got["ttft_s"] == pytest.approx(0.5) and got["e2e_s"] == pytest.approx(0.8)
+    assert got["itl_s"] == pytest.approx([0.1, 0.2]) and got["tpot_s"] == pytest.approx(0.15)
+    # Several tokens per output: ITL counts outputs, TPOT counts tokens.
+    multi = ex.request_latencies(10.0, [10.5, 10.6, 10.8], [2, 3, 1])
+    assert multi["itl_s"] == pytest.approx([0.1, 0.2]) and multi["e2e_s"] == pytest.approx(0.8)
+    assert multi["tpot_s"] == pytest.approx(0.3 / 5)
+    one = ex.request_latencies(0.0, [0.25], [1])
     assert one["ttft_s"] == 0.25 and one["itl_s"] == [] and one["tpot_s"] is None
-    assert one["e2e_s"] == 0.5
+    assert one["e2e_s"] == 0.25
+    assert ex.request_latencies(0.0, [0.25], [4])["tpot_s"] == 0.0    # 4 tokens, one output
     rng = np.random.default_rng(3)
-    for n in (1, 2, 9):
+    for n_outputs in (1, 2, 9):
         start = float(rng.uniform(0, 100))
-        times = (start + np.cumsum(rng.exponential(0.05, n))).tolist()
-        end = times[-1] + 0.001
-        request = s07.Request(0, "x", 1, n)
-        ref = s07.RequestResult.from_timed(
-            request, s07.TimedGeneration(list(range(n)), start, times, end, None))
-        got = ex.request_latencies(start, times, end)
+        times = (start + np.cumsum(rng.exponential(0.05, n_outputs))).tolist()
+        sizes = rng.integers(1, 4, n_outputs).tolist()
+        n = sum(sizes)
+        stamps = [s07.Stamp(t, tuple(range(k))) for t, k in zip(times, sizes)]
+        ref = s07.RequestResult.from_timed(Request(0, "x", 1, n),
+                                           s07.TimedRequest(0, start, stamps))
+        got = ex.request_latencies(start, times, sizes)
         assert got["ttft_s"] == pytest.approx(ref.ttft_s, abs=1e-12)
         assert got["itl_s"] == pytest.approx(ref.itl_s, abs=1e-12)
         assert got["e2e_s"] == pytest.approx(ref.e2e_s, abs=1e-12)
@@ -208,7 +216,10 @@ def test_request_latencies_by_hand_and_as_the_harness_computes_them():
         if ref.tpot_s is not None:
             assert got["tpot_s"] == pytest.approx(ref.tpot_s, abs=1e-12)
     with pytest.raises(ValueError, match="a request needs at least one token"):
-        ex.request_latencies(0.0, [], 1.0)
-    for start, times, end in ((1.0, [0.5], 2.0), (0.0, [0.2, 0.1], 1.0), (0.0, [0.5], 0.4)):
+        ex.request_latencies(0.0, [], [])
+    for times, sizes in (([0.5], [0]), ([0.5], [True]), ([0.5, 0.6], [1]), ([0.5], [1.0])):
+        with pytest.raises(ValueError, match="tokens_per_output must hold one integer >= 1"):
+            ex.request_latencies(0.0, times, sizes)
+    for start, times in ((1.0, [0.5]), (0.0, [0.2, 0.1])):
         with pytest.raises(ValueError, match="timestamps must be in order"):
-            ex.request_latencies(start, times, end)
+            ex.request_latencies(start, times, [1] * len(times))

@@ -109,7 +109,7 @@ def export() -> dict:
         gen = engine.generate(prompt, max_tokens, temperature=temperature, seed=seed)
         traces.append({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                        "seed": seed, "token_ids": gen.token_ids, "text": gen.text,
-                       "stop_reason": gen.stats.stop_reason,
+                       "finish_reason": gen.finish_reason,
                        "context_lens": gen.stats.context_lens})
 
     return {

@@ -7,9 +7,10 @@
  *     the weights exp((logits - max) / T) (the max subtracted before dividing, so nothing
  *     overflows; a gap that the division pushes past -Infinity has weight 0; tied maxima share
  *     the probability) by inverse CDF with one uniform draw per token,
- *   - Run checks a request like Engine.check_request, in its order and with its messages,
- *   - the stop rules and their order are Engine.generate's: eos, then max_tokens, then
- *     context_full before the next pass.
+ *   - Run checks a request like GenerationParams and Engine.check_prompt, in their order and
+ *     with their messages,
+ *   - the stop rules and their order are `stop_rule`'s: eos, then max_tokens, then a full
+ *     context (finish_reason "stop" for the first, "length" for the others).
  * The model (V = 512 bigram logits, float32), the uniforms of np.random.default_rng(seed) and
  * reference traces come from export.py beside this file at build time, so for a seed and a
  * temperature the page picks the tokens the Python engine picks. On load the page replays the
@@ -115,24 +116,28 @@
     return Math.min(lo, V - 1);
   }
 
+  function finishOf(rule) {                       // the rule that fired -> finish_reason
+    return rule === "eos" ? "stop" : "length";
+  }
+
   function checkTemperature(T, text) {            // `check_temperature`; text: what was typed
     if (typeof T !== "number" || !isFinite(T) || T < 0) {
       throw new Error("temperature must be a finite number >= 0 (got " + text + ")");
     }
   }
 
-  /* One request: Engine.check_request (same order, same messages) + the state of
-   * Engine.generate between passes. T is checked here as generate checks it; each step takes
-   * its own temperature, so the page can change it between passes. */
+  /* One request: GenerationParams' checks, then Engine.check_prompt (same order, same
+   * messages) + the state of the Sequence between passes. T is checked here as the params
+   * check it; each step takes its own temperature, so the page can change it between passes. */
   function Run(model, uniforms, prompt, maxTokens, maxContext, seed, T, tText) {
-    if (typeof prompt !== "string" || !prompt) {
-      throw new Error("prompt must be a non-empty string (got " +
-                      (typeof prompt === "string" ? "''" : "a " + typeof prompt) + ")");
-    }
     if (!Number.isInteger(maxTokens) || maxTokens < 1) {
       throw new Error("max_tokens must be an integer >= 1 (got " + maxTokens + ")");
     }
     checkTemperature(T, tText === undefined ? String(T) : tText);
+    if (typeof prompt !== "string" || !prompt) {
+      throw new Error("prompt must be a non-empty string (got " +
+                      (typeof prompt === "string" ? "''" : "a " + typeof prompt) + ")");
+    }
     this.model = model;
     this.ids = model.encode(prompt);
     if (this.ids.length === 0) {                  // "   " has no token; "\n" is one
@@ -219,7 +224,7 @@
                         data.max_context, t.seed, t.temperature);
       while (run.step(t.temperature)) { /* run to the end */ }
       var same = JSON.stringify(run.out) === JSON.stringify(t.token_ids) &&
-                 run.stop === t.stop_reason &&
+                 finishOf(run.stop) === t.finish_reason &&
                  JSON.stringify(run.contextLens) === JSON.stringify(t.context_lens);
       if (!same) mismatches.push(t);
     });
@@ -438,11 +443,11 @@
 
     function renderStatus() {
       if (!run) { status.textContent = ""; snippet.textContent = ""; lastPick.textContent = ""; return; }
-      var finish = run.stop === null ? "\u2014" : (run.stop === "eos" ? "stop" : "length");
+      var finish = run.stop === null ? "\u2014" : finishOf(run.stop);
       status.textContent = "";
       var parts = [["passes", run.contextLens.length], ["prompt tokens", run.promptTokens],
                    ["tokens out", run.out.length], ["context", run.ids.length + " / " + run.maxContext],
-                   ["stop_reason", run.stop === null ? "\u2014" : run.stop], ["finish_reason", finish]];
+                   ["stopped by", run.stop === null ? "\u2014" : run.stop], ["finish_reason", finish]];
       parts.forEach(function (kv, i) {
         if (i) status.appendChild(document.createTextNode(" \u00b7 "));
         status.appendChild(document.createTextNode(kv[0] + " "));

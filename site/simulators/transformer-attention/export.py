@@ -1,7 +1,8 @@
 """Data for the S03 "Try it" simulator: the bundled model's attention and next-token distributions.
 
-Everything is computed at site build time by the chapter's own code (code/s03_transformer.py) on
-the bundled checkpoint in data/model/, for a few fixed prompts:
+Everything is computed at site build time by the chapter's own code (code/s03_transformer.py,
+loaded by code/s03_checkpoint.py) on the bundled checkpoint in data/model/, for a few fixed
+prompts:
 
 - the prompt's tokens, as the text each one decodes to;
 - for every layer and query head, the causal attention weights (T, T) that `attention_probs`
@@ -28,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT / "code") not in sys.path:
     sys.path.insert(0, str(ROOT / "code"))
 
-from s03_transformer import (  # noqa: E402  (code/ is not a package)
-    BUNDLED_MODEL_DIR, attention, attention_probs, load, parameter_count,
+from s03_checkpoint import load  # noqa: E402  (code/ is not a package)
+from s03_transformer import (  # noqa: E402
+    BUNDLED_MODEL_DIR, attention, attention_probs, parameter_count,
 )
 
 PROMPTS = (
