@@ -646,6 +646,7 @@ class Engine:
     def run(self, seq: Sequence) -> Iterator[RequestOutput]:
         """The generation loop: one model pass, one sampled token, one output per step."""
         while not seq.finished:
+            seq.stats.context_lens.append(len(seq.token_ids))
             start = time.perf_counter()
             logits = self.model_step(seq)            # (V,): the next token's logits
             model_s = time.perf_counter() - start
@@ -660,7 +661,6 @@ class Engine:
     def model_step(self, seq: Sequence):
         """Logits (V,) of the token after seq.token_ids. S01 reruns the model on the whole
         context and keeps only the last row (S05 computes just the new token)."""
-        seq.stats.context_lens.append(len(seq.token_ids))
         return self.model.forward(seq.token_ids)[-1]  # (T, V) -> the last row
 
     def sample(self, logits, seq: Sequence) -> int:
@@ -686,6 +686,9 @@ class Engine:
         of max_tokens (converted to this engine's `params_class` when it is an earlier
         chapter's), or the fields as keywords. Raises ValueError for an unknown option, or for
         keywords next to a params object."""
+        if not isinstance(max_tokens, GenerationParams) and not is_int(max_tokens):
+            raise ValueError(f"max_tokens must be an integer >= 1, or a params object "
+                             f"({self.params_class.__name__}) in its place (got {max_tokens!r})")
         if isinstance(max_tokens, GenerationParams):
             if temperature is not None or seed is not None or options:
                 raise ValueError("pass either a params object or keyword fields, not both")

@@ -13,9 +13,10 @@ What is new since S01
 
     Generation now streams: `StreamingDetokenizer` turns ids into text deltas without ever
     showing half a character, `StopStringMatcher` cuts the output at a stop string even when it
-    is spread over several tokens, and this chapter's `Engine` offers a blocking `generate` and
-    a streaming `stream` (a `GenerationStream` of deltas) whose joined deltas are always the
-    blocking text, with finish_reason "stop" for EOS or a stop string and "length" otherwise.
+    is spread over several tokens, and this chapter's `Engine` plugs both into S01's loop through
+    its seams, so S01's `stream` now carries text as it is generated and its joined deltas are
+    always the blocking text, with finish_reason "stop" for EOS or a stop string (stop_reason:
+    the stop string) and "length" otherwise.
 
 What it does not handle yet
     Normalisation (NFC/NFKC), which some tokenizers apply first; SentencePiece-style models

@@ -670,14 +670,7 @@ class CheckpointTokenizer:
         Unicode (a lone surrogate such as "\\ud800" has no UTF-8 encoding), or for an allowed
         name that is not a special token of this tokenizer.
         """
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str (got {type(text).__name__})")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise ValueError(f"text must be valid Unicode: {err.object[err.start]!r} at index "
-                             f"{err.start} is a lone surrogate, which has no UTF-8 encoding"
-                             ) from None
+        s01.check_text(text)
         if isinstance(allowed_special, str):
             if allowed_special != "all":
                 raise ValueError("allowed_special must be 'all' or a collection of special tokens")

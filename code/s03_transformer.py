@@ -746,10 +746,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed for sampling")
     args = parser.parse_args(argv)
     try:  # a command line in another encoding arrives as lone surrogates (surrogateescape)
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError:
-        parser.error("--prompt must be valid UTF-8 text (the command line held bytes that are "
-                     "not UTF-8)")
+        s01.check_text(args.prompt, "--prompt")
+    except ValueError as err:
+        parser.error(str(err))
 
     try:
         model, tokenizer = load(args.model)

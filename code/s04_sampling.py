@@ -4,9 +4,9 @@ What is new since S03
     S01 turned logits into a token with one knob, the temperature. Serving APIs expose about a
     dozen (OpenAI's and vLLM's `SamplingParams`), and each one is a small function from a row of
     logits (V,) to a row of logits (V,). This chapter writes them one by one, chains them in the
-    order vLLM and Hugging Face use, and wraps them in an `Engine` that takes `SamplingParams`
-    and returns a `Completion` with `finish_reason`, optional logprobs and stats (or streams
-    it, like S02's Engine: `stream` yields text deltas, `generate` joins them).
+    order vLLM and Hugging Face use, and plugs them into S02's `Engine` through its `sample`
+    seam: the engine takes `SamplingParams` and returns S01's `Completion` (finish_reason,
+    stop_reason, optional logprobs, stats), or streams it like every engine of the course.
 
     The pipeline, in order (`process_logits`):
       1. min_tokens   EOS and stop_token_ids set to -inf until min_tokens tokens exist.
@@ -47,7 +47,7 @@ What is new since S03
 What it does not handle yet
     Batches of requests (S08), logit_bias, bad-words lists, beam search, n > 1 choices, and
     `include_stop_str_in_output`. Every pass still recomputes the whole context (S05 adds the
-    KV cache through the `next_logits` hook).
+    KV cache through the `model_step` seam).
 
 Run it
     python code/s04_sampling.py                      # one prompt, a tour of settings
@@ -469,7 +469,8 @@ class Engine(s02.Engine):
     seeds, logprobs.
 
     model, max_context: as in S01. tokenizer: `encode`, `decode` and `eos_id` (or `eos_ids`,
-    all of which then count as EOS), for example S01's, S02's or a checkpoint's (S03).
+    all of which then count as EOS), for example S01's, S02's or a checkpoint's (S03); one
+    with `decode_bytes` streams through S02's byte path, any other through its text path.
     logprobs_mode: "raw_logprobs" (vLLM's default: log-softmax of the model's logits) or
     "processed_logprobs" (of the distribution the token was drawn from; for greedy requests,
     of the logits after min_tokens and penalties, whose argmax was taken).

@@ -33,7 +33,7 @@ What it does not handle yet
     it), no sharing of a common prompt prefix between requests (S13), float32 only in practice
     (S14 quantises), NumPy on the CPU (S06 ports this to PyTorch). A prompt that does not fit in
     the cache is an error, never truncated; when the cache is full the request ends with
-    finish_reason "length" (stop_reason "context_full").
+    finish_reason "length" (S01's `stop_rule`: a full context).
 
 Run it
     python code/s05_kv_cache.py                        # bundled model: generate, then costs
@@ -99,7 +99,7 @@ def kv_cache_bytes(config: TransformerConfig, num_tokens: int, dtype_bytes: int 
     Source: Pope et al., "Efficiently Scaling Transformer Inference" (2022), on KV cache size.
     """
     for name, value, low in (("num_tokens", num_tokens, 0), ("dtype_bytes", dtype_bytes, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        if not s01.is_int(value) or value < low:
             raise ValueError(f"{name} must be an integer >= {low} (got {value!r})")
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
     return per_token * num_tokens * dtype_bytes
@@ -123,7 +123,7 @@ class KVCache:
                  dtype: np.dtype | type = np.float32):
         for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                             ("max_seq_len", max_seq_len), ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            if not s01.is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
         shape = (num_layers, num_kv_heads, max_seq_len, head_dim)
         self.k = self.allocate(shape, dtype)  # (L, Hkv, S_max, D)
@@ -176,8 +176,7 @@ class KVCache:
         zeroed). Used to undo a step that failed half-way; speculative decoding (S15) rolls
         back rejected tokens the same way. Raises ValueError unless num_tokens is an integer
         with 0 <= num_tokens <= the positions filled in the fullest layer."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) \
-                or not 0 <= num_tokens <= self.num_cached_max:
+        if not s01.is_int(num_tokens) or not 0 <= num_tokens <= self.num_cached_max:
             raise ValueError(f"num_tokens must be an integer in [0, {self.num_cached_max}] "
                              f"(got {num_tokens!r})")
         self.layer_lens = [min(n, num_tokens) for n in self.layer_lens]
@@ -195,13 +194,19 @@ class KVCache:
         views into the cache, not copies. Raises ValueError for a bad layer or shape, or when
         the T positions do not fit (nothing is written then: the cache never overflows).
         """
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) \
-                or not 0 <= layer < self.num_layers:
+        if not s01.is_int(layer) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be an integer in [0, {self.num_layers}) (got {layer!r})")
         hkv, d = self.num_kv_heads, self.head_dim
         if k.ndim != 3 or k.shape[0] != hkv or k.shape[2] != d or v.shape != k.shape:
             raise ValueError(f"k and v must both have shape (Hkv={hkv}, T, D={d}); got "
                              f"{k.shape} and {v.shape}")
+        return self.write(layer, k, v)
+
+    def write(self, layer: int, k, v):
+        """`append` without its argument checks: store k, v (Hkv, T, D) after the filled
+        positions of `layer` and return the layer's (Hkv, S, D) views. Still raises ValueError
+        when the T positions do not fit (nothing is written then). S06 calls it directly from
+        its hot loop, where the shapes are right by construction."""
         start, t_len = self.layer_lens[layer], k.shape[1]
         if start + t_len > self.max_seq_len:
             raise ValueError(f"KV cache is full: layer {layer} holds {start} of "
@@ -239,8 +244,12 @@ class CachedTransformer:
             raise ValueError(f"max_seq_len must be an integer in [1, max_position_embeddings="
                              f"{limit}] (got {max_seq_len!r})")
         self.model = model
-        self.cache = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, int(max_seq_len),
-                             cfg.head_dim)
+        self.cache = self.make_cache(int(max_seq_len))
+
+    def make_cache(self, max_seq_len: int) -> KVCache:
+        """The cache, allocated once (S06 allocates it on the model's device)."""
+        cfg = self.model.config
+        return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, max_seq_len, cfg.head_dim)
 
     @property
     def config(self) -> TransformerConfig:
@@ -343,7 +352,6 @@ class Engine(s04.Engine):
 
     def model_step(self, seq: s01.Sequence):
         """Raw logits (V,) for the token after seq.token_ids, computing only what is not cached."""
-        seq.stats.context_lens.append(len(seq.token_ids))
         if self.cache_owner is seq and seq.num_computed_tokens == len(seq.token_ids) - 1:
             logits = self.runner.decode(self.decode_input(seq))   # the usual step: one token
         else:

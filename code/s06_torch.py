@@ -273,21 +273,12 @@ class KVCache(s05.KVCache):
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store T new positions of one layer after its filled ones; k, v: (Hkv, T, D), already
-        rotated to their absolute positions. Returns the layer's keys and values for all
-        S = filled + T positions, (Hkv, S, D) views of the cache. Raises ValueError when they
-        do not fit (nothing is written then). Shapes are not checked here, unlike S05: the
-        only caller is `TorchTransformer.run`, and every check is host work in the hot loop.
-        """
-        start = self.layer_lens[layer]
-        end = start + k.shape[1]
-        if end > self.max_seq_len:
-            raise ValueError(f"KV cache is full: layer {layer} holds {start} of "
-                             f"{self.max_seq_len} positions and cannot take {k.shape[1]} more")
-        self.k[layer, :, start:end] = k
-        self.v[layer, :, start:end] = v
-        self.layer_lens[layer] = end
-        return self.k[layer, :, :end], self.v[layer, :, :end]
+        """S05's `write`: store T new positions of one layer after its filled ones (k, v:
+        (Hkv, T, D), already rotated) and return the layer's (Hkv, S, D) views; ValueError when
+        they do not fit. S05's shape checks are skipped: the only caller is
+        `TorchTransformer.run`, where every check is host work in the hot loop and the shapes
+        are right by construction."""
+        return self.write(layer, k, v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,10 +513,10 @@ class TorchTransformer(nn.Module):
         return self.head(self.run(self.check_ids(token_ids), 0)).cpu().numpy()
 
 
-class CachedTransformer:
+class CachedTransformer(s05.CachedTransformer):
     """S05's `CachedTransformer` in torch: a `TorchTransformer` run step by step against a
     `KVCache` preallocated on the model's device for max_seq_len positions (default the
-    model's max_position_embeddings).
+    model's max_position_embeddings; S05's checks and properties).
 
     prefill(prompt_ids) resets the cache, runs the prompt in one step and returns the last
     position's logits; decode(token) runs one token at position num_cached. Both return float32
@@ -534,25 +525,10 @@ class CachedTransformer:
     [1, max_position_embeddings].
     """
 
-    def __init__(self, model: TorchTransformer, max_seq_len: int | None = None):
-        cfg = model.config
-        limit = cfg.max_position_embeddings
-        max_seq_len = limit if max_seq_len is None else max_seq_len
-        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)) \
-                or not 1 <= max_seq_len <= limit:
-            raise ValueError(f"max_seq_len must be an integer in [1, max_position_embeddings="
-                             f"{limit}] (got {max_seq_len!r})")
-        self.model = model
-        self.cache = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, int(max_seq_len),
-                             cfg.head_dim, model.dtype, model.device)
-
-    @property
-    def config(self) -> s03.TransformerConfig:
-        return self.model.config
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.vocab_size
+    def make_cache(self, max_seq_len: int) -> KVCache:
+        cfg = self.model.config
+        return KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, max_seq_len,
+                       cfg.head_dim, self.model.dtype, self.model.device)
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: Sequence[int]) -> torch.Tensor:
@@ -832,12 +808,13 @@ class Engine(s05.Engine):
     """S05's engine (S04's interface, prefill then decode against a preallocated `KVCache`)
     on a `TorchTransformer`, with the logits never leaving the device.
 
-    Three seams change. `runner_class` is this chapter's `CachedTransformer` (cache on the
+    Five seams change. `runner_class` is this chapter's `CachedTransformer` (cache on the
     device). `sample` runs S04's pipeline on the device (`DeviceSampler`, one per request, made
     in `make_sequence`) and brings the one token id to the host (`.item()`); a row with NaN or
     +inf, or with no finite entry, is S04's ValueError, flagged on the device (see
     `DeviceSampler.draw`). `decode_input` hands the runner that token as the device tensor it
-    already is, so nothing crosses back. The loop, stop rules and text are S01's and S02's;
+    already is, so nothing crosses back; `model_step` adds the optional device sync
+    (sync_timing). The loop, stop rules and text are S01's and S02's;
     greedy tokens equal S04's / S05's on the same model (float32).
 
     model: a TorchTransformer. tokenizer: as S04. max_context: positions in the cache (default

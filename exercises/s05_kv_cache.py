@@ -191,12 +191,11 @@ class PrefixReuseEngine(Engine):
     Override one seam, model_step(seq) -> raw logits (V,) for the token after ids =
     seq.token_ids (the chapter's Engine asks "does this request own the cache?"; this one asks
     "how much of these ids does the cache hold?", whoever asked before):
-      1. Record the pass as Engine.model_step does: seq.stats.context_lens.append(len(ids)).
-      2. keep = common_prefix_len(self.cached_ids, ids), but at most len(ids) - 1: the last id
+      1. keep = common_prefix_len(self.cached_ids, ids), but at most len(ids) - 1: the last id
          must always run, because the cache stores keys and values, not the logits that
          followed them (a request repeating the cached ids exactly still runs one token).
-      3. Forget the rest: self.runner.cache.truncate(keep) and self.cached_ids[:keep].
-      4. Run only ids[keep:] with self.runner.step(...), take the LM head
+      2. Forget the rest: self.runner.cache.truncate(keep) and self.cached_ids[:keep].
+      3. Run only ids[keep:] with self.runner.step(...), take the LM head
          (self.runner.model.head) of the last hidden row; append len(ids) - keep to
          self.computed_tokens; now self.cached_ids = list(ids) and
          seq.num_computed_tokens = len(ids).

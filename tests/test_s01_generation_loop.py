@@ -497,6 +497,9 @@ def test_params_object_in_place_of_max_tokens():
         engine.generate("a", GenerationParams(max_tokens=3), temperature=1.0)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['top_p'\]"):
         engine.generate("a", 3, top_p=0.9)   # S04's field: not this engine's
+    with pytest.raises(ValueError, match=r"max_tokens must be an integer >= 1, or a params "
+                                         r"object \(GenerationParams\) in its place"):
+        engine.generate("a", {"temperature": 0})
 
 
 @pytest.mark.parametrize("prompt", ["a\udcff", "\ud800b"])

@@ -882,8 +882,8 @@ def test_allowing_some_special_tokens_keeps_the_template(tmp_path):
 @pytest.mark.skipif(not BUNDLED_TOKENIZER.exists(), reason="no bundled tokenizer")
 def test_checkpoint_tokenizer_rejects_text_that_is_not_unicode(tmp_path):
     ours = CheckpointTokenizer(BUNDLED_TOKENIZER, [2047])
-    with pytest.raises(ValueError, match=r"text must be valid Unicode: '\\ud800' at index 2 is a "
-                                         "lone surrogate"):
+    with pytest.raises(ValueError, match=r"text must be valid Unicode without lone surrogates: "
+                                         r"'\\ud800' at index 2 has no UTF-8 encoding"):
         ours.encode("ab\ud800")
     with pytest.raises(ValueError, match="text must be a str"):
         ours.encode(b"ab")
@@ -953,5 +953,5 @@ def test_main_rejects_a_prompt_that_is_not_utf8():
     run = subprocess.run([sys.executable, str(script), "--prompt", b"ab\xff", "--max-tokens", "1"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
-    assert "error: --prompt must be valid UTF-8 text" in run.stderr
+    assert "error: --prompt must be valid Unicode without lone surrogates" in run.stderr
     assert "Traceback" not in run.stderr

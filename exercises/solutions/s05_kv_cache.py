@@ -195,7 +195,6 @@ class PrefixReuseEngine(Engine):
 
     def model_step(self, seq) -> np.ndarray:
         ids = seq.token_ids
-        seq.stats.context_lens.append(len(ids))
         # At least the last id must run: the cache stores K/V, not the logits they led to.
         keep = min(common_prefix_len(self.cached_ids, ids), len(ids) - 1)
         self.runner.cache.truncate(keep)
