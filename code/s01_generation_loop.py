@@ -45,6 +45,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import math
 import re
 import time
 from collections import Counter
@@ -77,6 +78,17 @@ def is_real(x) -> bool:
     """True for a Python or NumPy int or float; False for bool, complex, str, Fraction, ..."""
     return isinstance(x, (int, float, np.integer, np.floating)) \
         and not isinstance(x, (bool, np.bool_))
+
+
+def is_finite(x) -> bool:
+    """True for a real number (see `is_real`) that is finite; False for NaN, +-inf, and for an
+    int too large for a float (10**400): those cannot be compared or scaled as numbers here."""
+    if not is_real(x):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def check_text(text: str, name: str = "text") -> None:
@@ -308,7 +320,7 @@ def check_temperature(temperature) -> None:
     if not is_real(temperature):
         raise ValueError(f"temperature must be a finite number >= 0 (an int or a float, not a "
                          f"{type(temperature).__name__}; got {temperature!r})")
-    if not np.isfinite(temperature) or temperature < 0:
+    if not is_finite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0 (got {temperature!r})")
 
 
@@ -606,11 +618,20 @@ class Engine:
     def __init__(self, model, tokenizer, max_context: int):
         if not is_int(max_context) or max_context < 1:
             raise ValueError(f"max_context must be an integer >= 1 (got {max_context!r})")
+        # A model that knows its window (S03's config) is never asked to read past it.
+        window = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if window is not None and max_context > window:
+            raise ValueError(f"max_context ({max_context}) must be <= the model's "
+                             f"max_position_embeddings ({window})")
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = int(max_context)
         eos_ids = getattr(tokenizer, "eos_ids", None) or (getattr(tokenizer, "eos_id", None),)
-        self.eos_ids = frozenset(int(i) for i in eos_ids if i is not None)
+        eos_ids = [i for i in eos_ids if i is not None]
+        if any(not is_int(i) or not 0 <= i < model.vocab_size for i in eos_ids):
+            raise ValueError(f"the tokenizer's EOS ids must be integers in [0, V="
+                             f"{model.vocab_size}) (got {eos_ids!r})")
+        self.eos_ids = frozenset(int(i) for i in eos_ids)
         self._request_count = 0
 
     # --- the public interface, the same for every engine of the course ---------------------
@@ -660,8 +681,17 @@ class Engine:
 
     def model_step(self, seq: Sequence):
         """Logits (V,) of the token after seq.token_ids. S01 reruns the model on the whole
-        context and keeps only the last row (S05 computes just the new token)."""
-        return self.model.forward(seq.token_ids)[-1]  # (T, V) -> the last row
+        context and keeps only the last row (S05 computes just the new token). Raises
+        ValueError when the model's output is not float logits of shape (T, V)."""
+        logits = self.model.forward(seq.token_ids)   # (T, V)
+        expected = (len(seq.token_ids), self.model.vocab_size)
+        if not isinstance(logits, np.ndarray) or logits.shape != expected \
+                or not np.issubdtype(logits.dtype, np.floating):
+            got = (f"{logits.dtype} {logits.shape}" if isinstance(logits, np.ndarray)
+                   else type(logits).__name__)
+            raise ValueError(f"model.forward must return float logits of shape (T, V) = "
+                             f"{expected} (got {got})")
+        return logits[-1]                            # only the last row matters
 
     def sample(self, logits, seq: Sequence) -> int:
         """One token id from a row of logits (V,) under the request's temperature and seed."""
@@ -683,19 +713,30 @@ class Engine:
 
     def make_params(self, max_tokens=16, temperature=None, seed=None, **options):
         """The request's params from the call's arguments: a params object passed in the place
-        of max_tokens (converted to this engine's `params_class` when it is an earlier
-        chapter's), or the fields as keywords. Raises ValueError for an unknown option, or for
-        keywords next to a params object."""
+        of max_tokens (converted to this engine's `params_class` when it is another chapter's),
+        or the fields as keywords. Raises ValueError for an unknown option, for keywords next to
+        a params object, and for a later chapter's params whose extra fields this engine would
+        ignore (S04's top_p given to S01's engine)."""
         if not isinstance(max_tokens, GenerationParams) and not is_int(max_tokens):
             raise ValueError(f"max_tokens must be an integer >= 1, or a params object "
                              f"({self.params_class.__name__}) in its place (got {max_tokens!r})")
         if isinstance(max_tokens, GenerationParams):
+            params = max_tokens
             if temperature is not None or seed is not None or options:
                 raise ValueError("pass either a params object or keyword fields, not both")
-            if isinstance(max_tokens, self.params_class):
-                return max_tokens
-            fields_ = {f.name: getattr(max_tokens, f.name) for f in dataclass_fields(max_tokens)}
-            return self.params_class(**fields_)
+            if type(params) is self.params_class:
+                return params
+            # Another chapter's params: keep what this engine implements. A field it does not
+            # implement must still have its default, or it would be silently ignored.
+            known = {f.name for f in dataclass_fields(self.params_class)}
+            ignored = sorted(f.name for f in dataclass_fields(params)
+                             if f.name not in known and getattr(params, f.name) != f.default)
+            if ignored:
+                raise ValueError(f"this engine does not implement {ignored} (fields of "
+                                 f"{type(params).__name__}): use the engine of the chapter "
+                                 "that does, or leave them at their defaults")
+            return self.params_class(**{f.name: getattr(params, f.name)
+                                        for f in dataclass_fields(params) if f.name in known})
         known = {f.name for f in dataclass_fields(self.params_class)}
         unknown = sorted(set(options) - known)
         if unknown:

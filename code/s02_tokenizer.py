@@ -64,9 +64,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
-import numpy as np
 import regex
 
 import s01_generation_loop as s01
@@ -566,9 +565,10 @@ def incomplete_utf8_tail(data: bytes) -> int:
     """How many bytes at the end of `data` begin a UTF-8 character that is not finished yet.
 
     UTF-8 (RFC 3629) writes a character as a lead byte that announces the length (0xC2-0xDF: 2
-    bytes, 0xE0-0xEF: 3, 0xF0-0xF4: 4) followed by continuation bytes 0x80-0xBF. Looking back at
-    most 3 bytes for a lead byte tells whether the last character still waits for bytes. Returns
-    0 when the end is a complete character or bytes that are invalid whatever follows.
+    bytes, 0xE0-0xEF: 3, 0xF0-0xF4: 4) followed by continuation bytes 0x80-0xBF. Looking at
+    the last 4 bytes at most for a lead byte tells whether the last character still waits for
+    bytes. Returns 0 when the end is a complete character or bytes that are invalid whatever
+    follows.
     """
     for back in range(1, min(4, len(data)) + 1):
         byte = data[-back]
@@ -742,7 +742,8 @@ class Engine(s01.Engine):
     Call style: S01's, plus `stop=[...]`. Raises ValueError (at the call, before any token)
     for bad requests. The model may have more output rows than the tokenizer has ids (real
     checkpoints pad their embedding: Qwen3-0.6B has 151,936 rows for 151,669 tokenizer ids);
-    should it ever sample such an id, the tokenizer's decode raises ValueError naming it.
+    should it ever sample such an id, this chapter's tokenizer decodes it as U+FFFD (see
+    `BPETokenizer.decode_bytes`) and a checkpoint's (S03) raises ValueError naming it.
     """
 
     params_class = GenerationParams

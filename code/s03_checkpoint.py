@@ -294,9 +294,15 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
     model), with the hub's reason.
     """
     path = Path(name_or_path).expanduser()
-    if path.is_dir():
+    try:
+        is_dir, exists = path.is_dir(), path.exists()
+    except OSError as err:   # a name too long for the file system, for one (ENAMETOOLONG)
+        shown = str(name_or_path)
+        shown = shown if len(shown) <= 80 else shown[:80] + "..."
+        raise CheckpointError(f"{shown}: not a usable path ({err.strerror})") from None
+    if is_dir:
         return path
-    if path.exists():
+    if exists:
         raise CheckpointError(f"{path} is a file; pass the checkpoint's directory")
     if _looks_like_a_path(name_or_path):
         raise CheckpointError(f"no such directory: {name_or_path} (a local path, so it is not "

@@ -84,9 +84,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import math
-import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -162,7 +161,7 @@ class SamplingParams(s02.GenerationParams):
         def real(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
             value = getattr(self, name)
             low_ok = s01.is_real(value) and (value > lo if lo_open else value >= lo)
-            if not (low_ok and math.isfinite(value) and value <= hi):
+            if not (low_ok and s01.is_finite(value) and value <= hi):
                 bracket = "(" if lo_open else "["
                 high = "inf)" if math.isinf(hi) else f"{hi:g}]"
                 raise ValueError(f"{name} must be a number in {bracket}{lo:g}, {high} "
@@ -260,7 +259,8 @@ def apply_repetition_penalty(logits: np.ndarray, seen_ids: Sequence[int],
         return out
     ids = np.unique(np.asarray(seen_ids, dtype=np.int64))
     picked = out[ids]
-    out[ids] = np.where(picked > 0, picked / penalty, picked * penalty)
+    with np.errstate(over="ignore"):   # a penalty far from 1 can overflow: process_logits says so
+        out[ids] = np.where(picked > 0, picked / penalty, picked * penalty)
     return out
 
 
@@ -360,6 +360,16 @@ def apply_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
     return out
 
 
+# The errors a row can raise after min_tokens and the penalties (S06's device sampler flags the
+# same ones). A repetition_penalty far from 1 can push a float32 logit past its range.
+MIN_TOKENS_RULED_OUT = ("min_tokens ruled out every token: the model gave only EOS or stop ids "
+                        "a finite logit")
+PENALTY_OVERFLOW = ("repetition_penalty pushed a logit past float32's range (to +inf): use a "
+                    "penalty nearer 1")
+PENALTY_RULED_OUT = ("repetition_penalty pushed every logit to -inf (past float32's range): use "
+                     "a penalty nearer 1")
+
+
 def process_logits(logits: np.ndarray, params: SamplingParams,
                    prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = (),
                    eos_ids: Sequence[int] = ()) -> np.ndarray:
@@ -370,7 +380,8 @@ def process_logits(logits: np.ndarray, params: SamplingParams,
     end-of-sequence ids (suppressed by min_tokens unless params.ignore_eos).
     Returns float32 (V,): for temperature 0, the penalised logits (their argmax is the greedy
     token); otherwise the logits of the distribution to draw from, removed tokens at -inf.
-    Raises ValueError for invalid logits or a token id outside [0, V).
+    Raises ValueError for invalid logits or a token id outside [0, V), and for a row the
+    penalties push out of float32's range or that has no finite entry left.
     """
     row = check_logits(logits)
     vocab = row.size
@@ -385,9 +396,11 @@ def process_logits(logits: np.ndarray, params: SamplingParams,
     row = apply_repetition_penalty(row, [*prompt_ids, *output_ids], params.repetition_penalty)
     row = apply_presence_frequency_penalties(row, output_ids, params.presence_penalty,
                                              params.frequency_penalty)
+    if np.isnan(row).any() or np.isposinf(row).any():
+        raise ValueError(PENALTY_OVERFLOW)     # a finite logit / 1e-40 is +inf in float32
     if not np.isfinite(row).any():
-        raise ValueError("min_tokens ruled out every token: the model gave only EOS or stop ids "
-                         "a finite logit")
+        raise ValueError(MIN_TOKENS_RULED_OUT if len(output_ids) < params.min_tokens
+                         else PENALTY_RULED_OUT)
     if params.greedy:
         return row
     row = apply_temperature(row, params.temperature)
@@ -493,6 +506,19 @@ class Engine(s02.Engine):
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES} "
                              f"(got {logprobs_mode!r})")
         self.logprobs_mode = logprobs_mode
+
+    def make_params(self, max_tokens=16, temperature=None, seed=None, **options):
+        """S01's rule (a SamplingParams, or its fields as keywords), with one guard: S01's call
+        style is greedy unless a temperature is given, so a top_k, top_p or min_p passed
+        without one would silently do nothing; that is a ValueError."""
+        active = {"top_k": lambda k: s01.is_int(k) and k > 0, "top_p": lambda p: p != 1.0,
+                  "min_p": lambda p: p != 0.0}        # a disabled filter does nothing anyway
+        filters = sorted(name for name, on in active.items() if name in options
+                         and on(options[name]))
+        if filters and temperature is None and not isinstance(max_tokens, s01.GenerationParams):
+            raise ValueError(f"{filters} only shape sampling, and this call is greedy: pass "
+                             "temperature > 0 (or a SamplingParams)")
+        return super().make_params(max_tokens, temperature, seed, **options)
 
     def make_sequence(self, request_id, prompt_ids, params: SamplingParams) -> s01.Sequence:
         """S02's request state, plus stop token ids and a logprobs list when asked for.

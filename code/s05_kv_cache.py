@@ -331,7 +331,8 @@ class Engine(s04.Engine):
     model: an S03 `Transformer`; tokenizer, max_context, logprobs_mode: as in S04. The cache is
     allocated for max_context positions, so a full context ends the request (S01's stop rule,
     finish_reason "length") before the cache could overflow; a prompt longer than max_context
-    is a ValueError. Raises ValueError when max_context exceeds the model's
+    is a ValueError. Raises ValueError for a model that is not an S03 `Transformer`
+    (`model_class`; S06 sets its own) and when max_context exceeds the model's
     max_position_embeddings.
 
     Only `model_step` changes, and it knows from the engine's own state what to run: the
@@ -343,9 +344,13 @@ class Engine(s04.Engine):
     """
 
     runner_class = CachedTransformer
+    model_class = Transformer
 
     def __init__(self, model: Transformer, tokenizer, max_context: int,
                  logprobs_mode: str = "raw_logprobs"):
+        if not isinstance(model, self.model_class):
+            raise ValueError(f"model must be a {self.model_class.__name__} (got "
+                             f"{type(model).__name__}): the KV cache is filled layer by layer")
         super().__init__(model, tokenizer, max_context, logprobs_mode)
         self.runner = self.runner_class(model, max_seq_len=self.max_context)
         self.cache_owner: s01.Sequence | None = None   # whose K/V the cache holds

@@ -6,10 +6,11 @@ What is new since S05
     `torch.nn.Module`, loaded from the same checkpoints by the same S03 loader (NumPy arrays in,
     tensors on the device out). `KVCache` and `CachedTransformer` are S05's, allocated once, on
     the device, for max_context positions: a decode step writes one position in place instead
-    of growing an array. `Engine` keeps S04's interface (`SamplingParams` in, `Completion` out, `stream`),
-    with one change that matters on a GPU: the logits never leave the device. The S04 logits
-    processors are ported to torch (`DeviceSampler.process`, `draw`), so per generated token
-    exactly one number crosses from the device to the host: the chosen token id (`.item()`), which the host
+    of growing an array. `Engine` keeps S04's interface (`SamplingParams` in, `Completion` out,
+    `stream`), with one change that matters on a GPU: the logits never leave the device. S04's
+    logits processors and draw run there, ported to torch in the sibling module
+    code/s06_sampler.py (`DeviceSampler`, one per request), so per generated token exactly one
+    number crosses from the device to the host: the chosen token id (`.item()`), which the host
     needs to check the stop rules and to print text. A (V,) row of float32 logits would be
     600 KB per token for a 150k vocabulary, plus a synchronisation the GPU would wait on.
 
@@ -33,9 +34,9 @@ What must match S04, and what cannot
     engines' and `transformers`' (tests). Seeded sampling uses a `torch.Generator` on the
     device instead of NumPy's generator, so a seed gives *different* tokens than S04 (and a
     CUDA generator gives different numbers than a CPU one); a seed still makes a request
-    reproducible on the same device. Given the same uniform number u, `draw` picks the same
-    token as S04's `draw` (tests feed NumPy's u to both), and the filters keep the same token
-    sets, except when a float32 softmax sum lands within rounding of a top_p boundary.
+    reproducible on the same device. What the sampler keeps of S04 exactly (the same token for
+    the same uniform number, the same kept sets but at a top_p boundary) is stated and tested
+    in code/s06_sampler.py.
 
 What it does not handle yet
     One request at a time (S08 batches), a cache allocated up front for max_context positions
@@ -50,12 +51,13 @@ Run it
 Tests
     tests/test_s06_torch.py: logits allclose to S03 / `transformers` and greedy tokens equal to
     the S01 loop, the S05 engine and `transformers` `generate()` on S03's tiny random models
-    (GPT-2, Qwen3, Llama), both attentions; the same on the bundled model; every torch logits
-    processor against S04's on the same rows; `draw` against S04 with shared uniforms; the
-    Engine's whole completions (stop rules, stop strings, logprobs) against S04's engine, and
-    stream == generate; bfloat16 and float16 on the CPU within stated tolerances; CUDA tests
-    (marker `gpu`, skipped without a GPU): the same parity, and decode steps with every
-    processor on under CUDA's sync-debug mode "error" (no hidden host-device waits).
+    (GPT-2, Qwen3, Llama), both attentions; the same on the bundled model; the Engine's whole
+    completions (stop rules, stop strings, logprobs) against S04's engine, and stream ==
+    generate; rows S04 refuses flagged on the device; bfloat16 and float16 on the CPU within
+    stated tolerances; CUDA tests (marker `gpu`, skipped without a GPU): the same parity, and
+    decode steps with every processor on under CUDA's sync-debug mode "error" (no hidden
+    host-device waits). The sampler's own tests (each processor and `draw` against S04's) are
+    in tests/test_s06_sampler.py.
 
 References
     PyTorch documentation: `torch.nn.functional.scaled_dot_product_attention` (enable_gqa),
@@ -63,9 +65,9 @@ References
     Hugging Face transformers v5 modeling_qwen3.py / modeling_llama.py / modeling_gpt2.py
     (float32 norms and softmax under bf16, cos/sin cast to the activations' dtype) and
     `GenerationMixin` (LM head on the last position: `logits_to_keep`). vLLM's fused
-    `QKVParallelLinear` and `MergedColumnParallelLinear` for the fused projections, and its
-    v1 sampler (the processor order, kept from S04). Dao et al., "FlashAttention" (2022), for
-    why a fused attention kernel avoids writing the (H, T, S) scores to memory.
+    `QKVParallelLinear` and `MergedColumnParallelLinear` for the fused projections. Dao et
+    al., "FlashAttention" (2022), for why a fused attention kernel avoids writing the (H, T, S)
+    scores to memory. (The sampler's references are in code/s06_sampler.py.)
 
 Shape legend (the whole course): B batch, T tokens in this step, S key/value length, H query
 heads, Hkv key/value heads, D head dim, V vocabulary, L layers; C hidden size, I MLP size.
@@ -79,12 +81,11 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
-import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -92,11 +93,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import s01_generation_loop as s01
-import s02_tokenizer as s02
 import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
 import s05_kv_cache as s05
+from s06_sampler import BAD_ROW_ERRORS, DeviceSampler, compute_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTENTION_IMPLS = ("manual", "sdpa")
@@ -601,206 +602,6 @@ def load(name_or_path: str | Path = s03.BUNDLED_MODEL_DIR, device: str | None = 
 
 
 # ---------------------------------------------------------------------------------------------
-# Sampling on the device: S04's processors in torch
-# ---------------------------------------------------------------------------------------------
-# Each function maps float32 logits (V,) on the device to new logits (V,), as its S04 namesake
-# does for a NumPy row; the request's history lives on the device too (`DeviceSampler`), so no
-# step needs anything from the host except Python ints and floats it already has.
-
-def apply_min_tokens(logits: torch.Tensor, num_output_tokens: int, min_tokens: int,
-                     stop_ids: torch.Tensor) -> torch.Tensor:
-    """S04 `apply_min_tokens`: stop_ids (int64 (N,), on the device) to -inf while fewer than
-    min_tokens tokens exist."""
-    if num_output_tokens >= min_tokens or stop_ids.numel() == 0:
-        return logits
-    return logits.index_fill(0, stop_ids, float("-inf"))
-
-
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float
-                             ) -> torch.Tensor:
-    """S04 `apply_repetition_penalty` with the history as a mask: seen is bool (V,), True for
-    every id in the prompt or the output. Positive logits of seen ids are divided by penalty,
-    negative ones multiplied."""
-    if penalty == 1.0:
-        return logits
-    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen, penalised, logits)
-
-
-def apply_presence_frequency_penalties(logits: torch.Tensor, counts: torch.Tensor,
-                                       presence_penalty: float, frequency_penalty: float
-                                       ) -> torch.Tensor:
-    """S04 `apply_presence_frequency_penalties` with the history as counts: float32 (V,), how
-    often each id occurs in the output. Subtracts frequency * count + presence * (count > 0)."""
-    if presence_penalty == 0 and frequency_penalty == 0:
-        return logits
-    return logits - (frequency_penalty * counts + presence_penalty * (counts > 0).float())
-
-
-def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """S04 `apply_temperature`: (logits - max) / T, T > 0, divided in float64 and returned in
-    float32, so a T that rounds to 0 in float32 (1e-50) cannot turn the max into 0 / 0 = NaN."""
-    return ((logits.double() - logits.max().double()) / temperature).float()
-
-
-def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """S04 `apply_min_p`: drop ids with logit - max < log(min_p), compared in float64."""
-    if min_p == 0:
-        return logits
-    gap = logits.double() - logits.max().double()
-    return logits.masked_fill(gap < math.log(min_p), float("-inf"))
-
-
-def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """S04 `apply_top_k`: keep the top_k largest logits (ties with the k-th all kept)."""
-    if top_k <= 0 or top_k >= logits.numel():
-        return logits
-    kth_largest = torch.topk(logits, top_k).values[-1]
-    return logits.masked_fill(logits < kth_largest, float("-inf"))
-
-
-def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """S04 `apply_top_p` with HF `TopPLogitsWarper`'s own torch ops, so on the same device the
-    kept set is HF's even where the mass reaches top_p exactly: logits (V,) float32 sorted
-    ascending, softmax, cumsum (smallest first, so even a float32 accumulation loses no term
-    while V < 2**24), drop where the sum <= 1 - top_p (a Python float, so compared in
-    float32), the most likely id always kept. Ties: the lower id counts as the more likely
-    (the stable descending sort, reversed). S04 `apply_top_p` keeps the same set unless a sum
-    lies within a few float32 ulps of 1 - top_p (S04 rounds each probability from float64;
-    torch's float32 softmax can differ from that in the last bits)."""
-    if top_p >= 1.0:
-        return logits
-    descending, order = torch.sort(logits, descending=True, stable=True)      # (V,)
-    sorted_logits, order = descending.flip(0), order.flip(0)                  # least likely first
-    mass_up_to = torch.softmax(sorted_logits.float(), dim=-1).cumsum(dim=-1)  # inclusive sums
-    drop = mass_up_to <= 1.0 - float(top_p)
-    drop[-1] = False
-    # Back to vocabulary order with a scatter. (`order[drop]` would be shorter: its length
-    # depends on the data, so on CUDA it would make the host wait for the device to learn it.)
-    drop_by_id = torch.zeros_like(drop).scatter_(0, order, drop)
-    return logits.masked_fill(drop_by_id, float("-inf"))
-
-
-def draw(processed: torch.Tensor, params: s04.SamplingParams, u: torch.Tensor | None
-         ) -> torch.Tensor:
-    """S04 `draw` on the device. Returns the token id as an int64 (1,) device tensor.
-
-    Greedy: argmax, lowest id on a tie (torch.argmax returns the first maximum, as NumPy
-    does); u is not used. Otherwise inverse-CDF with the uniform u (a float64 scalar tensor in
-    [0, 1)): the id whose interval of the float64 cumulative distribution contains u x total,
-    never an id of probability 0 (if u x total rounds up to total, the last id with mass).
-    """
-    if params.greedy:
-        return torch.argmax(processed).view(1)
-    cdf = torch.cumsum(torch.softmax(processed, dim=-1).double(), dim=-1)    # (V,)
-    total = cdf[-1]
-    token = torch.searchsorted(cdf, (u * total).view(1), right=True)        # (1,)
-    last_with_mass = (cdf < total).sum().view(1)   # cdf reaches total at the last id with mass
-    return torch.minimum(token, last_with_mass)
-
-
-# What the host raises for each negative id `DeviceSampler.draw` can return (S04's messages).
-BAD_ROW_ERRORS = {
-    -1: "min_tokens ruled out every token: the model gave only EOS or stop ids a finite logit",
-    -2: "logits must not contain NaN or +inf",
-    -3: "logits must have at least one finite entry (every token is ruled out)",
-}
-
-
-class DeviceSampler:
-    """One request's sampling state on the device, and S04's pipeline over it.
-
-    seen: bool (V,), the ids of prompt and output (repetition penalty); counts: float32 (V,),
-    occurrences in the output (presence / frequency penalties); stop_ids: int64 (N,), EOS and
-    stop_token_ids (min_tokens). `update(token)` adds the token, still on the device, to the
-    history. generator: a `torch.Generator` on the device seeded with params.seed (fresh
-    entropy for None); each sampled token consumes exactly one uniform number, greedy none.
-    Only the state a request's parameters use is kept up to date.
-    """
-
-    def __init__(self, params: s04.SamplingParams, prompt_ids: Sequence[int],
-                 eos_ids: Sequence[int], vocab_size: int, device: torch.device):
-        self.params = params
-        self.device = device
-        stop = list(params.stop_token_ids) + ([] if params.ignore_eos else list(eos_ids))
-        self.stop_ids = torch.tensor(stop, dtype=torch.int64, device=device)
-        self.seen = self.counts = None
-        if params.repetition_penalty != 1.0:
-            self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-            self.seen[torch.tensor(list(prompt_ids), dtype=torch.int64, device=device)] = True
-        if params.presence_penalty != 0 or params.frequency_penalty != 0:
-            self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
-        self.generator = None
-        if not params.greedy:
-            self.generator = torch.Generator(device=device)
-            if params.seed is None:
-                self.generator.seed()
-            else:
-                self.generator.manual_seed(params.seed)
-        self._one = torch.ones(1, dtype=torch.float32, device=device)
-
-    def process(self, logits: torch.Tensor, num_output_tokens: int) -> torch.Tensor:
-        """S04 `process_logits` on the device, same order: min_tokens, repetition, presence and
-        frequency penalties, then (sampling only) temperature, min_p, top_k, top_p.
-        logits: float32 (V,). Returns float32 (V,)."""
-        p = self.params
-        row = apply_min_tokens(logits, num_output_tokens, p.min_tokens, self.stop_ids)
-        if self.seen is not None:
-            row = apply_repetition_penalty(row, self.seen, p.repetition_penalty)
-        if self.counts is not None:
-            row = apply_presence_frequency_penalties(row, self.counts, p.presence_penalty,
-                                                     p.frequency_penalty)
-        if p.greedy:
-            return row
-        row = apply_temperature(row, p.temperature)
-        row = apply_min_p(row, p.min_p)
-        row = apply_top_k(row, p.top_k)
-        return apply_top_p(row, p.top_p)
-
-    def draw(self, processed: torch.Tensor, num_output_tokens: int,
-             raw: torch.Tensor | None = None) -> torch.Tensor:
-        """Draw from `process`'s output (V,): the next token as an int64 (1,) device tensor.
-
-        Instead of a token, a negative id from `BAD_ROW_ERRORS` when the host must raise: -1
-        when min_tokens ruled out every token; -2 when the model's logits `raw` (V,) hold NaN
-        or +inf; -3 when they have no finite entry. (S04 checks the row on the host; here the
-        check rides on the one id that crosses anyway, so it costs no extra synchronisation.)
-        """
-        u = None
-        if self.generator is not None:
-            u = torch.rand((), generator=self.generator, device=self.device, dtype=torch.float64)
-        token = draw(processed, self.params, u)
-        if num_output_tokens < self.params.min_tokens:
-            # Only min_tokens can remove every finite logit; flag it without a host round trip.
-            token = torch.where(processed.max() > float("-inf"), token, -1)
-        if raw is not None:
-            top = raw.max()  # NaN if any entry is NaN (max propagates NaN), +inf if any is +inf
-            token = torch.where(torch.isnan(top) | (top == float("inf")), -2,
-                                torch.where(top == float("-inf"), -3, token))
-        return token
-
-    def update(self, token: torch.Tensor) -> None:
-        """Add the sampled token (int64 (1,), on the device) to the request's history; it is
-        also the next decode step's input (`last_token`)."""
-        self.last_token = token
-        if self.seen is not None:
-            self.seen.index_fill_(0, token, True)
-        if self.counts is not None:
-            self.counts.index_add_(0, token, self._one)
-
-
-def compute_logprobs(logits: torch.Tensor, token_id: int, n: int) -> s04.TokenLogprobs:
-    """S04 `compute_logprobs` on the device: log-softmax of logits (V,), the token's value and
-    the n largest (stable order: lowest id first on a tie). Only n + 1 numbers come to the host."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    values, ids = torch.sort(logp, descending=True, stable=True)
-    top = torch.cat([logp[token_id].view(1), values[:n]]).tolist()
-    top_ids = ids[:n].tolist()
-    return s04.TokenLogprobs(token_id=int(token_id), logprob=float(top[0]),
-                             top_logprobs=tuple(zip(top_ids, top[1:])))
-
-
-# ---------------------------------------------------------------------------------------------
 # Engine: S05's, with the model and the sampler on the device
 # ---------------------------------------------------------------------------------------------
 
@@ -827,16 +628,14 @@ class Engine(s05.Engine):
     """
 
     runner_class = CachedTransformer
+    model_class = TorchTransformer
 
     def __init__(self, model: TorchTransformer, tokenizer, max_context: int | None = None,
                  logprobs_mode: str = "raw_logprobs", sync_timing: bool = False):
         if not isinstance(model, TorchTransformer):
             raise ValueError(f"model must be a TorchTransformer (got {type(model).__name__})")
-        limit = model.config.max_position_embeddings
-        max_context = limit if max_context is None else max_context
-        if s01.is_int(max_context) and max_context > limit:
-            raise ValueError(f"max_context ({max_context}) must be <= the model's "
-                             f"max_position_embeddings ({limit})")
+        if max_context is None:             # S01 checks it against the model's window
+            max_context = model.config.max_position_embeddings
         super().__init__(model, tokenizer, max_context, logprobs_mode)
         self.sync_timing = sync_timing
 

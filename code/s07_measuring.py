@@ -551,16 +551,28 @@ def check_output_file(path: str | Path) -> Path:
     below it are created when writing); an existing file must be writable.
     """
     path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path} is a directory: name a file to write the results to")
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise ValueError(f"cannot write {path}: {folder} is a file, not a directory")
-    target = path if path.exists() else folder
-    if not os.access(target, os.W_OK):
-        raise ValueError(f"cannot write {path}: no permission to write {target}")
+    try:
+        if path.is_dir():
+            raise ValueError(f"{path} is a directory: name a file to write the results to")
+        if path.is_symlink() and not path.exists():
+            raise ValueError(f"cannot write {path}: it is a link to {os.readlink(path)}, "
+                             "which does not exist")
+        folder = path.parent
+        while not folder.exists():
+            folder = folder.parent
+        if not folder.is_dir():
+            raise ValueError(f"cannot write {path}: {folder} is a file, not a directory")
+        target = path if path.exists() else folder
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"cannot write {path}: no permission to write {target}")
+        if path.exists() and not path.is_file():
+            raise ValueError(f"cannot write {path}: not a regular file")
+        if not path.exists() and path.parent.is_dir():
+            path.open("x").close()    # permissions say little on /proc or a read-only mount:
+            path.unlink()             # creating the file (and removing it) is the real test
+    except OSError as err:   # a name too long for the file system, for one (ENAMETOOLONG)
+        shown = str(path) if len(str(path)) <= 80 else str(path)[:80] + "..."
+        raise ValueError(f"cannot write {shown}: {err.strerror}") from None
     return path
 
 

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np  # noqa: F401  (you will want it)
 
-from s01_generation_loop import Engine, Sequence as RequestState  # noqa: F401
+from s01_generation_loop import Engine  # noqa: F401
 
 
 # Exercise 1: stop strings (4 points) ------------------------------------------------------------

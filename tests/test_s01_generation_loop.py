@@ -540,3 +540,49 @@ def test_stop_rule_stop_string_comes_after_stop_tokens_and_before_the_budget():
     seq = make_seq([2], [4], stop_ids=frozenset({4}))
     seq.matched_stop_string = "b"
     assert stop_rule(seq, 16) == ("stop", 4)
+
+
+def test_a_later_chapters_params_are_refused_where_they_would_be_ignored():
+    import s04_sampling as s04
+    engine = Engine(ScriptedModel({}), TOK, max_context=16)
+    with pytest.raises(ValueError, match=r"this engine does not implement \['top_p'\] "
+                                         r"\(fields of SamplingParams\)"):
+        engine.generate("a", s04.SamplingParams(max_tokens=3, top_p=0.5))
+    # Left at their defaults, a later chapter's params work: only S01's fields are used.
+    g = engine.generate("a", s04.SamplingParams(max_tokens=3, temperature=0))
+    assert g.token_ids == [2, 2, 2]
+
+
+@pytest.mark.parametrize("eos_ids", [(0, 99), (-1,), (2.0,), ("0",), (True,)])
+def test_tokenizer_eos_ids_must_be_ids_of_the_model(eos_ids):
+    class Tok(WordTokenizer):
+        pass
+    tok = Tok(VOCAB)
+    tok.eos_ids = eos_ids
+    with pytest.raises(ValueError, match=r"the tokenizer's EOS ids must be integers in \[0, V=7\)"):
+        Engine(ScriptedModel({}), tok, max_context=8)
+
+
+@pytest.mark.parametrize("output, got", [
+    (None, "NoneType"), (np.zeros((0, 7), np.float32), r"float32 \(0, 7\)"),
+    (np.zeros((2, 8), np.float32), r"float32 \(2, 8\)"), (np.zeros((2, 7), np.int64), "int64"),
+])
+def test_model_output_that_is_not_logits_of_shape_t_v_is_named(output, got):
+    class Broken:
+        vocab_size = 7
+
+        def forward(self, ids):
+            return output
+    with pytest.raises(ValueError, match=rf"model.forward must return float logits of shape "
+                                         rf"\(T, V\) = \(2, 7\) \(got {got}"):
+        Engine(Broken(), TOK, 8).generate("a b", 2)
+
+
+def test_max_context_may_not_exceed_a_models_window():
+    class Windowed(ScriptedModel):
+        class config:
+            max_position_embeddings = 6
+    with pytest.raises(ValueError, match=r"max_context \(7\) must be <= the model's "
+                                         r"max_position_embeddings \(6\)"):
+        Engine(Windowed({}), TOK, max_context=7)
+    assert Engine(Windowed({}), TOK, max_context=6).generate("a", 9).token_ids == [2] * 5

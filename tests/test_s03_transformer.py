@@ -955,3 +955,9 @@ def test_main_rejects_a_prompt_that_is_not_utf8():
     assert run.returncode == 2, run.stderr
     assert "error: --prompt must be valid Unicode without lone surrogates" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_path_too_long_for_the_file_system_is_a_checkpoint_error(tmp_path):
+    from s03_checkpoint import resolve_checkpoint
+    with pytest.raises(CheckpointError, match=r"not a usable path \(File name too long\)"):
+        resolve_checkpoint(tmp_path / ("a" * 300))

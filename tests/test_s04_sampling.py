@@ -810,6 +810,14 @@ def test_engine_rejects_bad_input():
         engine.generate("a", GREEDY, top_k=3)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['top_q'\]"):
         engine.generate("a", 4, top_q=0.5)
+    # S01's call style is greedy unless told otherwise: a filter alone would do nothing.
+    with pytest.raises(ValueError, match=r"\['min_p', 'top_p'\] only shape sampling, and this "
+                                         "call is greedy: pass temperature > 0"):
+        engine.generate("a", 4, top_p=0.5, min_p=0.1, seed=0)
+    assert engine.generate("a", 4, top_p=1.0, top_k=0).token_ids == engine.generate(
+        "a", 4).token_ids                              # disabled filters: nothing to warn of
+    assert engine.generate("a", 4, 1.0, 0, top_p=0.5).token_ids == engine.generate(
+        "a", SamplingParams(max_tokens=4, temperature=1.0, seed=0, top_p=0.5)).token_ids
     with pytest.raises(ValueError, match="prompt must be a non-empty string"):
         engine.generate("", GREEDY)
     with pytest.raises(ValueError, match="logprobs_mode must be one of"):

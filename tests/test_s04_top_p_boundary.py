@@ -38,8 +38,8 @@ def numpy_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
 
 
 def torch_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
-    import s06_torch as s06
-    return s06.apply_top_p(torch.from_numpy(logits.copy()), top_p).numpy()
+    import s06_sampler
+    return s06_sampler.apply_top_p(torch.from_numpy(logits.copy()), top_p).numpy()
 
 
 def hf_kept_count(logits: np.ndarray, top_p: float) -> int:

@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import s01_generation_loop as s01
 import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
@@ -279,12 +280,20 @@ def test_cache_size_must_fit_the_models_positions(tiny):
     with pytest.raises(ValueError, match=r"max_seq_len must be an integer in "
                                          r"\[1, max_position_embeddings=96\]"):
         CachedTransformer(model, max_seq_len=97)
-    with pytest.raises(ValueError, match="max_seq_len must be an integer"):
-        Engine(model, IdTokenizer(), max_context=CONTEXT + 1)
+    with pytest.raises(ValueError, match=r"max_context \(97\) must be <= the model's "
+                                         r"max_position_embeddings \(96\)"):
+        Engine(model, IdTokenizer(), max_context=CONTEXT + 1)   # named as the caller wrote it
     runner = CachedTransformer(model)
     cfg = model.config
     assert runner.cache.k.shape == (cfg.num_hidden_layers, cfg.num_key_value_heads, CONTEXT,
                                     cfg.head_dim)
+
+
+def test_engine_refuses_a_model_without_layers_to_cache():
+    # S01's bigram has forward() but no layers: an S05 engine cannot stand on it (S04's can).
+    tokenizer, bigram = s01.build_default()
+    with pytest.raises(ValueError, match="model must be a Transformer \\(got BigramModel\\)"):
+        Engine(bigram, tokenizer, max_context=64)
 
 
 # --- the engine: greedy parity with the S01 loop and HF generate ----------------------------

@@ -90,3 +90,19 @@ def test_threads_bound_is_the_core_count(bench, capsys):
     assert bench.parse_args(["--threads", str(cores), "--skip-qwen"]).threads == cores
     assert f"[1, {cores}] (got {cores + 1})" in usage_error(
         bench, ["--threads", str(cores + 1)], capsys)
+
+
+def test_json_paths_that_only_fail_when_written_are_refused_before_the_run(tmp_path):
+    # Found by trying it: a dangling link, /proc (writable by mode, not in fact) and a name
+    # too long for the file system passed the check and failed after the whole run.
+    from s07_measuring import check_output_file
+    link = tmp_path / "dangling.json"
+    link.symlink_to(tmp_path / "missing" / "x.json")
+    with pytest.raises(ValueError, match="it is a link to .*, which does not exist"):
+        check_output_file(link)
+    with pytest.raises(ValueError, match="cannot write /proc/x.json"):
+        check_output_file("/proc/x.json")
+    with pytest.raises(ValueError, match="File name too long"):
+        check_output_file(tmp_path / ("a" * 300 + ".json"))
+    ok = tmp_path / "ok.json"
+    assert check_output_file(ok) == ok and not ok.exists()   # the probe leaves nothing behind

@@ -14,7 +14,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from exercise_loader import load_exercise
 from s01_generation_loop import Engine as LoopEngine
 from s03_checkpoint import load_config
-from s03_transformer import Transformer, TransformerConfig
+from s03_transformer import Transformer
 from s04_sampling import SamplingParams
 from s05_kv_cache import Engine, count_work, kv_cache_bytes, step_work
 
