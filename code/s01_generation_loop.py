@@ -533,17 +533,28 @@ class CompletionStream:
     def __init__(self, outputs: Iterator[RequestOutput], seq: Sequence):
         self._outputs = outputs
         self._seq = seq
+        self._error: Exception | None = None
 
     def __iter__(self) -> "CompletionStream":
         return self
 
     def __next__(self) -> RequestOutput:
-        return next(self._outputs)
+        try:
+            return next(self._outputs)
+        except StopIteration:
+            raise
+        except Exception as err:    # remembered, so `result` can say why there is none
+            self._error = err
+            raise
 
     @property
     def result(self) -> Completion:
-        """The finished request. Raises ValueError while the stream is not exhausted."""
+        """The finished request. Raises ValueError while the stream is not exhausted, or when
+        it stopped with an error (which the iteration raised)."""
         seq = self._seq
+        if self._error is not None:
+            raise ValueError(f"the request failed, so it has no result: "
+                             f"{type(self._error).__name__}: {self._error}")
         if not seq.finished:
             raise ValueError("the stream is not finished: iterate it to the end first")
         return Completion(seq.request_id, "".join(seq.text), list(seq.output_ids),

@@ -59,6 +59,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import heapq
+import itertools
 import json
 import time
 from collections import Counter
@@ -696,6 +697,9 @@ class StopStringMatcher:
         return text
 
 
+MAX_STOP = 4096   # stop strings per request; far above any API's (OpenAI allows 4)
+
+
 def normalize_stop(stop: Iterable[str] | str | None) -> tuple[str, ...]:
     """Stop strings as a tuple: one str, any iterable of str (read once), or None (none).
     Raises ValueError for a stop string that is empty, not a str or not valid Unicode (a lone
@@ -707,7 +711,11 @@ def normalize_stop(stop: Iterable[str] | str | None) -> tuple[str, ...]:
     elif isinstance(stop, (bytes, dict)) or not hasattr(stop, "__iter__"):
         raise ValueError(f"stop must be a string, an iterable of strings or None "
                          f"(got {stop!r})")
-    stop = tuple(stop)           # once: validating must not use up a generator
+    # Read once (validating must not use up a generator) and at most MAX_STOP + 1 items, so an
+    # endless iterable is an error, not a hang.
+    stop = tuple(itertools.islice(stop, MAX_STOP + 1))
+    if len(stop) > MAX_STOP:
+        raise ValueError(f"stop may hold at most {MAX_STOP} stop strings")
     for s in stop:
         if not isinstance(s, str) or not s:
             raise ValueError(f"stop strings must be non-empty strings (got {s!r})")

@@ -83,6 +83,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -105,6 +106,7 @@ MAX_LOGPROBS = 20  # OpenAI's top_logprobs allows 0..20; vLLM's default max_logp
 # At T = 100 a gap of 10 in logits is a factor e^0.1 = 1.1 in probability: nearly flat already.
 # (OpenAI's API allows [0, 2]; vLLM and HF set no cap.)
 MAX_TEMPERATURE = 100.0
+MAX_STOP_TOKEN_IDS = 4096   # per request, like S02's MAX_STOP for stop strings
 MAX_SEED = 2**63  # seeds lie in [0, 2**63): torch.Generator.manual_seed takes a signed 64-bit int
 
 
@@ -182,8 +184,10 @@ class SamplingParams(s02.GenerationParams):
             raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}] "
                              f"(got {self.min_tokens!r})")
         ids = () if self.stop_token_ids is None else self.stop_token_ids
-        ids = (tuple(ids) if hasattr(ids, "__iter__") and not isinstance(ids, (str, bytes))
-               else None)
+        ids = (tuple(itertools.islice(ids, MAX_STOP_TOKEN_IDS + 1))   # endless: error, no hang
+               if hasattr(ids, "__iter__") and not isinstance(ids, (str, bytes, dict)) else None)
+        if ids is not None and len(ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids")
         if ids is None or not all(s01.is_int(i) and i >= 0 for i in ids):
             raise ValueError(f"stop_token_ids must be a sequence of ints >= 0 "
                              f"(got {self.stop_token_ids!r})")

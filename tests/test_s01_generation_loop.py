@@ -586,3 +586,18 @@ def test_max_context_may_not_exceed_a_models_window():
                                          r"max_position_embeddings \(6\)"):
         Engine(Windowed({}), TOK, max_context=7)
     assert Engine(Windowed({}), TOK, max_context=6).generate("a", 9).token_ids == [2] * 5
+
+
+def test_result_of_a_failed_stream_names_the_failure():
+    class FailsSecond(ScriptedModel):
+        def forward(self, token_ids):
+            if len(token_ids) > 2:
+                raise ValueError("the model broke")
+            return super().forward(token_ids)
+    stream = Engine(FailsSecond({}), TOK, 16).stream("a b", 5)
+    next(stream)
+    with pytest.raises(ValueError, match="the model broke"):
+        next(stream)
+    with pytest.raises(ValueError, match="the request failed, so it has no result: "
+                                         "ValueError: the model broke"):
+        stream.result

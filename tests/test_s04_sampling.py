@@ -1199,3 +1199,14 @@ def test_main_reports_a_corrupt_checkpoint_as_a_usage_error(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "error:" in err and "config.json" in err and "Traceback" not in err
+
+
+def test_endless_stop_iterables_are_an_error_not_a_hang():
+    import itertools
+    with pytest.raises(ValueError, match="stop may hold at most 4096 stop strings"):
+        SamplingParams(stop=itertools.repeat("zz"))
+    with pytest.raises(ValueError, match="stop_token_ids may hold at most 4096 ids"):
+        SamplingParams(stop_token_ids=itertools.count())
+    with pytest.raises(ValueError, match="stop_token_ids must be a sequence of ints"):
+        SamplingParams(stop_token_ids={434: 1})      # a dict's keys are not a list of ids
+    assert len(SamplingParams(stop=["x"] * 4096).stop) == 4096
