@@ -374,7 +374,7 @@ def config_from_hf_dict(cfg: Mapping, generation_config: Mapping | None = None
     def positive(key: str, default: float, where: Mapping = cfg, label: str = "config field"
                  ) -> float:
         value = where.get(key, default)
-        if not s01.is_real(value) or not math.isfinite(value) or value <= 0:
+        if not s01.is_finite(value) or value <= 0:
             raise CheckpointError(f"{label} {key} must be a finite number > 0 (got {value!r})")
         return float(value)
 

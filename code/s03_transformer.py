@@ -138,7 +138,7 @@ class TransformerConfig:
             value = getattr(self, name)
             if not s01.is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
-        if not s01.is_real(self.norm_eps) or not math.isfinite(self.norm_eps) or self.norm_eps <= 0:
+        if not s01.is_finite(self.norm_eps) or self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be a finite number > 0 (got {self.norm_eps!r}): it "
                              "keeps the norm's division away from zero")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -148,7 +148,7 @@ class TransformerConfig:
         if self.model_type == "gpt2":
             if self.num_attention_heads * self.head_dim != self.hidden_size:
                 raise ValueError("GPT-2 needs n_embd == n_head * head_dim")
-        elif (not s01.is_real(self.rope_theta) or not math.isfinite(self.rope_theta)
+        elif (not s01.is_finite(self.rope_theta)
               or self.rope_theta <= 0):
             raise ValueError(f"{self.model_type} uses RoPE and needs a finite rope_theta > 0 "
                              f"(got {self.rope_theta})")
