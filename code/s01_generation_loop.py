@@ -861,11 +861,12 @@ def format_cost_table(stats: Stats, max_rows: int = 12) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 1: the generation loop on a bigram model.")
-    parser.add_argument("--prompt", default="Ham.\nTo be, or not to be", help="text to continue")
-    parser.add_argument("--max-tokens", type=int, default=60, help="most tokens to generate")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling")
-    parser.add_argument("--max-context", type=int, default=256, help="context window in tokens")
+    parser.add_argument("--prompt", default="Ham.\nTo be, or not to be",
+                        help="text to continue (default: %(default)r)")
+    parser.add_argument("--max-tokens", type=int, default=60, help="most tokens to generate (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature, 0 = greedy (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: %(default)s)")
+    parser.add_argument("--max-context", type=int, default=256, help="context window in tokens (default: %(default)s)")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()

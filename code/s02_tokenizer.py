@@ -836,13 +836,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--text", default=None,
                         help="text to tokenize, then stream one token at a time "
                              "(default: a line for the pieces, 'é😀' for the stream)")
-    parser.add_argument("--prompt", default="Ham.\nTo be, or not to be", help="text to continue")
-    parser.add_argument("--max-tokens", type=int, default=60, help="most tokens to generate")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    parser.add_argument("--seed", type=int, default=1, help="random seed for sampling")
+    parser.add_argument("--prompt", default="Ham.\nTo be, or not to be",
+                        help="text to continue (default: %(default)r)")
+    parser.add_argument("--max-tokens", type=int, default=60, help="most tokens to generate (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature, 0 = greedy (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=1, help="random seed for sampling (default: %(default)s)")
     parser.add_argument("--stop", action="append", default=None,
-                        help="stop string (repeatable); default: a newline")
-    parser.add_argument("--max-context", type=int, default=256, help="context window in tokens")
+                        help="stop string (repeatable) (default: a newline)")
+    parser.add_argument("--max-context", type=int, default=256, help="context window in tokens (default: %(default)s)")
     args = parser.parse_args(argv)
     stop = args.stop if args.stop is not None else ["\n"]
     # Without --text: a line for the pieces, and a short pair whose emoji spans several tokens

@@ -610,16 +610,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Chapter 4: sampling controls.")
     parser.add_argument("--model", default=None,
                         help="checkpoint directory or hub id (default: the bundled model)")
-    parser.add_argument("--prompt", default="HAMLET:\nTo be, or not to be", help="text to continue")
-    parser.add_argument("--max-tokens", type=int, default=20, help="tokens per completion")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every sampled request")
-    parser.add_argument("--logprobs", type=int, default=3, help="top tokens shown per position")
-    knobs = parser.add_argument_group("one setting of your own instead of the tour")
-    for flag, kind in (("temperature", float), ("top-k", int), ("top-p", float), ("min-p", float),
-                       ("repetition-penalty", float), ("presence-penalty", float),
-                       ("frequency-penalty", float), ("min-tokens", int)):
-        knobs.add_argument(f"--{flag}", type=kind, default=None)
-    knobs.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    parser.add_argument("--prompt", default="HAMLET:\nTo be, or not to be",
+                        help="text to continue (default: %(default)r)")
+    parser.add_argument("--max-tokens", type=int, default=20, help="tokens per completion (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every sampled request (default: %(default)s)")
+    parser.add_argument("--logprobs", type=int, default=3, help="top tokens shown per position (default: %(default)s)")
+    knobs = parser.add_argument_group(
+        "one setting of your own instead of the tour",
+        "Give any of these and the run is one request with them, the others at their "
+        "SamplingParams defaults (shown); give none and it runs the tour of settings.")
+    for flag, kind, what in (
+            ("temperature", float, "0 = greedy"), ("top-k", int, "keep the k likeliest, 0 = off"),
+            ("top-p", float, "keep the likeliest tokens up to this probability, 1 = off"),
+            ("min-p", float, "drop tokens under min-p times the top probability, 0 = off"),
+            ("repetition-penalty", float, "seen logits: > 0 divided, < 0 multiplied, 1 = off"),
+            ("presence-penalty", float, "subtracted once from each output token's logit"),
+            ("frequency-penalty", float, "subtracted per occurrence in the output"),
+            ("min-tokens", int, "no EOS or stop rule before this many tokens")):
+        default = SamplingParams.__dataclass_fields__[flag.replace("-", "_")].default
+        knobs.add_argument(f"--{flag}", type=kind, default=None,
+                           help=f"{what} (default: {default})")
+    knobs.add_argument("--stop", action="append", default=None,
+                       help="stop string (repeatable) (default: none)")
     args = parser.parse_args(argv)
     for flag, text in [("--prompt", args.prompt)] + [("--stop", s) for s in args.stop or []]:
         try:

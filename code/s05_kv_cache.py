@@ -543,15 +543,20 @@ def generation_work(config: TransformerConfig, prompt_len: int, passes: int, cac
 def format_work_table(config: TransformerConfig, prompt_len: int, passes: int,
                       max_rows: int = 16) -> str:
     """Closed-form work per pass and in total, the S01 loop (no cache) next to this engine,
-    as aligned text. Shows every pass when there are at most `max_rows`, else `max_rows` evenly
-    spaced ones from the first to the last."""
+    as aligned text. Shows every pass when there are at most `max_rows`, else the first and the
+    last max_rows // 2 with '...' between, as S01's `format_cost_table` does; the totals count
+    every pass."""
     uncached = generation_work(config, prompt_len, passes, cached=False)
     cached = generation_work(config, prompt_len, passes, cached=True)
-    shown = range(passes) if passes <= max_rows else \
-        sorted({0, passes - 1, *np.linspace(0, passes - 1, max_rows).astype(int).tolist()})
+    half = max_rows // 2
+    shown = list(range(passes)) if passes <= max_rows else \
+        [*range(half), None, *range(passes - half, passes)]
     lines = [f"{'pass':>5} {'context n':>10} {'MACs, no cache':>16} {'MACs, cache':>14} "
              f"{'ratio':>7} {'K/V bytes read (both)':>22}"]
-    for i in shown if passes else []:
+    for i in shown:
+        if i is None:
+            lines.append(f"{'...':>5}")
+            continue
         u, c = uncached[i], cached[i]
         lines.append(f"{i + 1:>5} {prompt_len + i:>10} {u.macs:>16,} {c.macs:>14,} "
                      f"{u.macs / c.macs:>6.1f}x {c.kv_bytes_read:>22,}")
@@ -569,13 +574,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Chapter 5: generation with a KV cache, and what it saves.")
     parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
                         help="checkpoint directory or Hugging Face hub id (default: bundled model)")
-    parser.add_argument("--prompt", default="ROMEO.\n", help="text to continue")
-    parser.add_argument("--max-tokens", type=int, default=100, help="most tokens to generate")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling")
+    parser.add_argument("--prompt", default="ROMEO.\n", help="text to continue (default: %(default)r)")
+    parser.add_argument("--max-tokens", type=int, default=100, help="most tokens to generate (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0 = greedy (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: %(default)s)")
     parser.add_argument("--max-context", type=int, default=None,
                         help="cache size in tokens, at most the model's context window "
-                             "(max_position_embeddings; default: that window, capped at 2048)")
+                             "(max_position_embeddings) (default: that window, capped at 2048)")
     parser.add_argument("--no-compare", action="store_true",
                         help="skip the run without a cache (it can be slow on long outputs)")
     args = parser.parse_args(argv)

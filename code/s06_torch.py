@@ -711,20 +711,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default=None,
                         help="cuda, cuda:N or cpu (default: cuda if present)")
     parser.add_argument("--dtype", default=None, choices=list(DTYPES),
-                        help="default: bfloat16 on CUDA, float32 on the CPU")
-    parser.add_argument("--attention", default="manual", choices=ATTENTION_IMPLS)
-    parser.add_argument("--prompt", default="Romeo.\n", help="text to continue")
-    parser.add_argument("--max-tokens", type=int, default=60)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
+                        help="parameter and cache dtype (default: bfloat16 on CUDA, float32 on the CPU)")
+    parser.add_argument("--attention", default="manual", choices=ATTENTION_IMPLS,
+                        help="attention implementation (default: %(default)s)")
+    parser.add_argument("--prompt", default="Romeo.\n", help="text to continue (default: %(default)r)")
+    parser.add_argument("--max-tokens", type=int, default=60,
+                        help="most tokens to generate (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature, 0 = greedy (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus sampling, 1.0 = off (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed for sampling (default: %(default)s)")
     parser.add_argument("--max-context", type=int, default=None,
                         help="positions in the preallocated KV cache (default: the model's "
                              "context window, at most 4096)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice, one per core; for "
-                             "the tiny bundled model on a busy machine, 1 is often several "
-                             "times faster: threads wait for each other on every small op)")
+    # One thread by default, as S07: on ops this small, torch's own choice (one per core) has
+    # threads wait for each other on every op; on a busy 2-core machine that made steps 14-35x
+    # slower than the chapter's table.
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads, 1 to the logical cores (%d); more pay off "
+                             "only for large models (default: %%(default)s, as S07: for the "
+                             "tiny bundled model threads wait for each other on every small "
+                             "op)" % (os.cpu_count() or 1))
     parser.add_argument("--sync-timing", action="store_true",
                         help="wait for the device after each model call (true model time on CUDA)")
     args = parser.parse_args(argv)

@@ -5,6 +5,13 @@ table and writes an autograder results file in Gradescope's JSON format.
     python exercises/grade.py s01        # one chapter
     python exercises/grade.py --solutions s01   # grade the reference solutions instead
     python exercises/grade.py --results out.json
+    python exercises/grade.py -v s01     # pytest's own output, full tracebacks included
+
+Each chapter is graded on its own (one pytest run per tests/exercises/test_ex_<chapter>.py), so
+its points stand alone: an exercise file that does not even import (a syntax error, a typo at
+module level) scores 0 of its own chapter's points, with the error named in one line, and the
+other chapters still count. The table shows, per failing test, the one-line message of what
+failed (the assertion, or the exception); `-v` shows pytest's output as well.
 
 The results file follows Gradescope's autograder specification (results.json with `score`,
 `max_score`, `tests` entries of name/score/max_score/status/output).
@@ -12,8 +19,12 @@ The results file follows Gradescope's autograder specification (results.json wit
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
+import io
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +32,56 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests" / "exercises"
+MESSAGE_CHARS = 160   # one table line: test name, points, message
+
+
+def declared_points(test_file: Path) -> dict[str, float]:
+    """{test name: points} read from the source of `test_file` (its `@pytest.mark.points(n)`
+    decorators, 1 without one), without importing it: the points a chapter is worth even when
+    its exercise file does not import."""
+    points = {}
+    for node in ast.parse(test_file.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+            points[node.name] = 1
+            for dec in node.decorator_list:
+                if (isinstance(dec, ast.Call) and ast.unparse(dec.func) == "pytest.mark.points"
+                        and dec.args and isinstance(dec.args[0], ast.Constant)):
+                    points[node.name] = dec.args[0].value
+    return points
+
+
+def one_line(text: str) -> str:
+    """The last `E   ...` line of a pytest failure text (the exception and its message), with
+    the last file:line it names when that is an exercise file (a SyntaxError's place)."""
+    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    message = next((e for e in reversed(errors) if re.match(r"\w+(Error|Exception|Exit)\b", e)),
+                   errors[-1] if errors else (text.strip().splitlines() or ["failed"])[-1])
+    places = re.findall(r'File "([^"]+)", line (\d+)|^(\S+\.py):(\d+):', text, re.M)
+    if places:
+        path, line = next((a or c, b or d) for a, b, c, d in reversed(places))
+        if "exercises" in Path(path).parts[-2:] or "solutions" in Path(path).parts[-2:]:
+            message += f" ({Path(path).name}, line {line})"
+    return message
+
+
+def crash_line(report) -> str:
+    """One line for a failed test: an assert's own message, or else the failing statement and
+    pytest's explanation of it squashed onto a line, or the exception and its message."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is None or not crash.message.strip():
+        return one_line(report.longreprtext)
+    lines = [line.strip() for line in crash.message.strip().splitlines() if line.strip()]
+    if not re.match(r"(AssertionError: )?assert\b", lines[0]):
+        return lines[0]  # `assert x, "message"`, or another exception: its first line says it
+    # A bare assert: the statement (the line before pytest's `E` lines) and what it compared.
+    text = report.longreprtext.splitlines()
+    first_e = next((i for i, line in enumerate(text) if line.startswith("E ")), len(text))
+    statement = text[first_e - 1].strip() if first_e > 0 else ""
+    explained = " ".join([lines[0]] + [x for x in lines[1:3] if not x.startswith("+")])
+    explained = explained.removeprefix("AssertionError: ")
+    where = f"{Path(crash.path).name}:{crash.lineno}"
+    return f"{where}: {statement} -- {explained}" if statement.startswith("assert") \
+        else f"{where}: {explained}"
 
 
 class PointsCollector:
@@ -28,12 +89,21 @@ class PointsCollector:
 
     def __init__(self):
         self.results: dict[str, dict] = {}
+        self.collect_error: str | None = None
 
     def pytest_runtest_logreport(self, report):
         points = dict(report.user_properties).get("points", 1)
-        entry = self.results.setdefault(report.nodeid, {"points": points, "passed": True, "output": ""})
+        entry = self.results.setdefault(report.nodeid, {"points": points, "passed": True,
+                                                        "output": "", "message": ""})
         if report.failed or (report.when == "call" and report.skipped):
             entry["passed"] = False
+            if report.skipped:  # longrepr is (path, line, reason)
+                entry["message"] = entry["message"] or f"skipped: {report.longrepr[2]}"
+            else:
+                message = crash_line(report)
+                if report.when != "call":  # a fixture failed, or teardown did
+                    message += f" (in {report.when})"
+                entry["message"] = entry["message"] or message
             entry["output"] = (entry["output"] + "\n" + report.longreprtext).strip()[-1500:]
 
     @pytest.hookimpl(hookwrapper=True)
@@ -44,16 +114,57 @@ class PointsCollector:
 
     def pytest_collectreport(self, report):
         if report.failed:  # the module did not even import
-            self.results[report.nodeid] = {"points": 0, "passed": False,
-                                           "output": report.longreprtext[-1500:]}
+            self.collect_error = report.longreprtext
+
+
+def grade_file(test_file: Path, verbose: bool) -> tuple[list[dict], str | None]:
+    """Run one chapter's exercise tests; return (one entry per test, the load error or None).
+    An entry: name, points, passed, message (one line), output (the traceback's last part)."""
+    collector = PointsCollector()
+    for name in [m for m in sys.modules if m.startswith("test_ex_")]:
+        del sys.modules[name]  # a second call in one process imports the tests afresh
+    options = ["-p", "no:cacheprovider", "--no-header", "-o", "addopts=", "--strict-markers",
+               *(["-v"] if verbose else ["-q", "--tb=short", "-rN"]), str(test_file)]
+    captured = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        if not verbose:
+            stack.enter_context(contextlib.redirect_stdout(captured))
+            stack.enter_context(contextlib.redirect_stderr(captured))
+        code = pytest.main(options, plugins=[collector])
+    if code in (pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
+        print(captured.getvalue(), file=sys.stderr)  # pytest itself failed: show why
+    entries = [{"name": nodeid.split("/")[-1], **r} for nodeid, r in collector.results.items()]
+    error = None
+    if collector.collect_error is not None or code not in (0, 1):
+        error = one_line(collector.collect_error or captured.getvalue() or f"pytest exit {code}")
+    if error is not None or not entries:
+        # Nothing (or not everything) ran: every declared test scores 0 of its points.
+        error = error or "no test ran"
+        text = collector.collect_error or captured.getvalue()
+        ran = {e["name"] for e in entries}
+        for name, points in declared_points(test_file).items():
+            if f"{test_file.name}::{name}" not in ran:
+                entries.append({"name": f"{test_file.name}::{name}", "points": points,
+                                "passed": False, "message": error, "output": text[-1500:]})
+    return entries, error
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Grade the course exercises.")
+    parser = argparse.ArgumentParser(
+        description="Grade the course exercises: each chapter's tests on its own, a table of "
+                    "points per test and per chapter, and a Gradescope results file.")
     parser.add_argument("chapters", nargs="*", help="chapter stems, e.g. s01 (default: all)")
-    parser.add_argument("--solutions", action="store_true", help="grade the reference solutions")
+    parser.add_argument("--solutions", action="store_true",
+                        help="grade the reference solutions (EXERCISES/solutions/) instead of "
+                             "your copy")
+    parser.add_argument("--exercises-dir", type=Path, default=ROOT / "exercises",
+                        metavar="EXERCISES",
+                        help="folder holding the exercise files, solutions/ inside it "
+                             "(default: exercises/)")
     parser.add_argument("--results", type=Path, default=ROOT / "results.json",
-                        help="where to write the Gradescope results file")
+                        help="where to write the Gradescope results file (default: results.json)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show pytest's own output, full tracebacks included")
     args = parser.parse_args(argv)
 
     files = sorted(TESTS.glob("test_ex_*.py"))
@@ -62,27 +173,46 @@ def main(argv=None) -> int:
         if not files:
             parser.error(f"no exercise tests for {args.chapters}; "
                          f"known: {[f.name[8:11] for f in sorted(TESTS.glob('test_ex_*.py'))]}")
+    if not args.exercises_dir.is_dir():
+        parser.error(f"--exercises-dir: no such directory: {args.exercises_dir}")
     os.environ["EXERCISES_IMPL"] = "solutions" if args.solutions else "learner"
-    collector = PointsCollector()
-    pytest.main(["-q", "-p", "no:cacheprovider", "--no-header", "-rN", "--tb=short",
-                 "-o", "addopts=", *map(str, files)], plugins=[collector])
+    os.environ["EXERCISES_DIR"] = str(args.exercises_dir.resolve())
 
-    rows, tests, score, max_score = [], [], 0.0, 0.0
-    for nodeid, r in collector.results.items():
-        got = r["points"] if r["passed"] else 0
-        score += got
-        max_score += r["points"]
-        name = nodeid.split("/")[-1]
-        rows.append((name, got, r["points"]))
-        tests.append({"name": name, "score": got, "max_score": r["points"],
-                      "status": "passed" if r["passed"] else "failed", "output": r["output"]})
-    width = max([len(n) for n, _, _ in rows] + [10])
+    chapters, tests, score, max_score = [], [], 0.0, 0.0
+    for test_file in files:
+        chapter = test_file.stem[len("test_ex_"):]
+        if not args.verbose:
+            print(f"grading {chapter} ...", flush=True)
+        entries, error = grade_file(test_file, args.verbose)
+        got = sum(e["points"] for e in entries if e["passed"])
+        out_of = sum(e["points"] for e in entries)
+        chapters.append((chapter, got, out_of, error, entries))
+        score, max_score = score + got, max_score + out_of
+        for e in entries:
+            tests.append({"name": e["name"], "score": e["points"] if e["passed"] else 0,
+                          "max_score": e["points"],
+                          "status": "passed" if e["passed"] else "failed",
+                          "output": (e["message"] + "\n\n" + e["output"]).strip()
+                          if not e["passed"] else e["output"]})
+
+    width = max([len(e["name"].split("::")[-1]) + 2 for *_, entries in chapters
+                 for e in entries] + [24])
     print(f"\n{'exercise test':<{width}}  points")
-    for name, got, pts in rows:
-        print(f"{name:<{width}}  {got:g}/{pts:g}")
+    for chapter, got, out_of, error, entries in chapters:
+        note = f"  {chapter}.py does not load: {error}" if error else ""
+        print(f"{chapter:<{width}}  {got:g}/{out_of:g}{note}")
+        if error:
+            continue  # one line for the chapter: every test failed the same way
+        for e in entries:
+            got_e = e["points"] if e["passed"] else 0
+            message = "" if e["passed"] else "  " + e["message"][:MESSAGE_CHARS]
+            print(f"  {e['name'].split('::')[-1]:<{width - 2}}  {got_e:g}/{e['points']:g}{message}")
     print(f"{'TOTAL':<{width}}  {score:g}/{max_score:g}")
+    if not args.verbose and any(not e["passed"] for *_, entries in chapters for e in entries):
+        print("(one line per failure; python exercises/grade.py -v CHAPTER shows the tracebacks)")
     results = {"score": score, "max_score": max_score, "tests": tests,
-               "output": f"{score:g} of {max_score:g} points"}
+               "output": f"{score:g} of {max_score:g} points; " + ", ".join(
+                   f"{c} {g:g}/{m:g}" for c, g, m, *_ in chapters)}
     args.results.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.results}")
     return 0

@@ -20,6 +20,11 @@ from pathlib import Path
 SITE = Path(__file__).resolve().parent
 ROOT = SITE.parent
 DEFAULT_OUT = SITE / "_build" / "html"
+# ipykernel >= 7 logs this on every kernel start unless the kernel manager provisions CurveZMQ
+# keys (jupyter_client's KernelManager.transport_encryption), and myst-nb's executor gives no
+# way to configure its kernel manager. The kernel runs on this machine only; the one line is
+# dropped from the build's output (tests/notebook_testing.py encrypts instead).
+KERNEL_TCP_WARNING = "WARNING | Kernel is running over TCP without encryption."
 
 
 def sphinx_command(src: Path, out: Path) -> list[str]:
@@ -38,8 +43,16 @@ def build(src: Path = ROOT, out: Path = DEFAULT_OUT, execute: str = "cache") -> 
     if execute not in ("cache", "force", "off"):
         raise ValueError(f"execute must be 'cache', 'force' or 'off' (got {execute!r})")
     env = dict(os.environ, COURSE_NB_EXECUTION=execute, PYTHONHASHSEED="0")
-    return subprocess.run(sphinx_command(Path(src), Path(out)), cwd=str(src), env=env,
-                          capture_output=True, text=True)
+    result = subprocess.run(sphinx_command(Path(src), Path(out)), cwd=str(src), env=env,
+                            capture_output=True, text=True)
+    result.stderr = drop_kernel_tcp_warning(result.stderr)
+    return result
+
+
+def drop_kernel_tcp_warning(text: str) -> str:
+    """`text` without the lines of ipykernel's KERNEL_TCP_WARNING (every other line kept)."""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if KERNEL_TCP_WARNING not in line)
 
 
 def main(argv: list[str] | None = None) -> int:

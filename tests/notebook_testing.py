@@ -1,7 +1,10 @@
 """Helpers shared by the notebook tests (tests/test_sNN_*notebook.py).
 
 A notebook is executed with nbclient on a temporary copy (the one in the repository is never
-written), with Jupyter's usual working directory, notebooks/, unless told otherwise.
+written), with Jupyter's usual working directory, notebooks/, unless told otherwise. The kernel's
+channels are CurveZMQ-encrypted where pyzmq has Curve (jupyter_client's
+`KernelManager.transport_encryption = "auto"`, ipykernel declares support): without it,
+ipykernel >= 7 warns on every start that it "is running over TCP without encryption".
 """
 from __future__ import annotations
 
@@ -10,9 +13,13 @@ from pathlib import Path
 
 import nbclient
 import nbformat
+import zmq
+from traitlets.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+KERNEL_CONFIG = Config({"KernelManager": {
+    "transport_encryption": "auto" if zmq.has("curve") else "disabled"}})
 
 
 def execute(notebook: Path, workdir: Path, timeout: int = 180):
@@ -25,7 +32,8 @@ def execute(notebook: Path, workdir: Path, timeout: int = 180):
     shutil.copy(notebook, copy)
     nb = nbformat.read(copy, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                     resources={"metadata": {"path": str(notebook.parent)}})
+                                     resources={"metadata": {"path": str(notebook.parent)}},
+                                     config=KERNEL_CONFIG)
     client.execute()
     nbformat.write(nb, copy)
     return nb

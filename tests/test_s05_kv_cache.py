@@ -694,10 +694,25 @@ def test_main_reports_a_corrupt_checkpoint_as_a_usage_error(checkpoint_with_toke
 @pytest.mark.parametrize("passes, rows", [
     (15, list(range(1, 16))),                       # short: every pass
     (16, list(range(1, 17))),                       # exactly max_rows
-    (31, [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31]),  # every other, by hand
+    (17, [1, 2, 3, 4, 5, 6, 7, 8, "...", 10, 11, 12, 13, 14, 15, 16, 17]),   # one left out
+    (200, [1, 2, 3, 4, 5, 6, 7, 8, "...", 193, 194, 195, 196, 197, 198, 199, 200]),
 ])
-def test_format_work_table_shows_every_pass_of_a_short_run(passes, rows):
+def test_format_work_table_shows_every_pass_of_a_short_run_and_marks_what_it_leaves_out(
+        passes, rows):
+    # As S01's cost table: a long run shows its first and last passes with '...' between.
     from s05_kv_cache import format_work_table
     lines = format_work_table(qwen3_0_6b_config(), 5, passes).splitlines()
-    assert [int(line.split()[0]) for line in lines[1:-2]] == rows
+    first = [line.split()[0] for line in lines[1:-2]]
+    assert [word if word == "..." else int(word) for word in first] == rows
     assert lines[-2].startswith("total")
+    context = {int(line.split()[0]): int(line.split()[1]) for line in lines[1:-2]
+               if line.split()[0] != "..."}
+    assert all(n == 5 + i - 1 for i, n in context.items())   # pass i runs at context 5 + i - 1
+
+
+def test_format_work_table_totals_count_the_passes_it_leaves_out():
+    from s05_kv_cache import format_work_table, generation_work
+    config = qwen3_0_6b_config()
+    total = format_work_table(config, 5, 200).splitlines()[-2].split()
+    macs = sum(w.macs for w in generation_work(config, 5, 200, cached=True))
+    assert int(total[2].replace(",", "")) == macs

@@ -162,3 +162,16 @@ def test_chapter_quotes_the_counts_worked_here():
     for per_token in (2 * 28 * 8 * 128 * 2, 2 * 32 * 8 * 128 * 2, 2 * 32 * 32 * 128 * 2):
         assert f"{per_token:,}" in chapter                   # Qwen3-0.6B, Llama 3 8B, Llama 2 7B
     assert f"{2 * 28 * 8 * 128 * 2 * 40_960:,} bytes" in chapter
+    # Qwen3-0.6B (config.json: L 28, C 1024, H 16, Hkv 8, D 128, I 3072, V 151,936, tied):
+    # weights against K/V bytes per token, worked by hand; equal near 10,394 tokens.
+    qwen_layer = 1024 * 16 * 128 + 2 * 1024 * 8 * 128 + 16 * 128 * 1024 + 3 * 1024 * 3072 \
+        + 2 * 1024 + 2 * 128                                    # projections, MLP, norms
+    qwen_params = 28 * qwen_layer + 151_936 * 1024 + 1024      # + embedding (tied), final norm
+    assert qwen_params == 596_049_920
+    qwen_bf16 = 2 * qwen_params
+    assert f"{qwen_bf16:,}".replace(",", "{,}") in chapter
+    assert f"\\approx {qwen_bf16 // (2 * 28 * 8 * 128 * 2):,}".replace(",", "{,}") in chapter
+    # The bundled model: parameter bytes, and S03's step bytes one embedding row (C = 128) more.
+    params = 4 * (layers * (w + 2 * c + 2 * d) + vocab * c + c)
+    assert f"{params:,}" in chapter
+    assert f"{params + 4 * c:,}".replace(",", "{,}") in chapter

@@ -401,6 +401,24 @@ def test_results_json_schema(tmp_path):
     assert per[0]["tokens_per_s"] == pytest.approx(3 / per[0]["e2e_s"])
     table = s07.format_table([run])
     assert "fake-model" in table and "ITL/floor" in table
+    assert f"{summary['decode_vs_floor']:.1f}x" in table
+
+
+def test_format_table_drops_the_floor_for_the_bundled_model():
+    # The bundled model's weights fit in the CPU's cache, so a DRAM-bandwidth floor does not
+    # apply: no ITL/floor column in a table of its runs, "n/a" in its rows beside a model that
+    # streams its weights from memory.
+    def run(model):
+        result = RequestResult(request_id=0, prompt_tokens=4, output_tokens=3,
+                               token_ids=[1, 2, 3], ttft_s=0.01, itl_s=[0.002, 0.004], e2e_s=0.016)
+        return s07.BenchmarkRun(engine="e", model=model, workload="w", seed=0,
+                                requests=[result], wall_s=0.02, decode_floor_s=0.001)
+    alone = s07.format_table([run(s07.BUNDLED_LABEL)]).splitlines()
+    assert "ITL/floor" not in alone[0] and "x" not in alone[1].split()[-1]
+    assert "no ITL/floor: the bundled model fits in the CPU's cache" in alone[-1]
+    mixed = s07.format_table([run(s07.BUNDLED_LABEL), run("qwen3-0.6b")]).splitlines()
+    assert "ITL/floor" in mixed[0]
+    assert mixed[1].split()[-1] == "n/a" and mixed[2].split()[-1] == "3.0x"   # ITL p50 3 ms
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +491,9 @@ def test_main_runs_the_bundled_model_end_to_end(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run.json"
     s07.main(["--requests", "1", "--workload", "chat", "--json", str(out)])
     text = capsys.readouterr().out
-    assert "S05 NumPy + KV cache" in text and "S06 torch" in text and "ITL/floor" in text
+    assert "S05 NumPy + KV cache" in text and "S06 torch" in text
+    header = next(line for line in text.splitlines() if line.startswith("model "))
+    assert "ITL/floor" not in header and "fits in the CPU's cache" in text   # bundled: no floor
     data = json.loads(out.read_text())
     assert data["schema"] == s07.RESULTS_SCHEMA
     s05_run, s06_run = data["runs"]

@@ -143,9 +143,11 @@ def test_chapter_tables_are_the_committed_run():
     bundled_table, qwen_table = chapter.split("| Engine | TTFT p50 (long)")
     for label, engine in engines.items():
         s = run_of("bundled", engine, "chat-short")
+        # No ITL / floor for the bundled model: its weights fit in the L3 cache, so the DRAM
+        # bandwidth floor is the wrong yardstick (the Qwen3-0.6B shape keeps the column).
         assert _row(bundled_table, label) == [
             ms(s["ttft_s"]["p50"]), ms(s["itl_s"]["p50"]), ms(s["itl_s"]["p99"]),
-            f"{s['output_tokens_per_s']:.1f}", f"{s['decode_vs_floor']:.2f}x"], label
+            f"{s['output_tokens_per_s']:.1f}"], label
         s = run_of("qwen3-0.6b", engine, "chat-short")
         ttft_long = "-" if engine.startswith("S01") else ms(
             run_of("qwen3-0.6b", engine, "long")["ttft_s"]["p50"])
@@ -226,9 +228,8 @@ def test_chapter_prose_figures_are_the_committed_run():
     itl = lambda e: run_of("bundled", e, "chat-short")["itl_s"]["p50"]   # noqa: E731
     assert (f"a factor of {itl('S06 torch (sdpa)') / itl('S06 torch (sdpa, 1 thread)'):.1f} in ITL p50 "
             f"for our engine and {itl('HF generate()') / itl('HF generate() (1 thread)'):.1f}") in text
-    bundled_floor = run_of("bundled", "S05 NumPy + cache", "chat-short")["decode_floor_s"]
     assert f"{models['bundled']['weights_bytes_float32'] / 1e6:.1f} MB of weights" in text
-    assert f"floor the table divides by is {bundled_floor * 1e3:.2f} ms" in text
+    assert "The table has no ITL / floor column, on purpose." in text
     prof = RESULTS["s06_decode_profile"]["qwen3-0.6b"]
     manual, sdpa = prof["manual"], prof["sdpa"]
     shares = {o["op"]: o["share"] for o in manual["top_ops"]}

@@ -2,7 +2,8 @@
 
 EXERCISES_IMPL=solutions (the default, used by `make test` and CI) grades the reference solutions
 in exercises/solutions/; EXERCISES_IMPL=learner (set by exercises/grade.py) grades the learner's
-copy in exercises/. Each test carries `@pytest.mark.points(n)`: its weight in the score.
+copy in exercises/. EXERCISES_DIR (set by grade.py --exercises-dir) names another exercises
+folder, laid out the same way. Each test carries `@pytest.mark.points(n)`: its weight in the score.
 """
 import importlib.util
 import os
@@ -13,11 +14,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_exercise(name: str):
-    """Import exercises/<name>.py or exercises/solutions/<name>.py, as EXERCISES_IMPL says."""
+    """Import exercises/<name>.py or exercises/solutions/<name>.py, as EXERCISES_IMPL says
+    (exercises/ is $EXERCISES_DIR when that is set)."""
     impl = os.environ.get("EXERCISES_IMPL", "solutions")
     if impl not in ("solutions", "learner"):
         raise ValueError(f"EXERCISES_IMPL must be 'solutions' or 'learner' (got {impl!r})")
-    folder = ROOT / "exercises" / ("solutions" if impl == "solutions" else "")
+    exercises = Path(os.environ.get("EXERCISES_DIR") or ROOT / "exercises")
+    folder = exercises / ("solutions" if impl == "solutions" else "")
     path = folder / f"{name}.py"
     code_dir = str(ROOT / "code")
     if code_dir not in sys.path:

@@ -1,0 +1,94 @@
+"""exercises/grade.py: each chapter's points stand alone (issue 13).
+
+Each case copies exercises/ into a temporary folder, changes the copy, and grades it through the
+grader's own command line (`--exercises-dir`, `--results`) in a subprocess, as a learner runs it.
+The oracle for a chapter's points is the `@pytest.mark.points(n)` weights in its test file.
+"""
+import ast
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow   # each case runs the grader: a few seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests" / "exercises"
+
+
+def points_of(chapter: str) -> int:
+    """Sum of the points weights written in tests/exercises/test_ex_<chapter>.py."""
+    (test_file,) = TESTS.glob(f"test_ex_{chapter}_*.py")
+    total = 0
+    for node in ast.parse(test_file.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+            marks = [d for d in node.decorator_list
+                     if isinstance(d, ast.Call) and ast.unparse(d.func) == "pytest.mark.points"]
+            total += marks[0].args[0].value if marks else 1
+    return total
+
+
+def grade(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    results = tmp_path / "results.json"
+    done = subprocess.run([sys.executable, str(ROOT / "exercises" / "grade.py"),
+                           "--exercises-dir", str(tmp_path / "exercises"),
+                           "--results", str(results), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, json.loads(results.read_text())
+
+
+def by_chapter(results: dict, chapter: str) -> list[dict]:
+    return [t for t in results["tests"] if t["name"].startswith(f"test_ex_{chapter}_")]
+
+
+def test_a_syntax_error_scores_0_of_its_own_chapter_and_the_others_still_count(tmp_path):
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises")
+    broken = tmp_path / "exercises" / "solutions" / "s07_measuring.py"
+    lines = broken.read_text().count("\n")
+    broken.write_text(broken.read_text() + "\ndef broken(:\n    pass\n")
+
+    done, results = grade(tmp_path, "--solutions", "s01", "s07")
+
+    s01, s07 = by_chapter(results, "s01"), by_chapter(results, "s07")
+    assert s01 and all(t["status"] == "passed" for t in s01)
+    assert sum(t["score"] for t in s01) == sum(t["max_score"] for t in s01) == points_of("s01")
+    # The broken chapter keeps its weight in max_score and scores none of it.
+    assert s07 and all(t["status"] == "failed" and t["score"] == 0 for t in s07)
+    assert sum(t["max_score"] for t in s07) == points_of("s07")
+    assert results["score"] == points_of("s01")
+    assert results["max_score"] == points_of("s01") + points_of("s07")
+    message = f"SyntaxError: invalid syntax (s07_measuring.py, line {lines + 2})"
+    assert all(t["output"].startswith(message) for t in s07)
+    # The table: per-chapter subtotals, and the error in one line, not a traceback.
+    out = done.stdout
+    assert "s01_generation_loop" in out and f"{points_of('s01')}/{points_of('s01')}" in out
+    assert f"s07_measuring.py does not load: {message}" in out
+    assert "TOTAL" in out and f"{points_of('s01')}/{points_of('s01') + points_of('s07')}" in out
+    assert "Traceback" not in out and "\nE " not in out and "Interrupted" not in out
+
+
+def test_a_failing_test_shows_one_line_and_verbose_the_traceback(tmp_path):
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises")   # the learner's stubs
+
+    done, results = grade(tmp_path, "s01")
+    assert results["score"] == 0 and results["max_score"] == points_of("s01")
+    row = next(line for line in done.stdout.splitlines()
+               if "test_apply_stop_strings_earliest_and_tie" in line)
+    assert row.split() == ["test_apply_stop_strings_earliest_and_tie", "0/1",
+                           "NotImplementedError:", "exercise", "1a"]
+    assert "\nE " not in done.stdout and "raise NotImplementedError" not in done.stdout
+
+    verbose, _ = grade(tmp_path, "-v", "s01")
+    assert 'raise NotImplementedError("exercise 1a")' in verbose.stdout
+
+
+def test_an_exercises_dir_that_does_not_exist_is_a_usage_error(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "exercises" / "grade.py"),
+                           "--exercises-dir", str(tmp_path / "nope"), "s01"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--exercises-dir: no such directory" in done.stderr
