@@ -15,6 +15,7 @@ as MyST makes them (`## Core idea` -> `core-idea`).
 from __future__ import annotations
 
 import json
+from collections import Counter
 import re
 from pathlib import Path
 
@@ -196,3 +197,20 @@ def test_checker_rejects_duplicate_keys_and_a_page_without_the_directive(tmp_pat
     assert "duplicate keys" in _write(tmp_path, '{"chapter": "a", "chapter": "b"}')[0]
     problems = _write(tmp_path, _good_quiz(), page="# S99\n## Core idea\n")
     assert any("does not embed the quiz" in p for p in problems)
+
+
+def test_answer_positions_and_lengths_are_no_giveaway():
+    # A quiz whose answer is mostly B, or mostly the longest choice, can be passed without
+    # reading the chapter (it once was: B in 41 of 62, the longest in 43).
+    questions = [q for path in QUIZZES
+                 for q in json.loads(path.read_text(encoding="utf-8"))["questions"]]
+    positions = Counter(q["answer"] for q in questions)
+    assert len(questions) >= 40
+    for position in range(4):
+        share = positions[position] / len(questions)
+        assert 0.15 <= share <= 0.35, f"answer {position} is right in {share:.0%} of questions"
+    longest = sum(len(q["choices"][q["answer"]]) == max(map(len, q["choices"])) for q in questions)
+    assert longest / len(questions) <= 0.3, f"the right answer is the longest in {longest}"
+    for path in QUIZZES:   # each quiz on its own: no position holds half its answers
+        answers = Counter(q["answer"] for q in json.loads(path.read_text())["questions"])
+        assert max(answers.values()) <= 0.5 * sum(answers.values()), path.name
