@@ -8,7 +8,9 @@
   the same V = 512 model (the engine is the oracle, run here in Python), and its top-k bars are
   numpy's softmax of the model's row.
 - The quiz scores a right and a wrong answer and links each explanation back to its section.
-Screenshots of the S01 page go to artifacts/ (git-ignored).
+- The S02 simulator cuts, merges and streams text as code/s02_tokenizer.py does, with and without
+  allowed_special="all", and its stream ends where S02's Engine ends generating the same ids.
+Screenshots of the S01 page and of the S02 simulator go to artifacts/ (git-ignored).
 
 Skipped, with the reason, when Playwright or /usr/bin/chromium is missing (.ci/run installs
 Debian's chromium; Playwright's own browser download does not work offline).
@@ -474,20 +476,73 @@ BPE_TEXTS = [
 ]
 
 
-def bpe_rows(tokenizer, text: str, stops: list[str]) -> list[dict]:
-    """The streaming view's rows, computed with the chapter's classes (the oracle)."""
+def bpe_rows(tokenizer, ids: list[int], stops: list[str]) -> list[list]:
+    """The streaming view's rows, computed with the chapter's classes (the oracle): fed in the
+    order S02's `Engine.postprocess` feeds them (an EOS id is not fed and ends the request; after
+    a completed stop string nothing is fed, not even the flushes). The engine itself checks the
+    visible consequences in `engine_run`."""
     from s02_tokenizer import StopStringMatcher, StreamingDetokenizer
     detok, matcher, rows = StreamingDetokenizer(tokenizer), StopStringMatcher(stops), []
-    for token_id in tokenizer.encode_ordinary(text):
-        delta = detok.feed(token_id)
-        shown = matcher.feed(delta)
-        rows.append([token_id, tokenizer.decode([token_id]), delta, shown, matcher.held,
+    for token_id in ids:
+        fed = token_id != tokenizer.eos_id
+        delta = detok.feed(token_id) if fed else ""
+        shown = matcher.feed(delta) if fed else ""
+        rows.append([token_id, tokenizer.decode([token_id]), fed, delta, shown, matcher.held,
                      matcher.stopped])
-    tail = detok.flush()
-    shown = matcher.feed(tail)
-    rows.append([None, "", tail, shown, matcher.held, matcher.stopped])
-    rows.append([None, "", "", matcher.flush(), "", matcher.stopped])
+        if not fed or matcher.stopped:
+            break
+    if not matcher.stopped:
+        tail = detok.flush()
+        shown = matcher.feed(tail)
+        rows.append([None, "", True, tail, shown, matcher.held, matcher.stopped])
+        rows.append([None, "", True, "", matcher.flush(), "", matcher.stopped])
     return rows
+
+
+class ScriptedModel:
+    """A model whose greedy choice after the prompt is `script[0]`, then `script[1]`, ...: makes
+    S02's Engine generate given ids, so its stop rules and text are the oracle for the stream."""
+
+    def __init__(self, script: list[int], prompt_len: int, vocab_size: int):
+        self.script, self.prompt_len, self.vocab_size = script, prompt_len, vocab_size
+
+    def forward(self, token_ids):
+        logits = np.zeros((len(token_ids), self.vocab_size))          # (T, V)
+        logits[-1, self.script[len(token_ids) - self.prompt_len]] = 1.0
+        return logits
+
+
+def engine_run(tokenizer, ids: list[int], stops: list[str]):
+    """S02's Engine generating exactly `ids` (greedy, max_tokens = len(ids)) with `stops`."""
+    from s02_tokenizer import Engine
+    prompt = "Ham."
+    n = len(tokenizer.encode(prompt))
+    engine = Engine(ScriptedModel(ids, n, tokenizer.vocab_size), tokenizer,
+                    max_context=n + len(ids) + 1)
+    stream = engine.stream(prompt, max_tokens=len(ids), temperature=0.0, stop=stops)
+    outputs = list(stream)
+    return outputs, stream.result
+
+
+def check_special_pieces(tokenizer, text: str, pieces: list[str]) -> None:
+    """Pre-tokens under allowed_special="all", judged by the tokenizer's own output (it has no
+    function returning them): they cover the text; each special token is one piece, its id
+    alone; every run of other pieces is `pre_tokenize` of that run's text; and encoding piece
+    by piece gives `encode(text, allowed_special="all")`."""
+    specials = tokenizer.special_tokens
+    assert "".join(pieces) == text, text
+    assert sum(p in specials for p in pieces) == sum(text.count(s) for s in specials), pieces
+    run: list[str] = []
+    for p in pieces + [None]:
+        if p is None or p in specials:
+            assert run == tokenizer.pre_tokenize("".join(run)), (text, run)
+            run = []
+            if p is not None:
+                assert tokenizer.encode(p, allowed_special="all") == [specials[p]]
+        else:
+            run.append(p)
+    assert [i for p in pieces for i in tokenizer.encode(p, allowed_special="all")] \
+        == tokenizer.encode(text, allowed_special="all"), text
 
 
 def test_bpe_simulator_cuts_text_like_the_tokenizer(sites, browser, bpe):
@@ -509,8 +564,19 @@ def test_bpe_simulator_cuts_text_like_the_tokenizer(sites, browser, bpe):
               pieces: Array.from(document.querySelectorAll('.bpe-piece')).map(e => e.dataset.piece)})""")
             want = bpe.encode(text, allowed_special="all") if allowed else bpe.encode_ordinary(text)
             assert got["ids"] == want, (text, allowed)
-            assert got["pieces"] == bpe.pre_tokenize(text), text
+            if not allowed:
+                assert got["pieces"] == bpe.pre_tokenize(text), text
+            else:
+                check_special_pieces(bpe, text, got["pieces"])
+    # A special token is one piece, with no merges to show.
+    page.fill(".bpe-text", "Good night<|endoftext|>sweet")
+    page.set_checked(".bpe-special", True)
+    assert page.locator(".bpe-piece-special").count() == 1
+    page.click(".bpe-piece-special")
+    assert page.locator(".bpe-step[data-parts]").count() == 0
+    assert str(bpe.eos_id) in page.inner_text(".bpe-merges")
     page.set_checked(".bpe-special", False)
+    assert page.locator(".bpe-piece-special").count() == 0
     # Merge steps of a few pre-tokens, picked by clicking them.
     page.fill(".bpe-text", "naïve café 😀 12345678 questioning")
     for piece in (" questioning", "naïve", " 😀", "123"):
@@ -529,25 +595,67 @@ def test_bpe_simulator_streams_like_the_detokenizer(sites, browser, bpe):
     page.goto(f"{base}/{rel}")
     page.wait_for_selector(".bpe-text")
     # Stop strings are typed into one-line inputs, where a line break is written "\\n".
-    cases = [("naïve café 😀 12345678", ["café", ""]), ("naïve café 😀 12345678", ["😀", "78"]),
-             ("Ham.\n  Good night, sweet prince!\n\n", ["\\n\\n", "sweet"]),
-             ("Ham.\n  Good night, sweet prince!\n\n", ["t\\n", "x\\ty"]),
-             ("abc 👩‍👩‍👧 done", ["xyz", ""]), ("To be, or not to be", ["be", "o"])]
-    for text, (stop1, stop2) in cases:
+    eot = "<|endoftext|>"
+    cases = [  # text, stop strings as typed, allowed_special ticked
+        ("naïve café 😀 12345678", ["café", ""], False), ("naïve café 😀 12345678", ["😀", "78"], False),
+        ("Ham.\n  Good night, sweet prince!\n\n", ["\\n\\n", "sweet"], False),
+        ("Ham.\n  Good night, sweet prince!\n\n", ["t\\n", "x\\ty"], False),
+        ("abc 👩‍👩‍👧 done", ["xyz", ""], False), ("To be, or not to be", ["be", "o"], False),
+        ("abc 😀", ["😀", ""], False),    # completes on the last id: no flush follows
+        # allowed_special: the EOS id is one streamed id, not fed, and ends the request ...
+        (f"Good night{eot}sweet prince", ["prince", ""], True),
+        (f"café 😀{eot} more", ["", ""], True),
+        (f"a 😀{eot}", ["😀", ""], True),   # ... unless a stop string ended it first
+        # ... unticked, the same text is ordinary text, fed piece by piece.
+        (f"Good night{eot}sweet prince", ["prince", ""], False),
+        (f"{eot}{eot}x", ["", ""], True),
+    ]
+    for text, (stop1, stop2), allowed in cases:
         page.fill(".bpe-text", text)
         page.fill(".bpe-stop1", stop1)
         page.fill(".bpe-stop2", stop2)
+        page.set_checked(".bpe-special", allowed)
         page.click(".bpe-feed")                  # one id, then the rest
         assert page.locator("tr.bpe-row").count() == 1
-        page.click(".bpe-feed-all")
-        rows = page.evaluate("""() => Array.from(document.querySelectorAll('tr.bpe-row'))
-            .map(e => { const r = JSON.parse(e.dataset.row);
-                        return [r.id, r.naive, r.delta, r.shown, r.held, r.stopped]; })""")
+        if page.locator(".bpe-feed").is_enabled():   # not ended yet: nothing is marked unfed
+            assert page.locator("tr.bpe-row-unfed").count() == 0
+        if page.locator(".bpe-feed-all").is_enabled():
+            page.click(".bpe-feed-all")
+        got = page.evaluate("""() => ({
+            rows: Array.from(document.querySelectorAll('tr.bpe-row')).map(e => {
+              const r = JSON.parse(e.dataset.row);
+              return [r.id, r.naive, r.fed, r.delta, r.shown, r.held, r.stopped]; }),
+            unfed: Array.from(document.querySelectorAll('tr.bpe-row-unfed'))
+                     .map(e => Number(e.dataset.id)),
+            note: document.querySelector('.bpe-stream-note').textContent})""")
         stops = [s.replace("\\n", "\n").replace("\\t", "\t") for s in (stop1, stop2) if s]
-        want = bpe_rows(bpe, text, stops)
-        assert rows == want, (text, stops)
+        ids = bpe.encode(text, allowed_special="all" if allowed else ())
+        want = bpe_rows(bpe, ids, stops)
+        case = (text, stops, allowed)
+        assert got["rows"] == want, case
+        # The engine, generating these ids, is the judge of what is fed, shown and why it ends.
+        outputs, result = engine_run(bpe, ids, stops)
+        fed_ids = [r[0] for r in got["rows"] if r[0] is not None]
+        assert fed_ids == result.token_ids, case
+        assert got["unfed"] == ids[len(result.token_ids):], case
         shown = page.inner_text(".bpe-shown")
-        assert shown == "".join(r[3] for r in want)
+        assert shown == result.text == "".join(o.text_delta for o in outputs), case
+        per_id = [r[4] for r in got["rows"] if r[0] is not None]
+        flushed = "".join(r[4] for r in got["rows"] if r[0] is None)
+        assert per_id[:-1] + [per_id[-1] + flushed] == [o.text_delta for o in outputs], case
+        assert f'finish_reason "{result.finish_reason}"' in got["note"], (case, got["note"])
+        if isinstance(result.stop_reason, str):
+            reason = json.dumps(result.stop_reason, ensure_ascii=False)
+            assert f"stop_reason {reason}" in got["note"], (case, got["note"])
         assert page.locator(".bpe-feed").is_disabled()
+    # A picture of the end of a stream: the stop string cut, the ids after it greyed, not fed.
+    page.fill(".bpe-text", f"Good night, sweet prince{eot} and more")
+    page.fill(".bpe-stop1", "sweet")
+    page.fill(".bpe-stop2", "")
+    page.set_checked(".bpe-special", True)
+    page.click(".bpe-feed-all")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator(".bpe-sim").screenshot(path=str(ARTIFACTS / "site-s02-simulator.png"))
+    page.set_checked(".bpe-special", False)
     assert not watched.problems(), watched.problems()
     watched.close()

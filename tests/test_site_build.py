@@ -91,13 +91,24 @@ def test_every_chapter_and_notebook_is_a_page(repo_site):
         assert "cell_output" in page, f"notebook {stem} rendered without outputs"
 
 
+CHAPTER_SECTIONS = SECTIONS + ["What's next"]  # every chapter page ends with "What's next"
+
+
 def test_chapter_pages_follow_the_anatomy(repo_site):
     for md in sorted((ROOT / "chapters").glob("s[0-9][0-9]-*.md")):
         text = md.read_text()
         number = md.stem[1:3]
         assert re.match(rf"# S{number} · \S", text), f"{md.name}: title must be '# S{number} · <Title>'"
         heads = re.findall(r"^## (.+?)\s*$", text, flags=re.M)
-        assert [h for h in heads if h in SECTIONS] == SECTIONS, f"{md.name}: sections {heads}"
+        assert [h for h in heads if h in CHAPTER_SECTIONS] == CHAPTER_SECTIONS, \
+            f"{md.name}: sections {heads}"
+        assert heads[-1] == "What's next", f"{md.name}: '## What's next' must be the last section"
+        # One key-terms line right under the title, before the intro and the first section.
+        first = [line for line in text.split("\n## ", 1)[0].splitlines()[1:] if line.strip()]
+        assert first and first[0].startswith("**Key terms:** "), \
+            f"{md.name}: the line under the title must be '**Key terms:** a, b, ...'"
+        terms = first[0].removeprefix("**Key terms:** ").rstrip(".").split(", ")
+        assert 5 <= len(terms) <= 9 and all(t.strip() for t in terms), f"{md.name}: key terms {terms}"
         assert "```{simulator}" in text and "```{quiz}" in text, md.name
 
 

@@ -13,8 +13,9 @@ arithmetic of `encode_ordinary`/`bpe_merge`, `merge_steps`, `StreamingDetokenize
   `\\s` and its Unicode tables differ in a few characters, and `(?i:...)` is new there). The
   rewrite is checked here: `regex` running the rewritten pattern must cut a sample of text
   exactly as the tokenizer does;
-- reference results (ids, pre-tokens, merge steps, streamed deltas) for a few texts, which the
-  page recomputes on load and reports (console error, visible banner) if it disagrees.
+- reference results (ids, pre-tokens, merge steps, streamed deltas, the ids never fed once the
+  request has ended, finish_reason) for a few texts, which the page recomputes on load and
+  reports (console error, visible banner) if it disagrees.
 """
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ EXAMPLES = ("To be, or not to be: that is the question.",
             "Ham.\n  Good night, sweet prince!\n\n",
             "She'LL say \"we've 3,141 ways\" <|endoftext|>",
             "Здравствуй, мир! 你好，世界。 مرحبا")
-REFERENCE_STREAMS = (("naïve café 😀 12345678", ["café"]),
-                     ("Ham.\n  Good night, sweet prince!\n\n", ["\n\n", "sweet"]),
-                     ("To be, or not to be: that is the question.", ["not to be:"]))
+REFERENCE_STREAMS = (("naïve café 😀 12345678", ["café"], False),
+                     ("Ham.\n  Good night, sweet prince!\n\n", ["\n\n", "sweet"], False),
+                     ("To be, or not to be: that is the question.", ["not to be:"], False),
+                     ("Good night<|endoftext|>sweet prince", ["prince"], True),
+                     ("Good night<|endoftext|>sweet prince", ["prince"], False))
 ALL_CHARS = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
 
 
@@ -122,21 +125,35 @@ def javascript_pattern(pattern: str) -> str:
     return "".join(out)
 
 
-def stream(tokenizer: BPETokenizer, text: str, stops: list[str]) -> list[dict]:
-    """What the page's streaming view shows for `text`: per id, the naive decode([id]), the
-    detokenizer's delta and what the stop-string matcher lets through; then the flushes."""
+def stream(tokenizer: BPETokenizer, text: str, stops: list[str], allowed_special: bool) -> dict:
+    """What the page's streaming view shows for `text`, fed as S02's `Engine.postprocess` feeds
+    generated ids: per id, the naive decode([id]), the detokenizer's delta and what the
+    stop-string matcher lets through; an EOS id is not fed (fed: False) and ends the request;
+    then the two flushes (`end_text`), unless a stop string ended it (`s01.stop_rule`: nothing
+    is fed after it). Also the ids never fed and the finish_reason / stop_reason; running out
+    of ids stands for max_tokens ("length")."""
+    ids = tokenizer.encode(text, allowed_special="all" if allowed_special else ())
     detok, matcher, rows = StreamingDetokenizer(tokenizer), StopStringMatcher(stops), []
-    for token_id in tokenizer.encode_ordinary(text):
-        delta = detok.feed(token_id)
-        rows.append({"id": token_id, "naive": tokenizer.decode([token_id]), "delta": delta,
-                     "shown": matcher.feed(delta), "held": matcher.held,
+    finish, reason, k = "length", None, len(ids)
+    for k, token_id in enumerate(ids):
+        fed = token_id != tokenizer.eos_id
+        delta = detok.feed(token_id) if fed else ""
+        rows.append({"id": token_id, "naive": tokenizer.decode([token_id]), "fed": fed,
+                     "delta": delta, "shown": matcher.feed(delta) if fed else "",
+                     "held": matcher.held, "stopped": matcher.stopped})
+        if not fed or matcher.stopped:
+            finish, reason = "stop", matcher.matched
+            break
+    if not matcher.stopped:
+        tail = detok.flush()
+        rows.append({"id": None, "naive": "", "fed": True, "delta": tail,
+                     "shown": matcher.feed(tail), "held": matcher.held,
                      "stopped": matcher.stopped})
-    tail = detok.flush()
-    rows.append({"id": None, "naive": "", "delta": tail, "shown": matcher.feed(tail),
-                 "held": matcher.held, "stopped": matcher.stopped})
-    rows.append({"id": None, "naive": "", "delta": "", "shown": matcher.flush(), "held": "",
-                 "stopped": matcher.stopped})
-    return rows
+        rows.append({"id": None, "naive": "", "fed": True, "delta": "", "shown": matcher.flush(),
+                     "held": "", "stopped": matcher.stopped})
+        if matcher.stopped:
+            finish, reason = "stop", matcher.matched
+    return {"rows": rows, "not_fed": ids[k + 1:], "finish_reason": finish, "stop_reason": reason}
 
 
 def export() -> dict:
@@ -160,7 +177,8 @@ def export() -> dict:
             "ids_special": tokenizer.encode(text, allowed_special="all"),
             "word": word, "merge_steps": [[list(part) for part in step]
                                           for step in tokenizer.merge_steps(word)]})
-    streams = [{"text": t, "stop": s, "rows": stream(tokenizer, t, s)} for t, s in REFERENCE_STREAMS]
+    streams = [{"text": t, "stop": s, "allowed_special": a, **stream(tokenizer, t, s, a)}
+               for t, s, a in REFERENCE_STREAMS]
     ordinary = set(tokenizer.ranks.values())
     return {
         "source": "code/s02_tokenizer.py: BPETokenizer.load_hf('data/tokenizer.json')",

@@ -4,9 +4,14 @@
  *   - preTokenize runs the chapter's split pattern (rewritten with explicit classes by export.py,
  *     which checks the rewrite against the `regex` module),
  *   - encodeOrdinary: a piece that is a token is taken whole, otherwise `bpe_merge` (lowest rank
- *     first, leftmost on a tie); encode with allowed specials splits on them first,
+ *     first, leftmost on a tie); encode with allowed specials splits on them first (each special
+ *     token one piece, one id), and the pre-token row and the stream follow the same split,
  *   - mergeSteps is `merge_steps`, StreamingDetokenizer and StopStringMatcher are the classes of
- *     the same names (UTF-8 tails held back, stop strings cut where they first complete).
+ *     the same names (UTF-8 tails held back, stop strings cut where they first complete),
+ *   - the stream feeds the ids as S02's Engine.postprocess would if the model produced them: an
+ *     EOS id is not fed to the detokenizer and ends the request (both flushes follow); once a
+ *     stop string completes, the request ends (s01 `stop_rule`) and nothing more is fed, not
+ *     even the flushes; the ids left are listed as not fed.
  * Vocabulary and reference results come from export.py at build time; the page re-runs the
  * references on load and says so if it disagrees with the Python code.
  */
@@ -74,17 +79,35 @@
     return ids;
   };
 
+  // encode(text, allowed_special="all") cuts the text at special tokens first (longest first):
+  // odd chunks are special tokens, even ones ordinary text.
+  Tokenizer.prototype.splitSpecial = function (text) {
+    var names = Object.keys(this.special).sort(function (a, b) { return b.length - a.length; });
+    if (!names.length) return [text];
+    var esc = names.map(function (s) { return s.replace(/[\\^$.*+?()[\]{}|\/-]/g, "\\$&"); });
+    return text.split(new RegExp("(" + esc.join("|") + ")", "u"));
+  };
+
   Tokenizer.prototype.encode = function (text, allowSpecial) {
     if (!allowSpecial) return this.encodeOrdinary(text);
-    var names = Object.keys(this.special).sort(function (a, b) { return b.length - a.length; });
-    var esc = names.map(function (s) { return s.replace(/[\\^$.*+?()[\]{}|\/-]/g, "\\$&"); });
-    var chunks = text.split(new RegExp("(" + esc.join("|") + ")", "u"));
     var ids = [], self = this;
-    chunks.forEach(function (chunk, i) {
+    this.splitSpecial(text).forEach(function (chunk, i) {
       if (i % 2) ids.push(self.special[chunk]);
       else if (chunk) Array.prototype.push.apply(ids, self.encodeOrdinary(chunk));
     });
     return ids;
+  };
+
+  // The pieces `encode` works on: the pre-tokens, and with allowed specials each special token
+  // as one piece of its own (never split by the pattern, never merged).
+  Tokenizer.prototype.pieces = function (text, allowSpecial) {
+    if (!allowSpecial) return this.preTokenize(text);
+    var out = [], self = this;
+    this.splitSpecial(text).forEach(function (chunk, i) {
+      if (i % 2) out.push(chunk);
+      else if (chunk) Array.prototype.push.apply(out, self.preTokenize(chunk));
+    });
+    return out;
   };
 
   Tokenizer.prototype.bytesOf = function (id) {   // decode_bytes for one id
@@ -129,7 +152,7 @@
     stop.forEach(function (s) {
       if (typeof s !== "string" || !s) throw new Error("stop strings must be non-empty strings");
     });
-    this.stop = stop.slice(); this.held = ""; this.stopped = false;
+    this.stop = stop.slice(); this.held = ""; this.stopped = false; this.matched = null;
   }
   StopStringMatcher.prototype.feed = function (text) {
     if (this.stopped) return "";
@@ -137,11 +160,11 @@
     this.stop.forEach(function (s) {
       var i = buffer.indexOf(s);
       if (i < 0) return;
-      var cand = [i + s.length, -s.length];
+      var cand = [i + s.length, -s.length, s];
       if (best === null || cand[0] < best[0] || (cand[0] === best[0] && cand[1] < best[1])) best = cand;
     });
     if (best !== null) {
-      this.stopped = true; this.held = "";
+      this.stopped = true; this.held = ""; this.matched = best[2];
       return buffer.slice(0, best[0] + best[1]);
     }
     var keep = this.partialMatchLength(buffer);
@@ -162,20 +185,29 @@
     return text;
   };
 
-  /* The streaming rows export.py's `stream` produces: one per id, then the two flushes. */
-  function streamRows(tok, text, stops) {
+  /* What export.py's `stream` produces, Engine.postprocess step by step: a row per id fed (an
+   * EOS id gets a row, fed: false, and ends the request), the two flushes unless a stop string
+   * ended it, the ids never fed, and the finish_reason / stop_reason the engine would report
+   * (running out of ids is max_tokens: "length"). */
+  function streamRows(tok, ids, stops) {
     var detok = new StreamingDetokenizer(tok), matcher = new StopStringMatcher(stops), rows = [];
-    tok.encodeOrdinary(text).forEach(function (id) {
-      var delta = detok.feed(id);
-      rows.push({id: id, naive: tok.decode([id]), delta: delta, shown: matcher.feed(delta),
+    var eos = tok.special["<|endoftext|>"], k = 0, finish = "length", reason = null;
+    for (; k < ids.length; k++) {
+      var id = ids[k], fed = id !== eos, delta = fed ? detok.feed(id) : "";
+      rows.push({id: id, naive: tok.decode([id]), fed: fed, delta: delta,
+                 shown: fed ? matcher.feed(delta) : "", held: matcher.held, stopped: matcher.stopped});
+      if (!fed) { finish = "stop"; break; }
+      if (matcher.stopped) { finish = "stop"; reason = matcher.matched; break; }
+    }
+    if (!matcher.stopped) {
+      var tail = detok.flush();
+      rows.push({id: null, naive: "", fed: true, delta: tail, shown: matcher.feed(tail),
                  held: matcher.held, stopped: matcher.stopped});
-    });
-    var tail = detok.flush();
-    rows.push({id: null, naive: "", delta: tail, shown: matcher.feed(tail), held: matcher.held,
-               stopped: matcher.stopped});
-    rows.push({id: null, naive: "", delta: "", shown: matcher.flush(), held: "",
-               stopped: matcher.stopped});
-    return rows;
+      rows.push({id: null, naive: "", fed: true, delta: "", shown: matcher.flush(), held: "",
+                 stopped: matcher.stopped});
+      if (matcher.stopped) { finish = "stop"; reason = matcher.matched; }
+    }
+    return {rows: rows, not_fed: ids.slice(k + 1), finish_reason: finish, stop_reason: reason};
   }
 
   // --- display helpers ---------------------------------------------------------------------
@@ -218,7 +250,10 @@
           jsSteps !== pySteps) bad.push(ref.text);
     });
     data.streams.forEach(function (s) {
-      if (JSON.stringify(streamRows(tok, s.text, s.stop)) !== JSON.stringify(s.rows)) bad.push(s.text);
+      var got = streamRows(tok, tok.encode(s.text, s.allowed_special), s.stop);
+      var want = {rows: s.rows, not_fed: s.not_fed, finish_reason: s.finish_reason,
+                  stop_reason: s.stop_reason};
+      if (JSON.stringify(got) !== JSON.stringify(want)) bad.push(s.text);
     });
 
     var ui = make("div", "bpe-sim");
@@ -276,24 +311,27 @@
     [summary, preTitle, pre, tokTitle, toks, mergeTitle, merges, streamTitle, stopRow, error,
      table, streamNote, shownBox].forEach(function (n) { ui.appendChild(n); });
 
-    var picked = null, rows = [], fed = 0;
+    var picked = null, rows = [], notFed = [], finish = null, fed = 0;
 
     function ids() { return tok.encode(textBox.value, special.checked); }
+    function isSpecial(p) { return special.checked && tok.special[p] !== undefined; }
 
     function renderTokens() {
-      var pieces = tok.preTokenize(textBox.value), list = ids();
+      var pieces = tok.pieces(textBox.value, special.checked), list = ids();
       var nbytes = encoder.encode(textBox.value).length;
       summary.textContent = Array.from(textBox.value).length + " characters, " + nbytes + " bytes, " +
         pieces.length + " pre-tokens, " + list.length + " tokens" +
         (list.length ? " (" + (nbytes / list.length).toFixed(2) + " bytes per token)" : "");
       pre.textContent = "";
       if (picked === null || pieces.indexOf(picked) < 0) {
-        picked = pieces.reduce(function (a, b) {
+        var words = pieces.filter(function (p) { return !isSpecial(p); });
+        picked = words.reduce(function (a, b) {
           return encoder.encode(b).length > encoder.encode(a).length ? b : a;
-        }, pieces[0] || null);
+        }, words[0] || pieces[0] || null);
       }
       pieces.forEach(function (p) {
-        var chip = make("button", "gl-tok bpe-piece" + (p === picked ? " gl-tok-new" : ""), visible(p));
+        var chip = make("button", "gl-tok bpe-piece" + (isSpecial(p) ? " gl-tok-eos bpe-piece-special" : "") +
+                        (p === picked ? " gl-tok-new" : ""), visible(p));
         chip.type = "button";
         chip.setAttribute("data-piece", p);
         chip.addEventListener("click", function () { picked = p; renderTokens(); });
@@ -304,9 +342,9 @@
         var chip = make("span", "bpe-token bpe-token-" + (i % 2));
         chip.setAttribute("data-id", String(id));
         chip.appendChild(make("span", "bpe-token-id", String(id)));
-        var b = tok.idToSpecial[id] ? tok.idToSpecial[id] : tok.bytesOf(id);
+        var b = tok.bytesOf(id);
         chip.appendChild(make("span", "bpe-token-text",
-                              tok.idToSpecial[id] ? "<|endoftext|>" : partLabel(key(b))));
+                              tok.idToSpecial[id] ? decoder.decode(b) : partLabel(key(b))));
         toks.appendChild(chip);
       });
       renderMerges();
@@ -315,6 +353,12 @@
     function renderMerges() {
       merges.textContent = "";
       if (picked === null) { mergeTitle.textContent = "3. Merges"; return; }
+      if (isSpecial(picked)) {
+        mergeTitle.textContent = "3. Merges inside \u201c" + picked + "\u201d: none";
+        merges.appendChild(make("li", "bpe-step bpe-step-end", "A special token (allowed_special): " +
+          "cut out before the split pattern runs, one id (" + tok.special[picked] + "), never merged."));
+        return;
+      }
       var steps = [];
       tok.mergeParts(encoder.encode(picked), steps);
       mergeTitle.textContent = "3. Merges inside \u201c" + visible(picked) + "\u201d: " +
@@ -348,8 +392,11 @@
 
     function resetStream() {
       error.hidden = true;
-      try { rows = streamRows(tok, textBox.value, stops()); } catch (e) {
-        rows = []; error.textContent = e.message; error.hidden = false;
+      try {
+        var s = streamRows(tok, ids(), stops());
+        rows = s.rows; notFed = s.not_fed; finish = s;
+      } catch (e) {
+        rows = []; notFed = []; finish = null; error.textContent = e.message; error.hidden = false;
       }
       fed = 0;
       renderStream();
@@ -369,29 +416,53 @@
       for (var i = 0; i < fed; i++) {
         var r = rows[i], tr = make("tr", "bpe-row");
         tr.setAttribute("data-row", JSON.stringify(r));
-        var label = r.id === null ? (i === rows.length - 2 ? "flush detokenizer" : "flush matcher")
+        var label = r.id === null ? (rows[i + 1] ? "flush detokenizer" : "flush matcher")
                                   : String(i + 1);
         cell(tr, label);
         cell(tr, r.id === null ? "" : String(r.id));
         cell(tr, visible(r.naive), r.naive.indexOf("\ufffd") >= 0 ? "bpe-bad" : "");
-        cell(tr, visible(r.delta));
-        cell(tr, visible(r.shown), r.stopped && r.shown === "" ? "" : "bpe-ok");
+        if (r.fed) {
+          cell(tr, visible(r.delta));
+          cell(tr, visible(r.shown), r.stopped && r.shown === "" ? "" : "bpe-ok");
+        } else {                                   // EOS: postprocess never feeds it
+          cell(tr, "not fed (EOS)").colSpan = 2;
+        }
         cell(tr, visible(r.held));
         table.appendChild(tr);
         shown += r.shown;
       }
+      var done = fed === rows.length && rows.length > 0;
+      if (done) {
+        // What the engine never sees: generation ended before these ids.
+        notFed.forEach(function (id, j) {
+          var tr = make("tr", "bpe-row-unfed");
+          tr.setAttribute("data-id", String(id));
+          tr.style.opacity = "0.45";
+          cell(tr, String(fed + j + 1));
+          cell(tr, String(id));
+          cell(tr, visible(tok.decode([id])));
+          cell(tr, "not fed: the request has ended").colSpan = 3;
+          table.appendChild(tr);
+        });
+      }
       shownBox.textContent = shown;
       shownBox.hidden = fed === 0;
-      var stoppedAt = rows.slice(0, fed).find(function (r) { return r.stopped; });
-      streamNote.textContent = fed === 0 ? "Press \u201cFeed the next id\u201d." :
-        stoppedAt ? "A stop string completed: generation would end here (finish_reason \"stop\"); " +
-                    "the stop string and what follows are never shown." :
-        fed === rows.length ? "End of the ids: both flushes done." : "";
+      var why = finish === null ? "" : finish.stop_reason !== null ?
+        "the stop string " + JSON.stringify(finish.stop_reason) + " completed" :
+        finish.finish_reason === "stop" ? "the EOS id came (its text is never shown)" : "";
+      var ended = done ? (finish.finish_reason === "length" ?
+          "End of the ids (max_tokens reached: finish_reason \"length\"): both flushes done." :
+          "Generation ends here: " + why + " (finish_reason \"stop\"" +
+          (finish.stop_reason !== null ? ", stop_reason " + JSON.stringify(finish.stop_reason) : "") +
+          "). " + (finish.stop_reason !== null ? "The stop string and what follows are never shown; " : "") +
+          (notFed.length ? notFed.length + " id(s) left are never fed to the detokenizer or the matcher."
+                         : "No id is left.")) : "";
+      streamNote.textContent = fed === 0 ? "Press \u201cFeed the next id\u201d." : ended;
       feedBtn.disabled = allBtn.disabled = fed >= rows.length;
     }
 
     textBox.addEventListener("input", function () { renderTokens(); resetStream(); });
-    special.addEventListener("change", function () { renderTokens(); });
+    special.addEventListener("change", function () { renderTokens(); resetStream(); });
     examples.addEventListener("change", function () {
       textBox.value = data.examples[Number(examples.value)];
       picked = null; renderTokens(); resetStream();
@@ -401,7 +472,8 @@
     allBtn.addEventListener("click", function () { fed = rows.length; renderStream(); });
     resetBtn.addEventListener("click", resetStream);
 
-    root.bpeSim = {tokenizer: tok, streamRows: function (t, s) { return streamRows(tok, t, s); },
+    root.bpeSim = {tokenizer: tok,
+                   streamRows: function (t, s, allowed) { return streamRows(tok, tok.encode(t, allowed), s); },
                    mismatches: bad.length};
     examples.value = "1";
     renderTokens();
