@@ -632,10 +632,8 @@ class Engine(s05.Engine):
 
     def __init__(self, model: TorchTransformer, tokenizer, max_context: int | None = None,
                  logprobs_mode: str = "raw_logprobs", sync_timing: bool = False):
-        if not isinstance(model, TorchTransformer):
-            raise ValueError(f"model must be a TorchTransformer (got {type(model).__name__})")
-        if max_context is None:             # S01 checks it against the model's window
-            max_context = model.config.max_position_embeddings
+        if max_context is None:   # S05 checks the model's type first, S01 the window
+            max_context = getattr(getattr(model, "config", None), "max_position_embeddings", 0)
         super().__init__(model, tokenizer, max_context, logprobs_mode)
         self.sync_timing = sync_timing
 
@@ -740,14 +738,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         s01.check_text(args.prompt, "--prompt")  # argv bytes that are not UTF-8: surrogates
     except ValueError as err:
         parser.error(str(err))
-    if args.threads is not None:
-        # Checked before torch sees it: set_num_threads(0) raises, and after 100000 the first
-        # parallel op segfaults (libgomp cannot create the threads). More threads than logical
-        # CPUs (S07's bound too) would only take turns on them.
-        cores = os.cpu_count() or 1
-        if not 1 <= args.threads <= cores:
-            parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
-        torch.set_num_threads(args.threads)
+    # Checked before torch sees it: set_num_threads(0) raises, and after 100000 the first
+    # parallel op segfaults (libgomp cannot create the threads). More threads than logical
+    # CPUs (S07's bound too) would only take turns on them.
+    cores = os.cpu_count() or 1
+    if not 1 <= args.threads <= cores:
+        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
+    torch.set_num_threads(args.threads)
     bundled = s03.BUNDLED_MODEL_DIR
     if Path(args.model) == bundled and not (bundled / "config.json").exists():
         parser.error(f"the bundled model is not in {bundled} yet: train it with "

@@ -650,7 +650,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 7: TTFT, ITL, throughput and the roofline on the bundled model.")
     parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
-                        help="local checkpoint directory (default: the bundled model)")
+                        help="checkpoint directory or hub id (default: the bundled model)")
     parser.add_argument("--workload", default="chat", choices=sorted(WORKLOAD_KINDS),
                         help="kind of requests: chat (short prompts and answers), long (long "
                              "prompts), mixed (default: chat)")
@@ -674,10 +674,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             check_output_file(args.json)
         except ValueError as err:
             parser.error(f"--json: {err}")
-    model_dir = Path(args.model)
-    if not model_dir.is_dir():
-        parser.error(f"--model: {'not a directory' if model_dir.exists() else 'no such directory'}"
-                     f": {args.model}")
+    from s03_checkpoint import resolve_checkpoint
+    try:   # S03's rule: a missing local path is "no such directory", never a hub download
+        model_dir = resolve_checkpoint(args.model)
+    except ValueError as err:
+        parser.error(f"--model: {err}")
     bundled = model_dir.resolve() == s03.BUNDLED_MODEL_DIR.resolve()
 
     import torch

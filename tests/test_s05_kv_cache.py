@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import s01_generation_loop as s01
+from engine_testing import counting_engine, run_in_turns
 import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
@@ -374,35 +375,7 @@ def test_sampled_tokens_and_logprobs_equal_s04_engine(tiny, seed):
                                [lp.logprob for lp in reference.logprobs], rtol=1e-4, atol=1e-5)
 
 
-class CountingRunner(CachedTransformer):
-    """The chapter's runner, recording each call: ("prefill", prompt tokens) or ("decode",
-    positions cached before the step). Plugged in through the engine's `runner_class` seam."""
-
-    def __init__(self, model, max_seq_len=None):
-        super().__init__(model, max_seq_len)
-        self.calls: list[tuple[str, int]] = []
-
-    def prefill(self, prompt_ids):
-        self.calls.append(("prefill", len(prompt_ids)))
-        return super().prefill(prompt_ids)
-
-    def decode(self, token_id):
-        self.calls.append(("decode", self.cache.num_cached))
-        return super().decode(token_id)
-
-
-class CountingEngine(Engine):
-    runner_class = CountingRunner
-
-
-def run_in_turns(streams):
-    """Advance the streams one step each, in turn, until all are done; their Completions."""
-    pending = dict(enumerate(streams))
-    while pending:
-        for i, stream in list(pending.items()):
-            if next(stream, None) is None:
-                del pending[i]
-    return [stream.result for stream in streams]
+CountingEngine = counting_engine(Engine)
 
 
 def test_a_request_prefills_once_then_decodes_one_token_per_step(tiny_by_name):

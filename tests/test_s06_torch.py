@@ -27,6 +27,7 @@ import pytest
 import torch
 
 import s01_generation_loop as s01
+from engine_testing import counting_engine, run_in_turns
 import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
@@ -574,35 +575,7 @@ def test_main_names_a_missing_bundled_model(monkeypatch, tmp_path, capsys):
 
 # --- regressions: bad input is an error, never wrong tokens -----------------------------------
 
-class CountingRunner(CachedTransformer):
-    """S06's runner, recording each call: ("prefill", prompt tokens) or ("decode", positions
-    cached before the step). Plugged in through the engine's `runner_class` seam."""
-
-    def __init__(self, model, max_seq_len=None):
-        super().__init__(model, max_seq_len)
-        self.calls: list[tuple[str, int]] = []
-
-    def prefill(self, prompt_ids):
-        self.calls.append(("prefill", len(prompt_ids)))
-        return super().prefill(prompt_ids)
-
-    def decode(self, token):
-        self.calls.append(("decode", self.cache.num_cached))
-        return super().decode(token)
-
-
-class CountingEngine(Engine):
-    runner_class = CountingRunner
-
-
-def run_in_turns(streams):
-    """Advance the streams one step each, in turn, until all are done; their Completions."""
-    pending = dict(enumerate(streams))
-    while pending:
-        for i, stream in list(pending.items()):
-            if next(stream, None) is None:
-                del pending[i]
-    return [stream.result for stream in streams]
+CountingEngine = counting_engine(Engine)
 
 
 def test_a_request_prefills_once_then_decodes_from_the_device_token(text_model):

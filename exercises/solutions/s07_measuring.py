@@ -140,27 +140,7 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 def request_latencies(start_s: float, output_times_s: Sequence[float],
                       tokens_per_output: Sequence[int]) -> dict:
-    """The latencies of one request from the harness's stamps, in seconds, as vLLM's
-    `benchmark_serving.py` defines them.
-
-    start_s: when the request was sent. output_times_s: when each output of the stream arrived,
-    in order. tokens_per_output: how many tokens each output carried (1 each for Part I's
-    engines; several when an engine yields several tokens per step). Returns a dict with
-      - "ttft_s": time to first token, output_times_s[0] - start_s;
-      - "itl_s": the inter-token latencies, one per output after the first: the gaps between
-        consecutive outputs, however many tokens each carried (len(output_times_s) - 1 of
-        them; empty for one output);
-      - "e2e_s": end-to-end latency, start to the last output, output_times_s[-1] - start_s;
-      - "tpot_s": time per output token after the first, (e2e_s - ttft_s) / (n - 1) for n
-        tokens in all, None when n == 1.
-    Example: start 10.0, outputs at 10.5, 10.6, 10.8 of one token each: ttft 0.5, itl [0.1,
-    0.2] (up to float rounding), e2e 0.8, tpot 0.15. The same times carrying 2, 3 and 1
-    tokens: the same ttft, itl and e2e, and tpot 0.3 / 5 = 0.06.
-    Raises ValueError "a request needs at least one token" for no output, "tokens_per_output
-    must hold one integer >= 1 per output" when the lists differ in length or a count is not
-    an integer >= 1 (bools are not integers), and "timestamps must be in order: start <=
-    first output <= ... <= last output" otherwise.
-    """
+    """See the stub in exercises/s07_measuring.py for the specification."""
     times = [float(t) for t in output_times_s]
     if not times:
         raise ValueError("a request needs at least one token")
