@@ -24,7 +24,7 @@ include_patterns = ["site/index.md", "chapters/*.md", "notebooks/*.ipynb"]
 exclude_patterns = [".venv", ".git", "site/_build", "**/.ipynb_checkpoints", "data", "tests",
                     "exercises", "benchmarks", "scripts", "artifacts", "build"]
 
-extensions = ["myst_nb", "sphinx.ext.mathjax", "course_site"]
+extensions = ["myst_nb", "sphinx.ext.mathjax", "sphinx_design", "course_site"]
 
 # --- MyST -------------------------------------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
