@@ -96,6 +96,9 @@ def test_deep_dives_are_titled_and_build_it_is_focused(md):
         if opener.startswith("{dropdown}"):
             assert opener.removeprefix("{dropdown}").strip().startswith("Deep dive: "), \
                 f"{md.name}: a dropdown is titled 'Deep dive: ...' (got {opener!r})"
+            # CommonMark: a backtick fence's info string may not contain a backtick; the block
+            # would silently render as raw text (and swallow the next one).
+            assert "`" not in opener, f"{md.name}: no backtick in a Deep dive title ({opener!r})"
             continue
         n = excerpt_length(opener, body)
         assert n is None or n <= MAX_EXCERPT_LINES, (
