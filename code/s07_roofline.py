@@ -164,6 +164,25 @@ def decode_step_cost(config: s03.TransformerConfig, context_len: int, dtype_byte
                     s03.bytes_per_token(config, context_len, dtype_bytes))
 
 
+def batched_decode_cost(config: s03.TransformerConfig, batch_size: int, context_len: int,
+                        dtype_bytes: int = 4) -> StepCost:
+    """One decode step of B = batch_size requests, each a new token attending to S =
+    context_len positions. FLOPs: B times the batch-1 step's. Bytes: the batch-1 step's, plus,
+    for each of the other B - 1 requests, what S03's `cost_breakdown` charges to the token
+    itself and not to a weight: its embedding row (and GPT-2's position row) and, in every
+    layer, the K and V of its S positions. Every weight is read once for the whole batch.
+    Raises ValueError for batch_size < 1 (and `decode_step_cost`'s errors)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1 (got {batch_size!r})")
+    one = decode_step_cost(config, context_len, dtype_bytes)
+    rows = {r.part: r.bytes for r in s03.cost_breakdown(config, context_len, dtype_bytes)}
+    attention = next(p.bytes for p in s03.layer_breakdown(config, context_len, dtype_bytes)
+                     if p.part.startswith("attention"))
+    per_request = (rows["embedding"] + rows.get("position embedding", 0)
+                   + config.num_hidden_layers * attention)
+    return StepCost(batch_size * one.flops, one.bytes + (batch_size - 1) * per_request)
+
+
 def prefill_cost(config: s03.TransformerConfig, prompt_tokens: int, dtype_bytes: int = 4
                  ) -> StepCost:
     """The prefill of a prompt of T = prompt_tokens tokens in one step, LM head on the last
@@ -237,7 +256,7 @@ def plot_roofline(peaks: MachinePeaks, points: Sequence[tuple[str, StepCost, flo
     hi = max(max(intensities), peaks.ridge_intensity) * 4
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
     roof = np.minimum(peaks.matmul_flops_per_s, peaks.bandwidth_bytes_per_s * x)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(10.5, 4.8))
     ax.loglog(x, roof, color="black", lw=2,
               label=f"roof: {peaks.bandwidth_bytes_per_s / 1e9:.1f} GB/s, "
                     f"{peaks.matmul_flops_per_s / 1e9:.0f} GFLOP/s")
@@ -258,7 +277,7 @@ def plot_roofline(peaks: MachinePeaks, points: Sequence[tuple[str, StepCost, flo
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("FLOP/s")
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))   # beside: covers no point
     ax.grid(True, which="both", alpha=0.2)
     fig.tight_layout()
     path = Path(path)

@@ -94,4 +94,4 @@ def test_plot_roofline_writes_a_png(tmp_path):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])   # the PNG's IHDR chunk: width, height
-    assert (width, height) == (900, 576)                # figsize (7.5, 4.8) inches at 120 dpi
+    assert (width, height) == (1260, 576)               # figsize (10.5, 4.8) inches at 120 dpi
