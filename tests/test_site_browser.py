@@ -7,7 +7,8 @@
   per-pass costs that `Engine.generate` produces for the same prompt, seed and temperature on
   the same V = 512 model (the engine is the oracle, run here in Python), and its top-k bars are
   numpy's softmax of the model's row.
-- The quiz scores a right and a wrong answer and links each explanation back to its section.
+- The quiz scores a right and a wrong answer and links each explanation back to its section;
+  each question shows its own choices, shuffled (the shuffle itself: tests/test_quiz_browser.py).
 - The S02 simulator cuts, merges and streams text as code/s02_tokenizer.py does, with and without
   allowed_special="all", and its stream ends where S02's Engine ends generating the same ids.
 Screenshots of the S01 page and of the S02 simulator go to artifacts/ (git-ignored).
@@ -422,6 +423,9 @@ def test_quiz_scores_a_right_and_a_wrong_answer(sites, browser):
         page = watched.page
         page.goto(f"{base}/{rel}")
         page.wait_for_selector(".course-quiz-check")
+        for q in quiz["questions"]:   # shown in a shuffled order, but exactly its own choices
+            labels = page.locator(f'fieldset[data-qid="{q["id"]}"] label.course-quiz-choice')
+            assert sorted(s.strip() for s in labels.all_inner_texts()) == sorted(q["choices"])
         first, second = quiz["questions"][0], quiz["questions"][1]
         wrong = (second["answer"] + 1) % len(second["choices"])
         page.check(f"#{quiz['chapter']}-{first['id']}-{first['answer']}")

@@ -12,6 +12,13 @@ A quiz lives in site/quizzes/<chapter>.json, e.g. site/quizzes/s01-generation-lo
 section of the chapter page that the explanation points back to. The site build checks that the
 anchor exists on the page that embeds the quiz (see course_site.py); this module checks the file
 on its own, so it also runs without Sphinx (tests/test_site_build.py).
+
+`choices` are listed in any order: the widget (renderQuiz in site/static/course.js) shows each
+question's choices shuffled, in an order fixed per page load by a seed (the page's `quiz-seed`
+query parameter, or a random one), and scores by a choice's JSON index, never by its position.
+So no question, choice or explanation may point at a position ("the first choice", "option B",
+"all of the above"). `quiz_html` is the placeholder the page carries; tests/test_quiz_browser.py
+renders it in Chromium.
 """
 from __future__ import annotations
 
@@ -23,6 +30,12 @@ MIN_QUESTIONS = 6
 CHAPTER_RE = re.compile(r"^s\d\d-[a-z0-9]+(?:-[a-z0-9]+)*$")
 ANCHOR_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+# Words that point at a choice by its place, which the shuffled widget does not keep.
+POSITIONAL_RE = re.compile(
+    r"\b(?:all|none|both|neither) of the (?:above|below|others)\b"
+    r"|\b(?:choice|option|answer)s? \(?(?-i:[A-D])\)?(?![\w'])"
+    r"|\b(?:first|second|third|fourth|last|top|bottom) (?:choice|option|answer)\b",
+    re.IGNORECASE)
 
 
 class QuizError(ValueError):
@@ -41,8 +54,9 @@ def validate_quiz(data, name: str) -> dict:
     name: the quiz's name (its file stem), which must equal data["chapter"].
     Raises QuizError (a ValueError) naming the broken rule: unknown or missing keys, fewer than
     MIN_QUESTIONS questions, duplicate ids, fewer than 2 or duplicate choices, an answer that is
-    not an index into choices, an explanation longer than three sentences' worth (600 chars), or
-    a section that is not an anchor slug.
+    not an index into choices, an explanation longer than three sentences' worth (600 chars), a
+    question, choice or explanation that points at a choice by its position (the widget
+    shuffles them: POSITIONAL_RE), or a section that is not an anchor slug.
     """
     where = f"quiz {name!r}"
     if not isinstance(data, dict):
@@ -91,11 +105,29 @@ def validate_quiz(data, name: str) -> dict:
         if len(explanation) > 600:
             raise QuizError(f"{at}: explanation must be one to three sentences (600 characters at "
                             f"most, got {len(explanation)})")
+        for what, text in [("question", q["question"]), ("explanation", explanation)] + \
+                [("choice", c) for c in choices]:
+            m = POSITIONAL_RE.search(text)
+            if m:
+                raise QuizError(f"{at}: the {what} points at a choice by its position "
+                                f"({m.group(0)!r}); choices are shown shuffled, so name the "
+                                "choice instead")
         section = _text(q["section"], at, "section")
         if not ANCHOR_RE.match(section):
             raise QuizError(f"{at}: section must be a section anchor such as 'core-idea' "
                             f"(got {section!r})")
     return data
+
+
+def quiz_html(quiz: dict, name: str) -> str:
+    """The HTML the ```{quiz} NAME``` directive puts on a page for a validated quiz: a
+    <div class="course-quiz"> holding the quiz JSON in a <script type="application/json"> (read
+    by course.js's renderQuiz) and a line shown when JavaScript is off."""
+    # "</" inside a <script> element would end it early; JSON allows "<\/" for "</".
+    payload = json.dumps(quiz, ensure_ascii=False).replace("</", "<\\/")
+    return (f'<div class="course-quiz" data-quiz="{name}">'
+            f'<script type="application/json" class="course-quiz-data">{payload}</script>'
+            '<p class="course-quiz-nojs">The quiz needs JavaScript.</p></div>')
 
 
 def load_quiz(path: Path) -> dict:

@@ -37,7 +37,7 @@ from sphinx.application import Sphinx
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from course_quiz import QuizError, load_quiz
+from course_quiz import QuizError, load_quiz, quiz_html
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +66,7 @@ class QuizDirective(SphinxDirective):
             raise self.error(str(err)) from None
         anchors = self.env.temp_data.setdefault("course_quiz_sections", [])
         anchors.extend((name, q["id"], q["section"]) for q in quiz["questions"])
-        # "</" inside a <script> element would end it early; JSON allows "<\/" for "</".
-        payload = json.dumps(quiz, ensure_ascii=False).replace("</", "<\\/")
-        html = (f'<div class="course-quiz" data-quiz="{name}">'
-                f'<script type="application/json" class="course-quiz-data">{payload}</script>'
-                '<p class="course-quiz-nojs">The quiz needs JavaScript.</p></div>')
-        return [nodes.raw("", html, format="html")]
+        return [nodes.raw("", quiz_html(quiz, name), format="html")]
 
 
 def check_quiz_sections(app: Sphinx, doctree: nodes.document) -> None:

@@ -11,6 +11,14 @@
  * Quizzes. ```{quiz} NAME``` becomes <div class="course-quiz"> holding the quiz JSON (schema:
  * site/ext/course_quiz.py) in a <script type="application/json">; renderQuiz turns it into radio
  * choices, a check button, a score and an explanation that links back to its section.
+ * Each question's choices are shown in a shuffled order (choiceOrder): a Fisher-Yates shuffle
+ * driven by mulberry32, seeded with the FNV-1a hash of "<seed>:<chapter>:<question id>". The seed
+ * is the page's `quiz-seed` query parameter when it is an integer (page.html?quiz-seed=7, which
+ * works from file:// too; the tests use it), otherwise a fresh random number per page load, so a
+ * reload may reorder the choices; the seed in use is written to the quiz's data-quiz-seed
+ * attribute. A choice keeps its JSON index as its identity whatever its position: it is the
+ * radio's value and the end of its id (CHAPTER-QID-INDEX), and scoring and the feedback ("The
+ * answer is ...") read only that index, so no position ever decides a score.
  */
 (function () {
   "use strict";
@@ -62,14 +70,58 @@
     return copy.textContent.trim();
   }
 
+  // FNV-1a, 32 bits: a string to a seed.
+  function hash32(text) {
+    var h = 0x811c9dc5;
+    for (var i = 0; i < text.length; i++) {
+      h ^= text.charCodeAt(i);
+      h = Math.imul(h, 0x01000193) >>> 0;
+    }
+    return h;
+  }
+
+  // mulberry32: a small seeded generator of floats in [0, 1).
+  function mulberry32(seed) {
+    var a = seed >>> 0;
+    return function () {
+      a = (a + 0x6d2b79f5) >>> 0;
+      var t = Math.imul(a ^ (a >>> 15), a | 1);
+      t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    };
+  }
+
+  // The JSON indices 0..n-1 in the order they are shown (a permutation, fixed by seed and key).
+  function choiceOrder(n, seed, key) {
+    var order = [], random = mulberry32(hash32(seed + ":" + key));
+    for (var i = 0; i < n; i++) order.push(i);
+    for (var j = n - 1; j > 0; j--) {
+      var k = Math.floor(random() * (j + 1));
+      var swap = order[j]; order[j] = order[k]; order[k] = swap;
+    }
+    return order;
+  }
+
+  // One seed per page load: ?quiz-seed=N when given, else random.
+  var pageQuizSeed = (function () {
+    var match = /[?&]quiz-seed=(-?\d+)(?:&|$)/.exec(window.location.search);
+    if (match) return Number(match[1]) >>> 0;
+    if (window.crypto && window.crypto.getRandomValues) {
+      return window.crypto.getRandomValues(new Uint32Array(1))[0];
+    }
+    return Math.floor(Math.random() * 4294967296);
+  })();
+
   function renderQuiz(root) {
     var quiz = JSON.parse(root.querySelector("script.course-quiz-data").textContent);
+    root.setAttribute("data-quiz-seed", String(pageQuizSeed));
     var form = el("form", {"class": "course-quiz-form"});
     form.addEventListener("submit", function (e) { e.preventDefault(); });
     quiz.questions.forEach(function (q, qi) {
       var fs = el("fieldset", {"class": "course-quiz-question", "data-qid": q.id});
       fs.appendChild(el("legend", {}, (qi + 1) + ". " + q.question));
-      q.choices.forEach(function (choice, ci) {
+      choiceOrder(q.choices.length, pageQuizSeed, quiz.chapter + ":" + q.id).forEach(function (ci) {
+        var choice = q.choices[ci];
         var id = quiz.chapter + "-" + q.id + "-" + ci;
         var label = el("label", {"for": id, "class": "course-quiz-choice"});
         var input = el("input", {"type": "radio", "name": quiz.chapter + "-" + q.id, "id": id,
