@@ -1,0 +1,195 @@
+"""The S05 "Try it" simulator in a real browser: its numbers are S05's closed forms, exactly.
+
+A minimal page loads site/static/course.js, the simulator's script and the data exported by
+site/simulators/kv-cache/export.py (the same exporter the site runs; its values are checked
+against the work S05's count_work counts on the bundled model in
+tests/test_s05_simulator_data.py). Playwright drives Debian's Chromium:
+
+- for every setting of the exported grid (four model shapes, float32 and bfloat16, cache on and
+  off), the page's own arithmetic gives the Python values at the exported passes, and the
+  totals, as exact integers; so does the crossover context;
+- driving the controls (model, dtype, prompt, new tokens, the cache toggle, the pass buttons and
+  slider) shows those values in the table, digit for digit;
+- in the setting count_work measured, the "counted" column equals the measured work;
+- no console errors. Skipped when Playwright or Chromium is missing.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+playwright_api = pytest.importorskip("playwright.sync_api",
+                                     reason="Playwright is not installed (pip install playwright)")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM = ROOT / "site" / "simulators" / "kv-cache"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def data():
+    spec = importlib.util.spec_from_file_location("s05_sim_export_browser", SIM / "export.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.export()
+
+
+@pytest.fixture(scope="module")
+def page(data, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kv_sim_page")
+    shutil.copy(ROOT / "site" / "static" / "course.js", folder / "course.js")
+    shutil.copy(ROOT / "site" / "static" / "course.css", folder / "course.css")
+    shutil.copy(SIM / "simulator.js", folder / "simulator.js")
+    (folder / "data.js").write_text(
+        f"CourseSim.setData('kv-cache', {json.dumps(data, allow_nan=False)});\n")
+    (folder / "index.html").write_text(
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        "<link rel='stylesheet' href='course.css'></head><body>"
+        "<div class='course-sim' data-sim='kv-cache'></div>"
+        "<script src='course.js'></script><script src='simulator.js'></script>"
+        "<script src='data.js'></script></body></html>")
+    profile = tempfile.mkdtemp(prefix="s05-chromium-")
+    with playwright_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,
+                                                       headless=True, args=ARGS)
+        pg = context.new_page()
+        pg.problems = []
+        pg.on("console", lambda m: pg.problems.append(m.text) if m.type == "error" else None)
+        pg.on("pageerror", lambda e: pg.problems.append(str(e)))
+        pg.goto((folder / "index.html").as_uri())
+        pg.wait_for_selector(".kv-table td")
+        yield pg
+        context.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def shown(pg, column: str) -> dict[str, str]:
+    """{row key: exact integer as digits} of one table column ("pass", "total", "counted")."""
+    cells = pg.locator(f".kv-table tr[data-row] td[data-k='{column}']").all()
+    rows = pg.locator(".kv-table tr[data-row]").all()
+    out = {}
+    for row in rows:
+        cell = row.locator(f"td[data-k='{column}'] .kv-exact")
+        if cell.count():
+            out[row.get_attribute("data-row")] = cell.inner_text().replace(",", "")
+    assert cells, f"no {column} column"
+    return out
+
+
+def choose(pg, config: str, dtype: int, prompt: int, tokens: int, cached: bool) -> None:
+    pg.select_option(".kv-model", config)
+    pg.select_option(".kv-dtype", str(dtype))
+    pg.fill(".kv-prompt", str(prompt))
+    pg.dispatch_event(".kv-prompt", "change")
+    pg.fill(".kv-tokens", str(tokens))
+    pg.dispatch_event(".kv-tokens", "change")
+    if pg.is_checked(".kv-cache-toggle") != cached:
+        pg.click(".kv-cache-toggle")
+
+
+def go_to_pass(pg, i: int) -> None:
+    pg.eval_on_selector(".kv-slider", "(s, i) => { s.value = String(i); "
+                        "s.dispatchEvent(new Event('input')); }", i)
+
+
+def test_the_page_computes_every_exported_value(page, data):
+    assert data["cases"], "the export has no reference settings"
+    for case in data["cases"]:
+        got = page.evaluate("c => document.querySelector('.kv-sim').kvSim.reference("
+                            "c.config, c.dtype_bytes, c.prompt_len, c.new_tokens, c.cached)", case)
+        expected = {k: case[k] for k in ("passes", "shown", "totals")}
+        assert got == expected, {k: case[k] for k in ("config", "dtype_bytes", "prompt_len",
+                                                       "new_tokens", "cached")}
+    for config, by_dtype in data["crossover"].items():
+        for dtype, n in by_dtype.items():
+            assert page.evaluate(f"document.querySelector('.kv-sim').kvSim.crossover("
+                                 f"{json.dumps(config)}, {dtype})") == str(n)
+    assert page.problems == []
+
+
+@pytest.mark.parametrize("setting", [
+    ("bundled", 4, 16, 160, False), ("bundled", 4, 1, 1, True), ("bundled", 4, 250, 20, True),
+    ("bundled", 2, 200, 56, True), ("qwen3-0.6b", 2, 10000, 800, True),
+    ("qwen3-0.6b", 2, 1, 40960, False), ("gpt2", 4, 100, 50, False),
+    ("llama3-8b", 2, 4096, 512, True)], ids=str)
+def test_the_table_shows_the_exported_values(page, data, setting):
+    keys = ("config", "dtype_bytes", "prompt_len", "new_tokens", "cached")
+    case = next((c for c in data["cases"] if tuple(c[k] for k in keys) == setting), None)
+    if case is None:
+        pytest.skip(f"{setting} is not exported (no bundled model in this checkout)")
+    choose(page, case["config"], case["dtype_bytes"], case["prompt_len"], case["new_tokens"],
+           case["cached"])
+    assert page.get_attribute(".kv-sim", "data-passes") == str(case["passes"])
+    for ref in case["shown"]:
+        go_to_pass(page, ref["pass"])
+        assert page.inner_text(".kv-pass-label").startswith(f"pass {ref['pass'] + 1:,} of ")
+        assert shown(page, "pass") == ref["values"]
+        assert shown(page, "total") == ref["cumulative"]
+    assert page.problems == []
+
+
+def test_buttons_step_pass_by_pass_and_the_toggle_keeps_the_pass(page, data):
+    case = next(c for c in data["cases"] if c["config"] == data["configs"][0]["id"]
+                and c["cached"] and c["passes"] >= 4)
+    choose(page, case["config"], case["dtype_bytes"], case["prompt_len"], case["new_tokens"], True)
+    go_to_pass(page, 3)
+    page.click(".kv-first")
+    assert page.is_disabled(".kv-prev") and page.is_disabled(".kv-first")
+    page.click(".kv-next")
+    assert shown(page, "pass") == case["shown"][1]["values"]            # pass 2: a decode
+    assert shown(page, "pass")["fed"] == "1"
+    page.click(".kv-prev")
+    assert shown(page, "pass") == case["shown"][0]["values"]            # pass 1: the prefill
+    page.click(".kv-last")
+    assert page.is_disabled(".kv-next")
+    assert shown(page, "total") == case["totals"]
+    off = next(c for c in data["cases"] if all(c[k] == case[k] for k in
+               ("config", "dtype_bytes", "prompt_len", "new_tokens")) and not c["cached"])
+    page.click(".kv-cache-toggle")                                       # off, same last pass
+    assert shown(page, "total") == off["totals"]
+    assert shown(page, "pass")["kv_written"] == "0"
+    assert page.problems == []
+
+
+def test_a_full_context_and_a_bad_prompt_are_reported(page, data):
+    cfg = next(c for c in data["configs"] if c["id"] == "gpt2")
+    choose(page, "gpt2", 4, cfg["max_context"] - 3, 10, True)
+    assert page.get_attribute(".kv-sim", "data-passes") == "3"
+    assert 'finish_reason "length"' in page.inner_text(".kv-status")
+    choose(page, "gpt2", 4, cfg["max_context"], 10, True)
+    assert page.get_attribute(".kv-sim", "data-passes") == "0"
+    assert "no pass is run" in page.inner_text(".kv-status")
+    choose(page, "gpt2", 4, cfg["max_context"] + 1, 10, True)
+    assert "refused" in page.inner_text(".kv-status")
+    assert page.locator(".kv-table td").count() == 0
+    assert page.problems == []
+
+
+def test_the_counted_column_is_the_work_count_work_measured(page, data):
+    measured = data["measured"]
+    if measured is None:
+        pytest.skip("no bundled model in this checkout, so nothing was counted")
+    assert "every weight FLOP, attention FLOP and K/V byte is equal" in \
+        page.inner_text(".kv-check-note")
+    for cached, mode in ((True, "on"), (False, "off")):
+        choose(page, measured["config"], measured["dtype_bytes"], measured["prompt_len"],
+               measured["new_tokens"], cached)
+        for i in (0, 1, measured["new_tokens"] - 1):
+            go_to_pass(page, i)
+            counted = shown(page, "counted")
+            assert [counted[k] for k in ("weight_flops", "attention_flops", "kv_bytes_read")] \
+                == measured["runs"][mode][i]
+            this_pass = shown(page, "pass")
+            assert [this_pass[k] for k in ("weight_flops", "attention_flops", "kv_bytes_read")] \
+                == measured["runs"][mode][i]
+    assert page.problems == []
