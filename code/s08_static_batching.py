@@ -1,0 +1,1034 @@
+"""S08, static batching: many requests in one forward pass; padding, masks and position ids.
+
+What is new since S07
+    Part I served one request at a time, so a decode step multiplied every weight matrix by a
+    single row. Reading the weights costs the same for one row as for sixty-four, so the cheapest
+    way to serve many requests is to stack them: B requests, one forward pass, B new tokens.
+    This chapter does that in the simplest way, a *static* batch: B prompts go in together, run
+    together until the last one finishes, and come out together.
+
+    - Left padding (`left_pad`): prompts of different lengths become one (B, T) block of ids,
+      each row padded on the left up to the longest, with a bool mask of the real tokens. On the
+      left, because then the last column holds every row's newest token: one LM-head row per
+      request, and decode steps append one column for all rows at once.
+    - Position ids from the mask (`position_ids_from_mask`): a row's first real token is at
+      position 0, whatever its padding, and each decode step adds 1 per row. With the shared
+      column index instead, a padded row's tokens sit at positions shifted by its padding
+      (unsloth #3699); RoPE models hide a uniform shift in attention scores, GPT-2's learned
+      positions do not, so the tests run both families.
+    - The attention mask (`attention_allowed`): causal in columns, and no query ever sees a
+      padding key. A padding query sees its own key only, so no softmax row is all -inf (which
+      would be NaN) even in a column that is all padding for some row.
+    - A batched KV cache (`BatchKVCache`): (L, B, Hkv, S, D), one row (slot) per request, sized
+      for this batch when it starts, so no write can run past it (swarmllm #31).
+    - `BatchRunner`: S06's `TorchTransformer` run on the (B, T) block: S06's own layer code
+      (`qkv`, `finish`, `head`) over the B x T tokens flattened, with batched masked attention
+      in between. Prefill is one pass over (B, T); a decode step one pass over (B, 1).
+    - `Engine.generate(prompts, params)`: one Part I `Sequence` per prompt, made by Part I's
+      seams (its detokenizer, stop matcher, stop ids, S06's `DeviceSampler` and seeded
+      generator), finished by Part I's `postprocess` and `stop_rule`, returned as Part I's
+      `Completion`s, one per prompt, in order. A finished row produces nothing more but keeps
+      its slot, and keeps being computed, until the whole batch ends. `BatchStats`
+      (`engine.last_batch`) counts that waste step by step: useful token slots, padding slots,
+      finished rows idling.
+    - Batch variance. A row computed in a batch of B and alone differs in the last bits, because
+      a matrix product's summation order depends on how many rows it has (BLAS picks its
+      blocking and kernels by shape). `batch_invariant=True` computes every row's products
+      alone, with exactly the shapes the single-request S06 engine uses, so a row's logits are
+      bitwise those of the request run alone; slow, it is the reference tests check the
+      batching logic against exactly. The fast mode is held to it by `follows_batch_rule`:
+      greedy tokens equal up to the first step where the reference's top-2 logit gap is under
+      `BATCH_TOLERANCE`. `measure_batch_variance` measures the largest logit difference per B.
+
+What it does not handle yet
+    Requests that arrive while a batch runs: they wait for the whole batch (S09 schedules per
+    step, continuous batching). A finished row keeps its slot and its compute to the end, and
+    padding costs full compute in prefill and masked keys in every decode step: ragged batches
+    (S09) remove both. The cache is allocated per batch for its longest possible row (S12
+    pages it). One row's error (a NaN row, a penalty overflow) fails the whole batch (S09/S10
+    abort one request). A request whose prompt already fills the context finishes on arrival
+    (Part I's rule: "length", no token) and takes no row.
+
+Run it
+    python code/s08_static_batching.py                          # 8 corpus prompts, bundled model
+    python code/s08_static_batching.py --prompt "Romeo." --prompt "To be, or not" --max-tokens 30
+    python code/s08_static_batching.py --batch-invariant --num-prompts 4
+    python benchmarks/bench_s08_static_batching.py --quick      # tokens/s against B, vs HF
+
+Tests
+    tests/test_s08_static_batching.py: padding, masks and position ids by hand; each row's
+    greedy tokens equal to the S05 engine and to HF `generate` alone, and to HF's left-padded
+    batched `generate`, on the bundled model and tiny random GPT-2, Qwen3 and Llama, prompt
+    lengths 1 to the context limit, B = 1, 2, 3, 8, 32; batch-invariant mode bitwise equal to
+    the request alone (logits) and to the S06 engine (whole completions); permuted batches,
+    seeds independent of batch mates, no NaN in padded rows; the waste counts against closed
+    forms; the public bugs E1, E2, E4, F1, F6 as regression tests; every bad input.
+    tests/test_s08_properties.py: hypothesis over prompt lengths, batch compositions and stop
+    settings. tests/test_parity.py runs this engine in the parity chain.
+
+References
+    Hugging Face transformers `generate()` with `padding_side="left"` and position ids from the
+    attention mask (`cumsum(-1) - 1`), the behaviour the tests compare against. Orca (Yu et
+    al., OSDI 2022) for iteration-level scheduling, the fix for static batching's idle rows, and
+    vLLM (Kwon et al., SOSP 2023) for paged KV memory: S09 and S12. Thinking Machines, "Defeating
+    Nondeterminism in LLM Inference" (He et al., 2025) on batch invariance.
+
+Shape legend (the whole course): B batch, T tokens in this step, S key/value length, H query
+heads, Hkv key/value heads, D head dim, V vocabulary, L layers; C hidden size, N = B x T.
+"""
+from __future__ import annotations
+
+import os
+
+# Before NumPy loads: on matmuls this small, BLAS threads cost more than they give
+# (set OPENBLAS_NUM_THREADS in the environment to choose another count).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+import s01_generation_loop as s01
+import s03_transformer as s03
+import s04_sampling as s04
+import s06_torch as s06
+from s06_sampler import BAD_ROW_ERRORS, compute_logprobs
+
+DEFAULT_MAX_BATCH_SIZE = 32
+# The fast mode's rule against the batch-invariant reference (`follows_batch_rule`): a greedy
+# token may differ only from the first step where the reference's top-2 logit gap is below
+# this. float32, measured on the CPU with `measure_batch_variance` (greedy, 12-16 tokens per
+# request): the largest fast-vs-reference logit difference was 1.7e-5 on the bundled model
+# (B = 8 to 64, logits up to about 20 in size) and 2.0e-6 on the tiny random models of the
+# tests (B = 8 and 25, both attentions), so 1e-3 is over 50 times the most a logit moved.
+# bfloat16 / float16: S06's stated per-logit tolerances against float32, doubled (not
+# measured for batches here: no GPU on the machine this was written on).
+BATCH_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.2, torch.float16: 0.04}
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch as tensors: left padding, position ids, the attention mask
+# ---------------------------------------------------------------------------------------------
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: str | torch.device = "cpu"
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """B prompts of token ids as one block, padded on the left to the longest (T tokens).
+
+    Returns ids int64 (B, T) (pad_id in the padding) and mask bool (B, T), True on real tokens.
+    Raises ValueError for no prompts or an empty one.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("left_pad needs at least one prompt, each with at least one token")
+    t_len = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), t_len), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(prompts), t_len), dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        ids[row, t_len - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.int64)
+        mask[row, t_len - len(prompt):] = True
+    return ids.to(device), mask.to(device)
+
+
+def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids int64 (B, T) from a bool mask (B, T) of real tokens: a row's first real
+    token is at 0, the next at 1, ...; padding gets 0 (any valid position would do: it is
+    masked). HF's rule in `generate`: cumsum(mask) - 1, padding filled."""
+    positions = mask.long().cumsum(-1) - 1                  # (B, T)
+    return positions.masked_fill(~mask, 0)
+
+
+def attention_allowed(key_is_real: torch.Tensor, q_start: int, t_len: int) -> torch.Tensor:
+    """Which key column each query may see: bool (B, T, S), S = q_start + T.
+
+    key_is_real: bool (B, S'), S' >= S, True where a column holds a real token (padding is
+    False). Queries are columns q_start .. q_start + T - 1. A query sees key s when s is not
+    after it (causal) and s is real; it always sees itself, so a padding query has one key
+    and its softmax row is finite (all -inf would give NaN, transformers #25790's setting).
+    """
+    s_len = q_start + t_len
+    device = key_is_real.device
+    q_cols = torch.arange(q_start, s_len, device=device)[:, None]    # (T, 1)
+    k_cols = torch.arange(s_len, device=device)[None, :]             # (1, S)
+    causal = k_cols <= q_cols                                        # (T, S)
+    return causal[None] & (key_is_real[:, None, :s_len] | (k_cols == q_cols)[None])  # (B, T, S)
+
+
+def batched_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                      scale: float, impl: str = "manual") -> torch.Tensor:
+    """Grouped-query attention of B rows with an explicit mask.
+
+    q: (B, H, T, D); k, v: (B, Hkv, S, D); allowed: bool (B, T, S) from `attention_allowed`,
+    or None when every query may see every key (a decode step in a batch without padding).
+    impl "manual": S06's hand-written attention with a batch axis (scores in the activations'
+    dtype, softmax in float32); the H / Hkv query heads that share a key head are stacked
+    along T, so each (row, key head) is one matrix product and no key is copied per group.
+    "sdpa": `scaled_dot_product_attention` with the bool mask. Query head h reads key head
+    h // (H / Hkv), HF's repeat_kv order. Returns (B, H, T, D).
+    """
+    batch, n_heads, t_len, head_dim = q.shape
+    n_kv_heads = k.shape[1]
+    if impl == "sdpa":
+        mask = None if allowed is None else allowed[:, None]               # (B, 1, T, S)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=n_heads != n_kv_heads)
+    group = n_heads // n_kv_heads
+    q_stacked = q.reshape(batch, n_kv_heads, group * t_len, head_dim)   # (B, Hkv, H/Hkv T, D)
+    scores = (q_stacked @ k.transpose(-1, -2)) * scale                  # (B, Hkv, H/Hkv T, S)
+    scores = scores.view(batch, n_kv_heads, group, t_len, -1)           # (B, Hkv, H/Hkv, T, S)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = probs.view(batch, n_kv_heads, group * t_len, -1) @ v          # (B, Hkv, H/Hkv T, D)
+    return out.view(batch, n_heads, t_len, head_dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# The batched KV cache: one row (slot) per request
+# ---------------------------------------------------------------------------------------------
+
+class BatchKVCache:
+    """Keys and values of B sequences that advance together: k, v (L, B, Hkv, S_max, D).
+
+    Column c of every row holds the token that column c of the batch held: with left padding
+    the first columns of a short row are padding (never read: the mask hides them). All rows
+    have the same number of filled columns (`num_cols`), since a static batch adds one column
+    to every row per step. Sized once, for the batch's longest possible run; `write` refuses
+    to go past it (nothing is written then). Raises ValueError for sizes < 1.
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, max_cols: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):
+        for name, value in (("num_layers", num_layers), ("batch_size", batch_size),
+                            ("num_kv_heads", num_kv_heads), ("max_cols", max_cols),
+                            ("head_dim", head_dim)):
+            if not s01.is_int(value) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
+        shape = (num_layers, batch_size, num_kv_heads, max_cols, head_dim)
+        # Zeroed, not empty: a column is always written before it is read, but stale NaN bits
+        # in memory times a probability of 0 would still be NaN.
+        self.k = torch.zeros(shape, dtype=dtype, device=device)   # (L, B, Hkv, S_max, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)   # (L, B, Hkv, S_max, D)
+        self.layer_cols = [0] * num_layers
+
+    @property
+    def max_cols(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def num_cols(self) -> int:
+        """Columns filled in every layer (all layers agree between steps)."""
+        return min(self.layer_cols)
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: slice | int = slice(None),
+              start: int | None = None) -> None:
+        """Store keys and values of T columns from column `start` (default: after the filled
+        ones): k, v (B, Hkv, T, D) for all rows, or (Hkv, T, D) for one row. Raises ValueError
+        when the columns do not fit."""
+        start = self.layer_cols[layer] if start is None else start
+        end = start + k.shape[-2]
+        if end > self.max_cols:
+            raise ValueError(f"batch KV cache is full: layer {layer} has {self.max_cols} columns "
+                             f"and cannot take columns {start}..{end - 1}")
+        self.k[layer, rows, :, start:end] = k
+        self.v[layer, rows, :, start:end] = v
+
+    def advance(self, layer: int, num_cols: int) -> None:
+        """Mark `num_cols` more columns of `layer` as filled."""
+        self.layer_cols[layer] += num_cols
+
+
+# ---------------------------------------------------------------------------------------------
+# The model on a batch
+# ---------------------------------------------------------------------------------------------
+
+class BatchRunner:
+    """S06's `TorchTransformer` run on B sequences at once, against a `BatchKVCache`.
+
+    `prefill(prompts, max_new_tokens)` left-pads the prompts to (B, T), allocates the cache for
+    T + max_new_tokens - 1 columns, runs the block and returns the logits of each row's next
+    token, float32 (B, V) on the device. `decode(tokens)` runs one token per row, int64 (B,)
+    on the device, at each row's next position, and returns (B, V) again.
+
+    Fast mode: the B x T tokens go through S06's own layer code flattened to N = B x T rows
+    (`qkv`, `finish`, `head`: every weight product sees N rows), with `batched_attention` in
+    between. Batch-invariant mode (`batch_invariant=True`): each row runs alone, its real tokens
+    only, through the same layer code and S06's single-request `attention` on its own cached
+    keys, with exactly the shapes S06's engine uses, so its logits are bitwise those of the
+    request run alone; rows in `active` False are skipped (their logits are zeros: nobody reads
+    them). max_seq_len: the most positions a row may reach (the engine's max_context).
+    """
+
+    def __init__(self, model: s06.TorchTransformer, max_seq_len: int | None = None,
+                 batch_invariant: bool = False, pad_id: int = 0):
+        limit = model.config.max_position_embeddings
+        max_seq_len = limit if max_seq_len is None else max_seq_len
+        if not s01.is_int(max_seq_len) or not 1 <= max_seq_len <= limit:
+            raise ValueError(f"max_seq_len must be an integer in [1, max_position_embeddings="
+                             f"{limit}] (got {max_seq_len!r})")
+        self.model = model
+        self.max_seq_len = int(max_seq_len)
+        self.batch_invariant = bool(batch_invariant)
+        self.pad_id = pad_id
+        self.cache: BatchKVCache | None = None
+        self.key_is_real: torch.Tensor | None = None   # bool (B, S_max)
+        self.pad_lens: list[int] = []                   # padding columns per row
+        self.unpadded = True                            # no row has padding
+        self.positions: torch.Tensor | None = None      # int64 (B,): each row's last position
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @torch.inference_mode()
+    def prefill(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                active: Sequence[bool] | None = None) -> torch.Tensor:
+        """Start a batch: B prompts (token id lists), each row allowed up to max_new_tokens
+        generated tokens. Returns float32 (B, V) on the device. Raises ValueError for a bad
+        id, a prompt longer than max_seq_len, or max_new_tokens < 1."""
+        model = self.model
+        if not s01.is_int(max_new_tokens) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
+        for prompt in prompts:
+            if len(prompt) > self.max_seq_len:
+                raise ValueError(f"prompt is {len(prompt)} tokens but a row holds "
+                                 f"{self.max_seq_len} positions (max_seq_len)")
+            model.check_ids(prompt)       # S03's id rules, before anything runs
+        ids, mask = left_pad(prompts, self.pad_id, model.device)            # (B, T) each
+        batch, t_len = ids.shape
+        cfg = model.config
+        self.cache = BatchKVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads,
+                                  t_len + max_new_tokens - 1, cfg.head_dim, model.dtype,
+                                  model.device)
+        self.key_is_real = torch.ones((batch, self.cache.max_cols), dtype=torch.bool,
+                                      device=model.device)
+        self.key_is_real[:, :t_len] = mask
+        self.pad_lens = [t_len - len(p) for p in prompts]
+        self.unpadded = not any(self.pad_lens)
+        positions = position_ids_from_mask(mask)                             # (B, T)
+        self.positions = positions[:, -1].clone()
+        return self.step(ids, positions, active)
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, active: Sequence[bool] | None = None) -> torch.Tensor:
+        """One token per row (int64 (B,) on the device) at each row's next position. A row may
+        be past its last position (a finished row idling): its position stays at the model's
+        last one, so the lookup stays in range; nobody reads its logits. Returns (B, V)."""
+        if self.cache is None:
+            raise ValueError("decode needs a prefilled batch: call prefill(prompts) first")
+        limit = self.model.config.max_position_embeddings
+        self.positions = (self.positions + 1).clamp_(max=limit - 1)
+        return self.step(tokens[:, None], self.positions[:, None], active)
+
+    def step(self, ids: torch.Tensor, positions: torch.Tensor,
+             active: Sequence[bool] | None) -> torch.Tensor:
+        """ids, positions: int64 (B, T) for the next T columns. Returns float32 (B, V)."""
+        if self.batch_invariant:
+            return self._rows_alone(ids, positions, active)
+        return self._batched(ids, positions)
+
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor):
+        """S06's embedding for tokens at explicit positions: ids, positions (N,). Returns
+        x (N, C) and the RoPE cos, sin (N, D) (None for GPT-2, which adds learned positions)."""
+        model = self.model
+        try:
+            x = F.embedding(ids, model.embed_tokens)                       # (N, C)
+        except IndexError as err:   # CPU only (CUDA asserts on the device): nothing cached yet
+            raise ValueError(f"token id must be an integer in [0, V={self.vocab_size})") from err
+        if model.embed_positions is not None:
+            return x + model.embed_positions[positions], None, None
+        return x, model.cos[positions], model.sin[positions]
+
+    def _batched(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        model, cache = self.model, self.cache
+        batch, t_len = ids.shape
+        cfg = model.config
+        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        start = cache.num_cols
+        end = start + t_len
+        if t_len > 1:
+            allowed = attention_allowed(self.key_is_real, start, t_len)      # (B, T, S)
+        else:   # a decode query is the newest column: it may see every real key
+            allowed = None if self.unpadded else self.key_is_real[:, None, :end]   # (B, 1, S)
+        x, cos, sin = self._embed(ids.reshape(-1), positions.reshape(-1))    # (N, C)
+        for layer, block in enumerate(model.blocks):
+            q, k, v = block.qkv(x, cos, sin)           # q (H, N, D); k, v (Hkv, N, D)
+            cache.write(layer, k.reshape(hkv, batch, t_len, d).transpose(0, 1),
+                        v.reshape(hkv, batch, t_len, d).transpose(0, 1))
+            cache.advance(layer, t_len)
+            attn = batched_attention(q.reshape(h, batch, t_len, d).transpose(0, 1),
+                                     cache.k[layer, :, :, :end], cache.v[layer, :, :, :end],
+                                     allowed, block.scale, model.attention_impl)  # (B, H, T, D)
+            attn = attn.transpose(1, 2).reshape(batch * t_len, h, d).transpose(0, 1)  # (H, N, D)
+            x = block.finish(x, attn)                                        # (N, C)
+        return model.head(x.view(batch, t_len, -1)[:, -1])                  # (B, V)
+
+    def _rows_alone(self, ids: torch.Tensor, positions: torch.Tensor,
+                    active: Sequence[bool] | None) -> torch.Tensor:
+        model, cache = self.model, self.cache
+        batch, t_len = ids.shape
+        start = cache.num_cols
+        end = start + t_len
+        logits = torch.zeros((batch, self.vocab_size), dtype=torch.float32, device=model.device)
+        for row in range(batch):
+            if active is not None and not active[row]:
+                continue
+            pad = self.pad_lens[row]
+            first = max(start, pad)              # the row's first real column in this step
+            x, cos, sin = self._embed(ids[row, first - start:], positions[row, first - start:])
+            for layer, block in enumerate(model.blocks):
+                q, k, v = block.qkv(x, cos, sin)   # q (H, T_row, D); k, v (Hkv, T_row, D)
+                cache.write(layer, k, v, rows=row, start=first)
+                keys = cache.k[layer, row, :, pad:end]                      # (Hkv, S_row, D)
+                values = cache.v[layer, row, :, pad:end]
+                attn = s06.attention(q, keys, values, first - pad, block.scale,
+                                     model.attention_impl)                  # (H, T_row, D)
+                x = block.finish(x, attn)
+            logits[row] = model.head(x[-1:])[0]
+        for layer in range(len(model.blocks)):
+            cache.advance(layer, t_len)
+        return logits
+
+
+# ---------------------------------------------------------------------------------------------
+# What a static batch wastes, step by step
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepWaste:
+    """One forward pass of a static batch, in token slots (one slot = one row x one column
+    computed). kind "prefill" (B x T slots) or "decode" (B x 1). useful: slots of requests
+    still running; padding: slots of left padding; idle: slots of rows already finished.
+    masked_keys: key columns attention read and masked out as padding, summed over rows (each
+    decode step still reads a row's padding columns). model_s / step_s: wall seconds of the
+    forward pass / of the whole step (sampling, stop rules, text included)."""
+
+    kind: str
+    rows: int
+    columns: int
+    useful: int
+    padding: int
+    idle: int
+    masked_keys: int
+    model_s: float
+    step_s: float
+
+    @property
+    def slots(self) -> int:
+        return self.rows * self.columns
+
+
+@dataclass
+class BatchStats:
+    """The waste table of one static batch (`Engine.last_batch`, `BatchStream.stats`).
+
+    prompt_tokens[i], output_tokens[i]: row i's prompt and generated lengths; padding[i]: its
+    left-padding columns (T - prompt_tokens[i]); steps: one `StepWaste` per forward pass, the
+    prefill first. Rows are the requests that entered the forward pass, in order (a request
+    finished on arrival takes no row). Totals are sums over steps; `useful_fraction` is the
+    share of computed token slots that belonged to a running request.
+    """
+
+    prompt_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    padding: list[int] = field(default_factory=list)
+    steps: list[StepWaste] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def slots(self) -> int:
+        return sum(s.slots for s in self.steps)
+
+    @property
+    def useful(self) -> int:
+        return sum(s.useful for s in self.steps)
+
+    @property
+    def padding_slots(self) -> int:
+        return sum(s.padding for s in self.steps)
+
+    @property
+    def idle(self) -> int:
+        return sum(s.idle for s in self.steps)
+
+    @property
+    def useful_fraction(self) -> float:
+        return self.useful / self.slots if self.slots else 1.0
+
+    @property
+    def decode_row_steps(self) -> int:
+        """Row-steps of all decode passes (B per pass)."""
+        return sum(s.rows for s in self.steps if s.kind == "decode")
+
+    @property
+    def idle_row_steps(self) -> int:
+        """Decode row-steps spent on rows that had already finished."""
+        return sum(s.idle for s in self.steps if s.kind == "decode")
+
+    def timeline(self) -> list[str]:
+        """One string per row over the cache columns the batch computed: '.' padding, 'P' a
+        prompt token, 'G' a generated token fed back, '-' a column computed for a finished row.
+        (The last generated token of each row is never fed back, so it has no column.)"""
+        decode_steps = sum(1 for s in self.steps if s.kind == "decode")
+        return ["." * pad + "P" * n_prompt + "G" * (n_out - 1) + "-" * (decode_steps - n_out + 1)
+                for pad, n_prompt, n_out in zip(self.padding, self.prompt_tokens,
+                                                self.output_tokens)]
+
+
+def format_waste_table(stats: BatchStats, max_rows: int = 12) -> str:
+    """The waste table as aligned text: every step when there are at most max_rows, else the
+    first and last max_rows // 2 with '...' between; totals over all steps."""
+    lines = [f"{'step':>5} {'kind':<8} {'rows':>5} {'cols':>5} {'useful':>7} {'padding':>8} "
+             f"{'idle':>6} {'masked keys':>12} {'model ms':>9}"]
+    steps = list(enumerate(stats.steps, start=1))
+    half = max_rows // 2
+    shown = steps if len(steps) <= max_rows else steps[:half] + [None] + steps[-half:]
+    for item in shown:
+        if item is None:
+            lines.append(f"{'...':>5}")
+            continue
+        i, s = item
+        lines.append(f"{i:>5} {s.kind:<8} {s.rows:>5} {s.columns:>5} {s.useful:>7,} "
+                     f"{s.padding:>8,} {s.idle:>6,} {s.masked_keys:>12,} {s.model_s * 1e3:>9.2f}")
+    if stats.steps:
+        lines.append(f"{'total':>5} {'':<8} {'':>5} {'':>5} {stats.useful:>7,} "
+                     f"{stats.padding_slots:>8,} {stats.idle:>6,} "
+                     f"{sum(s.masked_keys for s in stats.steps):>12,} "
+                     f"{sum(s.model_s for s in stats.steps) * 1e3:>9.2f}")
+        lines.append(f"{stats.slots:,} token slots computed: {stats.useful_fraction:.1%} useful, "
+                     f"{stats.padding_slots / stats.slots:.1%} padding, "
+                     f"{stats.idle / stats.slots:.1%} finished rows idling "
+                     f"({stats.idle_row_steps:,} of {stats.decode_row_steps:,} decode row-steps)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------------------------
+
+class BatchStream:
+    """Iterate for one list of `RequestOutput`s per step of a static batch (the rows that made
+    a token in that step, in row order); once exhausted, `result` is the list of
+    `Completion`s, one per prompt, in order, and `stats` the batch's `BatchStats`."""
+
+    def __init__(self, steps: Iterator[list[s01.RequestOutput]], seqs: list[s01.Sequence],
+                 stats: BatchStats):
+        self._steps = steps
+        self._seqs = seqs
+        self.stats = stats
+        self._error: Exception | None = None
+
+    def __iter__(self) -> "BatchStream":
+        return self
+
+    def __next__(self) -> list[s01.RequestOutput]:
+        try:
+            return next(self._steps)
+        except StopIteration:
+            raise
+        except Exception as err:
+            self._error = err
+            raise
+
+    @property
+    def result(self) -> list[s01.Completion]:
+        """S01's `CompletionStream.result` for each request (ValueError while the batch is not
+        finished, or when it stopped with an error)."""
+        if self._error is not None:
+            raise ValueError(f"the batch failed, so it has no result: "
+                             f"{type(self._error).__name__}: {self._error}")
+        return [s01.CompletionStream(iter(()), seq).result for seq in self._seqs]
+
+
+class Engine(s06.Engine):
+    """S06's engine for many requests at once: a static batch.
+
+    model, tokenizer, max_context, logprobs_mode, sync_timing: as S06 (max_context is the most
+    positions any one row may reach). max_batch_size: the most prompts one call may take.
+    batch_invariant: compute every row alone (the exact reference, see `BatchRunner`).
+    pad_id: the id written into padding (default the config's pad_token_id, else the first EOS
+    id, as HF checkpoints do; it never matters, since padding is masked and never read as
+    output: transformers #25790, optimum-habana #1539).
+
+    Calls: `generate(prompts, params)` -> list of `Completion`, one per prompt, in order;
+    `stream(prompts, params)` -> `BatchStream` of per-step output lists. params: one
+    SamplingParams for all prompts, a list of one per prompt, or Part I's call style
+    (max_tokens as an int, temperature=, seed=, any SamplingParams field as a keyword).
+    A single prompt (a str) is Part I's call: `generate` returns one `Completion`, `stream` a
+    `CompletionStream`, run as a batch of one. After each batch, `last_batch` is its
+    `BatchStats`.
+    Raises ValueError, before any forward pass, for an empty list, more prompts than
+    max_batch_size, a prompt Part I refuses (empty, or longer than max_context), params that
+    are not SamplingParams or are not one per prompt; and S06's errors for bad rows.
+    """
+
+    runner_class = BatchRunner
+
+    def __init__(self, model: s06.TorchTransformer, tokenizer, max_context: int | None = None,
+                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, batch_invariant: bool = False,
+                 logprobs_mode: str = "raw_logprobs", sync_timing: bool = False,
+                 pad_id: int | None = None):
+        if not s01.is_int(max_batch_size) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be an integer >= 1 (got {max_batch_size!r})")
+        if not isinstance(batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be a bool (got {batch_invariant!r})")
+        super().__init__(model, tokenizer, max_context, logprobs_mode, sync_timing)
+        if pad_id is None:
+            pad_id = model.config.pad_token_id
+        if pad_id is None:
+            pad_id = min(self.eos_ids) if self.eos_ids else 0
+        if not s01.is_int(pad_id) or not 0 <= pad_id < model.vocab_size:
+            raise ValueError(f"pad_id must be an integer in [0, V={model.vocab_size}) "
+                             f"(got {pad_id!r})")
+        self.max_batch_size = int(max_batch_size)
+        self.batch_invariant = batch_invariant
+        self.pad_id = int(pad_id)
+        self.runner.batch_invariant = batch_invariant
+        self.runner.pad_id = self.pad_id
+        self.last_batch: BatchStats | None = None
+
+    # --- the public interface ------------------------------------------------------------
+
+    def generate(self, prompts, params=None, temperature: float | None = None,
+                 seed: int | None = None, **options):
+        """Run the prompts as one static batch; one `Completion` per prompt, in order (one
+        `Completion` for a single str prompt). See the class docstring for params."""
+        stream = self.stream(prompts, params, temperature, seed, **options)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompts, params=None, temperature: float | None = None,
+               seed: int | None = None, **options):
+        """Check every request (nothing runs on a bad one) and return a `BatchStream` (a
+        `CompletionStream` for a single str prompt). Arguments as `generate`."""
+        single = isinstance(prompts, str)
+        seqs = self.add_requests([prompts] if single else prompts, params, temperature, seed,
+                                 **options)
+        if single:
+            return s01.CompletionStream(self.run(seqs[0]), seqs[0])
+        stats = BatchStats()
+        return BatchStream(self.run_batch(seqs, stats), seqs, stats)
+
+    def add_requests(self, prompts, params=None, temperature=None, seed=None, **options
+                     ) -> list[s01.Sequence]:
+        """One `Sequence` per prompt, in order, made by Part I's `add_request`. Raises
+        ValueError naming the rule (see the class docstring); nothing is computed."""
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a list of strings (or one string); got "
+                             f"{type(prompts).__name__}")
+        if not prompts:
+            raise ValueError("prompts must hold at least one prompt (got an empty list)")
+        if len(prompts) > self.max_batch_size:
+            raise ValueError(f"a batch holds at most max_batch_size={self.max_batch_size} "
+                             f"prompts (got {len(prompts)}): split them or raise the limit")
+        all_params = self.make_batch_params(len(prompts), params, temperature, seed, options)
+        for i, prompt in enumerate(prompts):   # every prompt checked before any Sequence
+            try:
+                self.check_prompt(prompt)
+            except ValueError as err:
+                raise ValueError(f"prompt {i}: {err}") from None
+        return [self.add_request(prompt, p) for prompt, p in zip(prompts, all_params)]
+
+    def make_batch_params(self, num_prompts: int, params, temperature, seed, options) -> list:
+        """The params of each of num_prompts requests (see the class docstring)."""
+        if isinstance(params, (list, tuple)):
+            if temperature is not None or seed is not None or options:
+                raise ValueError("pass either a list of params objects or keyword fields, "
+                                 "not both")
+            if len(params) != num_prompts:
+                raise ValueError(f"params must be one SamplingParams for all prompts or a list "
+                                 f"of exactly one per prompt (got {len(params)} for "
+                                 f"{num_prompts} prompts)")
+            for i, p in enumerate(params):
+                if not isinstance(p, s01.GenerationParams):
+                    raise ValueError(f"params[{i}] must be a SamplingParams (got "
+                                     f"{type(p).__name__})")
+            return [self.make_params(p) for p in params]
+        if params is None:
+            params = options.pop("max_tokens", 16)
+        elif "max_tokens" in options:
+            raise ValueError("max_tokens was given twice (as params and as a keyword)")
+        if not isinstance(params, s01.GenerationParams) and not s01.is_int(params):
+            raise ValueError(f"params must be a SamplingParams, a list of one per prompt, or "
+                             f"max_tokens as an int (got {type(params).__name__})")
+        return [self.make_params(params, temperature, seed, **options)] * num_prompts
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def model_step(self, seq: s01.Sequence):
+        """Part I's one-request seam has no meaning here: a step runs the whole batch
+        (`model_step_batch`). Raises NotImplementedError."""
+        raise NotImplementedError("S08 steps whole batches: see Engine.model_step_batch")
+
+    def run(self, seq: s01.Sequence) -> Iterator[s01.RequestOutput]:
+        """Part I's loop for one request: a static batch of one."""
+        for outputs in self.run_batch([seq]):
+            yield from outputs
+
+    def run_batch(self, seqs: list[s01.Sequence], stats: BatchStats | None = None
+                  ) -> Iterator[list[s01.RequestOutput]]:
+        """The static batch: one prefill of every running request, then decode steps of one
+        token per row until every row has finished. Yields, per step, the outputs of the rows
+        that made a token. Rows that finished keep their slot and are computed to the end;
+        `stats` (default a new `BatchStats`, kept as `last_batch`) counts that waste."""
+        stats = BatchStats() if stats is None else stats
+        self.last_batch = stats
+        rows = [seq for seq in seqs if not seq.finished]  # finished on arrival: no row
+        if not rows:
+            return
+        if len(rows) > self.max_batch_size:
+            raise ValueError(f"a batch holds at most max_batch_size={self.max_batch_size} "
+                             f"rows (got {len(rows)})")
+        # The most tokens any row can make: its max_tokens, or what is left of its context.
+        max_new = max(min(seq.params.max_tokens, self.max_context - len(seq.prompt_ids))
+                      for seq in rows)
+        t_len = max(len(seq.prompt_ids) for seq in rows)
+        stats.prompt_tokens = [len(seq.prompt_ids) for seq in rows]
+        stats.padding = [t_len - n for n in stats.prompt_tokens]
+        stats.output_tokens = [0] * len(rows)
+        tokens = None
+        while True:
+            active = [not seq.finished for seq in rows]
+            start = time.perf_counter()
+            logits = self.model_step_batch(rows, tokens, active, max_new)   # (B, V)
+            if self.sync_timing:
+                s06.synchronize(self.model.device)
+            model_s = time.perf_counter() - start
+            sampled, tokens = self.sample_batch(logits, rows, active)
+            outputs = []
+            for i, (seq, token) in enumerate(zip(rows, sampled)):
+                if token is None:
+                    continue
+                seq.stats.context_lens.append(len(seq.token_ids))
+                outputs.append(self.postprocess(seq, token))
+                seq.num_computed_tokens = len(seq.token_ids) - 1
+                seq.stats.pass_times_s.append(model_s)
+                stats.output_tokens[i] += 1
+            step_s = time.perf_counter() - start
+            for seq, token in zip(rows, sampled):
+                if token is not None:
+                    seq.stats.step_times_s.append(step_s)
+            stats.steps.append(self.step_waste(stats, active, len(stats.steps) > 0, model_s,
+                                               step_s))
+            yield outputs
+            if all(seq.finished for seq in rows):
+                return
+
+    def step_waste(self, stats: BatchStats, active: list[bool], decode: bool, model_s: float,
+                   step_s: float) -> StepWaste:
+        """The `StepWaste` of the step just run (active: rows running at its start)."""
+        rows = len(active)
+        if not decode:
+            t_len = stats.prompt_tokens[0] + stats.padding[0]
+            return StepWaste("prefill", rows, t_len, sum(stats.prompt_tokens),
+                             sum(stats.padding), 0, 0, model_s, step_s)
+        busy = sum(active)
+        return StepWaste("decode", rows, 1, busy, 0, rows - busy, sum(stats.padding),
+                         model_s, step_s)
+
+    # --- seams ---------------------------------------------------------------------------
+
+    def model_step_batch(self, rows: list[s01.Sequence], tokens: torch.Tensor | None,
+                         active: list[bool], max_new_tokens: int) -> torch.Tensor:
+        """Raw logits float32 (B, V), on the device, of each row's next token: the prefill of
+        every prompt when tokens is None, else a decode step of tokens (int64 (B,))."""
+        if tokens is None:
+            return self.runner.prefill([seq.prompt_ids for seq in rows], max_new_tokens, active)
+        return self.runner.decode(tokens, active)
+
+    @staticmethod
+    def plain_greedy(seq: s01.Sequence) -> bool:
+        """True when S06's pipeline would leave the row's logits unchanged and take their
+        argmax: greedy, no penalties, min_tokens reached. Such rows are decided together."""
+        sampler = seq.sampler
+        return (seq.params.greedy and sampler.seen is None and sampler.counts is None
+                and len(seq.output_ids) >= seq.params.min_tokens)
+
+    @torch.inference_mode()
+    def sample_batch(self, logits: torch.Tensor, rows: list[s01.Sequence], active: list[bool]
+                     ) -> tuple[list[int | None], torch.Tensor]:
+        """One token per running row from logits (B, V): (host ids, None for finished rows;
+        the next step's input, int64 (B,) on the device; a finished row's entry is never read).
+
+        Plain greedy rows (`plain_greedy`) take one batched argmax; every other row runs its
+        own S06 `DeviceSampler` (its own seeded generator, so its draws do not depend on its
+        batch mates). One device-to-host copy per step brings all B ids. A row S04 refuses
+        (NaN or +inf, no finite entry, ...) raises S04's ValueError, as S06 does.
+        """
+        plain, own = [], []
+        for i, seq in enumerate(rows):
+            if active[i]:
+                (plain if self.plain_greedy(seq) else own).append(i)
+        # Plain greedy rows: the argmax of every row at once (finished rows included when no
+        # row needs its own sampler: their token is never read, and no index is built).
+        every_row = not own
+        tokens = None if every_row else torch.full((len(rows),), self.pad_id, dtype=torch.int64,
+                                                   device=logits.device)
+        if plain:
+            index = None if every_row else torch.tensor(plain, dtype=torch.int64,
+                                                        device=logits.device)
+            top, argmax = (logits if every_row else logits[index]).max(dim=-1)  # first max on a tie
+            # S06 DeviceSampler's flags for a row it would leave unchanged: NaN or +inf -> -2,
+            # no finite entry -> -3.
+            flagged = torch.where(torch.isnan(top) | (top == float("inf")), -2,
+                                  torch.where(top == float("-inf"), -3, argmax))
+            if every_row:
+                tokens = flagged
+            else:
+                tokens[index] = flagged
+        processed = {}
+        for i in own:
+            sampler, n = rows[i].sampler, len(rows[i].output_ids)
+            processed[i] = sampler.process(logits[i], n)
+            tokens[i:i + 1] = sampler.draw(processed[i], n, logits[i])
+        host = tokens.tolist()                           # the one device -> host copy
+        sampled: list[int | None] = [None] * len(rows)
+        for i in plain + own:
+            token = host[i]
+            if token < 0:
+                raise ValueError(BAD_ROW_ERRORS[token])
+            sampled[i] = token
+            seq = rows[i]
+            if i in processed:
+                seq.sampler.update(tokens[i:i + 1])
+            if seq.logprobs is not None:
+                source = (logits[i] if self.logprobs_mode == "raw_logprobs" or i not in processed
+                          else processed[i])
+                seq.logprobs.append(compute_logprobs(source, token, seq.params.logprobs))
+        return sampled, tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch variance: the fast mode against the batch-invariant reference
+# ---------------------------------------------------------------------------------------------
+
+def top2_gaps(completion: s01.Completion) -> list[float]:
+    """Per generated token, the gap between the two most likely tokens' logprobs, which is the
+    gap between their logits (log-softmax subtracts the same number from both). Needs a
+    request made with logprobs >= 2. Raises ValueError otherwise."""
+    if completion.logprobs is None or any(len(lp.top_logprobs) < 2 for lp in completion.logprobs):
+        raise ValueError("top2_gaps needs a completion made with logprobs >= 2")
+    return [lp.top_logprobs[0][1] - lp.top_logprobs[1][1] for lp in completion.logprobs]
+
+
+def first_close_call(gaps: Sequence[float], tolerance: float) -> int:
+    """The first step whose top-2 gap is below tolerance (len(gaps) if none is)."""
+    return next((i for i, gap in enumerate(gaps) if gap < tolerance), len(gaps))
+
+
+def follows_batch_rule(fast: s01.Completion, reference: s01.Completion,
+                       tolerance: float = BATCH_TOLERANCE[torch.float32],
+                       reference_gaps: Sequence[float] | None = None) -> bool:
+    """The rule the fast mode is held to against the batch-invariant reference, for a greedy
+    request: its tokens equal the reference's up to (not including) the first step k where
+    the reference's top-2 logit gap is below `tolerance`; from step k on they may differ (a
+    near-tie can flip when logits move by rounding). With no such step, the whole completions
+    are equal (ids, text, finish_reason, stop_reason).
+
+    reference_gaps: the reference's gaps per step (default `top2_gaps(reference)`, which needs
+    logprobs >= 2). For greedy with penalties, take gaps of the processed logits
+    (logprobs_mode="processed_logprobs"), the row whose argmax was taken.
+    """
+    gaps = top2_gaps(reference) if reference_gaps is None else list(reference_gaps)
+    k = first_close_call(gaps, tolerance)
+    if k == len(gaps):
+        return (fast.token_ids, fast.text, fast.finish_reason, fast.stop_reason) == (
+            reference.token_ids, reference.text, reference.finish_reason, reference.stop_reason)
+    return fast.token_ids[:k] == reference.token_ids[:k]
+
+
+class RecordingEngine(Engine):
+    """An `Engine` that keeps a host copy of every step's raw logits (B, V) in `recorded`,
+    through the `model_step_batch` seam: for measuring batch variance, never for serving."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recorded: list[torch.Tensor] = []
+
+    def model_step_batch(self, rows, tokens, active, max_new_tokens):
+        logits = super().model_step_batch(rows, tokens, active, max_new_tokens)
+        self.recorded.append(logits.detach().float().cpu().clone())
+        return logits
+
+
+@dataclass(frozen=True)
+class VarianceRow:
+    """Fast vs batch-invariant reference on one batch of B greedy requests.
+
+    max_abs_diff: the largest |logit difference| over every row and step compared (a row's
+    steps are compared while its tokens so far agree, so both saw the same inputs);
+    min_gap: the smallest top-2 logit gap of the reference over the same steps; flips:
+    compared steps whose argmax differs; rows_equal: rows whose whole token lists agree;
+    rule_holds: every row follows `follows_batch_rule` at `tolerance`.
+    """
+
+    batch_size: int
+    steps_compared: int
+    max_abs_diff: float
+    min_gap: float
+    flips: int
+    rows_equal: int
+    rule_holds: bool
+    tolerance: float
+
+    @property
+    def can_flip(self) -> bool:
+        """A flip needs two logits to cross: possible once a gap is under twice the largest
+        difference seen."""
+        return self.min_gap < 2 * self.max_abs_diff
+
+
+def measure_batch_variance(model: s06.TorchTransformer, tokenizer, prompts: Sequence[str],
+                           batch_sizes: Sequence[int], max_tokens: int = 16,
+                           tolerance: float | None = None) -> list[VarianceRow]:
+    """For each B, the first B prompts (cycled when there are fewer) run greedily (EOS ignored,
+    so every row makes max_tokens tokens) in the fast mode and in the batch-invariant mode on
+    the same model; their logits compared step by step (see `VarianceRow`)."""
+    tolerance = BATCH_TOLERANCE.get(model.dtype, 0.2) if tolerance is None else tolerance
+    params = s04.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                logprobs=2)
+    table = []
+    for batch_size in batch_sizes:
+        batch = [prompts[i % len(prompts)] for i in range(batch_size)]
+        results = {}
+        for invariant in (False, True):
+            engine = RecordingEngine(model, tokenizer, max_batch_size=batch_size,
+                                     batch_invariant=invariant)
+            results[invariant] = (engine.generate(batch, params), engine.recorded)
+        (fast, fast_logits), (ref, ref_logits) = results[False], results[True]
+        diff, gap, flips, compared = 0.0, float("inf"), 0, 0
+        for row, (f, r) in enumerate(zip(fast, ref)):
+            for step in range(min(len(f.token_ids), len(r.token_ids))):
+                if f.token_ids[:step] != r.token_ids[:step]:
+                    break
+                a, b = fast_logits[step][row], ref_logits[step][row]
+                diff = max(diff, float((a - b).abs().max()))
+                top2 = torch.topk(b, 2).values
+                gap = min(gap, float(top2[0] - top2[1]))
+                flips += int(a.argmax() != b.argmax())
+                compared += 1
+        table.append(VarianceRow(batch_size, compared, diff, gap, flips,
+                                 sum(f.token_ids == r.token_ids for f, r in zip(fast, ref)),
+                                 all(follows_batch_rule(f, r, tolerance)
+                                     for f, r in zip(fast, ref)), tolerance))
+    return table
+
+
+def format_variance_table(table: Sequence[VarianceRow]) -> str:
+    lines = [f"{'B':>4} {'steps':>6} {'max |dlogit|':>13} {'min top-2 gap':>14} {'flips':>6} "
+             f"{'rows equal':>11} {'rule holds':>11}"]
+    for r in table:
+        lines.append(f"{r.batch_size:>4} {r.steps_compared:>6} {r.max_abs_diff:>13.2e} "
+                     f"{r.min_gap:>14.2e} {r.flips:>6} {r.rows_equal:>5}/{r.batch_size:<5} "
+                     f"{str(r.rule_holds):>11}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+def corpus_prompts(tokenizer, num_prompts: int, seed: int, max_context: int) -> list[str]:
+    """num_prompts prompts cut from the corpus (S07's "chat" workload: 8 to 32 tokens)."""
+    import s07_workloads
+    workload = s07_workloads.make_workload("chat", tokenizer, num_prompts, seed, max_context)
+    return [r.prompt for r in workload.requests]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Chapter 8: static batching, many prompts in one forward pass.")
+    parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
+                        help="checkpoint directory or hub id (default: the bundled model)")
+    parser.add_argument("--prompt", action="append", default=None,
+                        help="a prompt; repeat the flag for more, each one a request of the "
+                             "batch (default: --num-prompts prompts cut from the corpus)")
+    parser.add_argument("--num-prompts", type=int, default=8,
+                        help="corpus prompts when no --prompt is given (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=40,
+                        help="most tokens to generate per request (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature, 0 = greedy (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed of every request (default: %(default)s)")
+    parser.add_argument("--device", default=None,
+                        help="cuda, cuda:N or cpu (default: cuda if present)")
+    parser.add_argument("--dtype", default=None, choices=list(s06.DTYPES),
+                        help="parameter and cache dtype (default: bfloat16 on CUDA, float32 on "
+                             "the CPU)")
+    parser.add_argument("--attention", default="manual", choices=s06.ATTENTION_IMPLS,
+                        help="attention implementation (default: %(default)s)")
+    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                        help="most prompts in one batch (default: %(default)s)")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="compute every row alone: slow, bitwise equal to each request run "
+                             "alone")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads, 1 to the logical cores (%d) (default: "
+                             "%%(default)s, as S06)" % (os.cpu_count() or 1))
+    args = parser.parse_args(argv)
+    cores = os.cpu_count() or 1
+    if not 1 <= args.threads <= cores:
+        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
+    if args.num_prompts < 1:
+        parser.error(f"--num-prompts must be >= 1 (got {args.num_prompts})")
+    try:
+        for prompt in args.prompt or []:
+            s01.check_text(prompt, "--prompt")
+    except ValueError as err:
+        parser.error(str(err))
+    torch.set_num_threads(args.threads)
+    bundled = s03.BUNDLED_MODEL_DIR
+    if Path(args.model) == bundled and not (bundled / "config.json").exists():
+        parser.error(f"the bundled model is not in {bundled} yet: train it with "
+                     "python scripts/train_bundled_model.py, or pass --model DIR")
+    try:
+        model, tokenizer = s06.load(args.model, args.device, args.dtype, args.attention)
+        max_context = min(model.config.max_position_embeddings, 4096)
+        prompts = args.prompt or corpus_prompts(tokenizer, args.num_prompts, args.seed,
+                                                max_context)
+        engine = Engine(model, tokenizer, max_context, max_batch_size=args.max_batch_size,
+                        batch_invariant=args.batch_invariant)
+        params = s04.SamplingParams(temperature=args.temperature, seed=args.seed,
+                                    max_tokens=args.max_tokens)
+        start = time.perf_counter()
+        completions = engine.generate(prompts, params)
+        wall_s = time.perf_counter() - start
+    except ValueError as err:
+        parser.error(str(err))
+    cfg = model.config
+    mode = "batch-invariant (every row alone)" if args.batch_invariant else "fast (one pass)"
+    print(f"{cfg.model_type}, {s03.parameter_count(cfg):,} parameters on {model.device} in "
+          f"{str(model.dtype).removeprefix('torch.')}; {len(prompts)} requests in one static "
+          f"batch, {mode} mode")
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        print(f"\n--- request {i}: prompt ({len(tokenizer.encode(prompt))} tokens) ---\n{prompt}")
+        print(f"--- completion ({len(completion.token_ids)} tokens, finish_reason="
+              f"{completion.finish_reason}) ---\n{completion.text}")
+    stats = engine.last_batch
+    generated = sum(len(c.token_ids) for c in completions)
+    print(f"\n--- the batch: {generated} tokens in {wall_s:.2f} s "
+          f"({generated / wall_s:.0f} tokens/s, first call: one-off costs included) ---")
+    print(format_waste_table(stats))
+    if stats.batch_size and len(stats.timeline()[0]) <= 100:
+        print("\nrows over cache columns ('.' padding, 'P' prompt, 'G' generated, '-' finished, "
+              "still computed):")
+        for i, line in enumerate(stats.timeline()):
+            print(f"{i:>4} {line}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
