@@ -610,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Chapter 4: sampling controls.")
     parser.add_argument("--model", default=None,
                         help="checkpoint directory or hub id (default: the bundled model)")
-    parser.add_argument("--prompt", default="HAMLET:\nTo be, or not to be",
+    parser.add_argument("--prompt", default="Ham.\nTo be, or not to be",
                         help="text to continue (default: %(default)r)")
     parser.add_argument("--max-tokens", type=int, default=20, help="tokens per completion (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every sampled request (default: %(default)s)")

@@ -112,6 +112,19 @@ def test_first_cell_finds_the_code_from_the_repository_root_too():
     assert f"repository root: {ROOT}" in _text(probe)
 
 
+def test_prompts_are_the_corpus_own_text():
+    # data/shakespeare.txt writes a speaker as `Ham.` on a line of its own, never `HAMLET:`; a
+    # prompt in that form is in the format the bundled model learned.
+    import ast
+    corpus = (ROOT / "data" / "shakespeare.txt").read_text(encoding="utf-8")
+    notebook = re.findall(r"^(?:PEAKED_)?PROMPT = (\".*?\")", code_source(NOTEBOOK), re.MULTILINE)
+    cli = re.findall(r'"--prompt", default=(".*?")',
+                     (ROOT / "code" / "s04_sampling.py").read_text(encoding="utf-8"))
+    assert len(notebook) == 2 and len(cli) == 1
+    for prompt in map(ast.literal_eval, notebook + cli):
+        assert prompt.startswith("Ham.\n") and prompt in corpus, prompt
+
+
 def _chapter_prose() -> str:
     # Line breaks in the Markdown source are spaces in the text the reader sees.
     return " ".join(CHAPTER.read_text(encoding="utf-8").split())
@@ -152,7 +165,7 @@ def test_chapter_quotes_the_tour_on_the_bundled_model():
     model, tokenizer, _ = load_demo_model()
     engine = Engine(model, tokenizer, model.config.max_position_embeddings)
     settings = dict(DEMO_SETTINGS)
-    prompt = "HAMLET:\nTo be, or not to be"
+    prompt = "Ham.\nTo be, or not to be"
 
     def run(label, max_tokens=20, eng=engine):
         params = SamplingParams(max_tokens=max_tokens, seed=0, logprobs=3, **settings[label])
