@@ -1,0 +1,154 @@
+"""The S08 "Try it" simulator in a real browser: it replays the exported batches exactly.
+
+A minimal page loads site/static/course.js, course.css, the simulator's script and the data
+exported by site/simulators/static-batch/export.py (the same exporter the site runs; its data is
+held against independent oracles in tests/test_s08_simulator_data.py). Playwright drives
+Debian's Chromium. For every exported batch, at the prefill, a middle step and the last step:
+
+- the grid has one row per request and one cell per cache column, and every computed cell has
+  the class of the exported `BatchStats.timeline()` character, every later one "not yet";
+- the counters of the step equal the exported `StepWaste` (kind, rows, columns, useful,
+  padding, idle, masked keys), and the running totals equal its sums;
+- each row's status says how many tokens it has made, and at the last step every row shows the
+  engine's completion text and finish reason;
+- the page's own consistency banner stays hidden and there are no console errors.
+Skipped when Playwright or Chromium is missing.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+playwright_api = pytest.importorskip("playwright.sync_api",
+                                     reason="Playwright is not installed (pip install playwright)")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM = ROOT / "site" / "simulators" / "static-batch"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CLASSES = {".": "sb-pad", "P": "sb-prompt", "G": "sb-gen", "-": "sb-idle"}
+FIELDS = ("kind", "rows", "columns", "useful", "padding", "idle", "masked_keys")
+
+
+@pytest.fixture(scope="module")
+def data():
+    import s03_transformer as s03
+    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
+        pytest.skip("data/model has no bundled model")
+    spec = importlib.util.spec_from_file_location("s08_sim_export_browser", SIM / "export.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.export()
+
+
+@pytest.fixture(scope="module")
+def page(data, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sb_sim_page")
+    shutil.copy(ROOT / "site" / "static" / "course.js", folder / "course.js")
+    shutil.copy(ROOT / "site" / "static" / "course.css", folder / "course.css")
+    shutil.copy(SIM / "simulator.js", folder / "simulator.js")
+    (folder / "data.js").write_text(
+        f"CourseSim.setData('static-batch', {json.dumps(data, allow_nan=False)});\n")
+    (folder / "index.html").write_text(
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        "<link rel='stylesheet' href='course.css'></head><body>"
+        "<div class='course-sim' data-sim='static-batch'></div>"
+        "<script src='course.js'></script><script src='simulator.js'></script>"
+        "<script src='data.js'></script></body></html>")
+    profile = tempfile.mkdtemp(prefix="s08-chromium-")
+    with playwright_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,
+                                                       headless=True, args=ARGS)
+        pg = context.new_page()
+        pg.problems = []
+        pg.on("console", lambda m: pg.problems.append(m.text) if m.type == "error" else None)
+        pg.on("pageerror", lambda e: pg.problems.append(str(e)))
+        pg.goto((folder / "index.html").as_uri())
+        pg.wait_for_selector(".sb-grid")
+        yield pg
+        context.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def go_to(pg, step: int) -> None:
+    pg.locator(".sb-slider").fill(str(step))          # fires "input"
+    pg.wait_for_function(f"document.querySelector('.sb-step-label').textContent"
+                         f".startsWith('step {step} of')")
+
+
+def grid_classes(pg) -> list[list[str]]:
+    return pg.evaluate("""() => Array.from(document.querySelectorAll('.sb-grid-row')).map(tr =>
+        Array.from(tr.querySelectorAll('.sb-cell')).map(c => c.className.split(' ')[1]))""")
+
+
+def counters(pg, row: str) -> dict:
+    return pg.evaluate(f"""() => Object.fromEntries(Array.from(document.querySelectorAll(
+        '.{row} td[data-field]')).map(td => [td.dataset.field, td.textContent]))""")
+
+
+def test_every_batch_replays_the_engine_step_by_step(page, data):
+    assert page.locator(".sb-banner").is_hidden()
+    for index, batch in enumerate(data["batches"]):
+        page.select_option(".sb-pick", str(index))
+        steps, timeline = batch["steps"], batch["timeline"]
+        t_len = max(len(r["prompt_ids"]) for r in batch["rows"])
+        outputs = [len(r["generated"]) for r in batch["rows"]]
+        for step in sorted({1, 2, len(steps) // 2, len(steps)} - {0}):
+            go_to(page, step)
+            computed = t_len + step - 1                       # columns computed by this step
+            shown = grid_classes(page)
+            assert len(shown) == len(timeline)
+            for line, cells in zip(timeline, shown):
+                assert len(cells) == len(line)
+                assert cells[:computed] == [CLASSES[ch] for ch in line[:computed]]
+                assert set(cells[computed:]) <= {"sb-future"}
+            now = counters(page, "sb-this-step")
+            exported = steps[step - 1]
+            assert now["kind"] == exported["kind"]
+            for field in FIELDS[1:]:
+                assert int(now[field]) == exported[field], (batch["id"], step, field)
+            assert int(now["slots"]) == exported["rows"] * exported["columns"]
+            so_far = counters(page, "sb-so-far")
+            for field in ("useful", "padding", "idle"):
+                assert int(so_far[field]) == sum(s[field] for s in steps[:step])
+            assert int(so_far["slots"]) == sum(s["rows"] * s["columns"] for s in steps[:step])
+            statuses = page.locator(".sb-status").all_inner_texts()
+            for status, n in zip(statuses, outputs):
+                made = min(step, n)
+                assert status.startswith(f"{made} token")
+                assert ("finished" in status) == (made == n)
+        texts = page.evaluate("() => Array.from(document.querySelectorAll('.sb-text'))"
+                              ".map(td => td.textContent)")
+        statuses = page.locator(".sb-status").all_inner_texts()
+        for row, text, status in zip(batch["rows"], texts, statuses):
+            assert text == row["text"].replace("\n", "\u21b5")
+            assert f"({row['finish_reason']})" in status
+        totals = counters(page, "sb-so-far")
+        assert int(totals["idle"]) == batch["totals"]["idle"]
+        assert int(totals["slots"]) == batch["totals"]["slots"]
+    assert page.problems == []
+
+
+def test_buttons_move_one_step_and_stop_at_the_ends(page, data):
+    page.select_option(".sb-pick", "0")
+    last = len(data["batches"][0]["steps"])
+    go_to(page, last)
+    page.locator(".sb-reset").click()
+    assert page.locator(".sb-step-label").inner_text().startswith(f"step 1 of {last} (prefill)")
+    assert page.locator(".sb-back").is_disabled()
+    page.locator(".sb-next").click()
+    assert page.locator(".sb-step-label").inner_text() == f"step 2 of {last} (decode)"
+    page.locator(".sb-end").click()
+    assert page.locator(".sb-step-label").inner_text().startswith(f"step {last} of {last}")
+    assert page.locator(".sb-next").is_disabled()
+    assert "The batch is done" in page.locator(".sb-note").inner_text()
+    assert page.problems == []
