@@ -23,7 +23,9 @@ What is new since S07
       for this batch when it starts, so no write can run past it (swarmllm #31).
     - `BatchRunner`: S06's `TorchTransformer` run on the (B, T) block: S06's own layer code
       (`qkv`, `finish`, `head`) over the B x T tokens flattened, with batched masked attention
-      in between. Prefill is one pass over (B, T); a decode step one pass over (B, 1).
+      in between. Prefill is one pass over (B, T); a decode step one pass over (B, 1). Each
+      batch makes its own runner and cache (the engine holds only the model), so streams of
+      one engine may be advanced in any interleaving, each giving what it gives alone.
     - `Engine.generate(prompts, params)`: one Part I `Sequence` per prompt, made by Part I's
       seams (its detokenizer, stop matcher, stop ids, S06's `DeviceSampler` and seeded
       generator), finished by Part I's `postprocess` and `stop_rule`, returned as Part I's
@@ -62,9 +64,10 @@ Tests
     lengths 1 to the context limit, B = 1, 2, 3, 8, 32; batch-invariant mode bitwise equal to
     the request alone (logits) and to the S06 engine (whole completions); permuted batches,
     seeds independent of batch mates, no NaN in padded rows; the waste counts against closed
-    forms; the public bugs E1, E2, E4, F1, F6 as regression tests; every bad input.
-    tests/test_s08_properties.py: hypothesis over prompt lengths, batch compositions and stop
-    settings. tests/test_parity.py runs this engine in the parity chain.
+    forms; the public bugs E1, E2, E4, F1, F6 as regression tests; every bad input; streams
+    interleaved, interrupted and closed. tests/test_s08_properties.py: hypothesis over prompt
+    lengths, batch compositions, stop settings and the interleaving of two streams.
+    tests/test_parity.py runs this engine in the parity chain.
 
 References
     Hugging Face transformers `generate()` with `padding_side="left"` and position ids from the
@@ -329,6 +332,11 @@ class BatchRunner:
         self.positions = (self.positions + 1).clamp_(max=limit - 1)
         return self.step(tokens[:, None], self.positions[:, None], active)
 
+    def release(self) -> None:
+        """Forget the batch: its cache and per-row state go (the runner can prefill again)."""
+        self.cache = self.key_is_real = self.positions = None
+        self.pad_lens, self.unpadded = [], True
+
     def step(self, ids: torch.Tensor, positions: torch.Tensor,
              active: Sequence[bool] | None) -> torch.Tensor:
         """ids, positions: int64 (B, T) for the next T columns. Returns float32 (B, V)."""
@@ -408,9 +416,11 @@ class StepWaste:
     """One forward pass of a static batch, in token slots (one slot = one row x one column
     computed). kind "prefill" (B x T slots) or "decode" (B x 1). useful: slots of requests
     still running; padding: slots of left padding; idle: slots of rows already finished.
-    masked_keys: key columns attention read and masked out as padding, summed over rows (each
-    decode step still reads a row's padding columns). model_s / step_s: wall seconds of the
-    forward pass / of the whole step (sampling, stop rules, text included)."""
+    masked_keys: in a decode step, the padding key columns the fast mode's attention reads and
+    masks out, summed over rows (every decode step reads all of a row's padding columns again,
+    so it is sum(BatchStats.padding)); 0 in the prefill, whose padding is counted in `padding`
+    as whole slots instead. model_s / step_s: wall seconds of the forward pass / of the whole
+    step (sampling, stop rules, text included)."""
 
     kind: str
     rows: int
@@ -521,34 +531,58 @@ def format_waste_table(stats: BatchStats, max_rows: int = 12) -> str:
 class BatchStream:
     """Iterate for one list of `RequestOutput`s per step of a static batch (the rows that made
     a token in that step, in row order); once exhausted, `result` is the list of
-    `Completion`s, one per prompt, in order, and `stats` the batch's `BatchStats`."""
+    `Completion`s, one per prompt, in order, and `stats` the batch's `BatchStats`.
+
+    The batch owns its runner and cache, so streams of one engine may be advanced in any
+    interleaving. `close()` ends the batch early (as a generator's close) and frees its cache.
+    A batch that stopped on an error, on an interrupt (KeyboardInterrupt) or by `close()`
+    before every row finished has no result, and says so; iterating it again yields nothing.
+    """
 
     def __init__(self, steps: Iterator[list[s01.RequestOutput]], seqs: list[s01.Sequence],
                  stats: BatchStats):
         self._steps = steps
         self._seqs = seqs
         self.stats = stats
-        self._error: Exception | None = None
+        self._error: BaseException | None = None
+        self._closed = False
 
     def __iter__(self) -> "BatchStream":
         return self
 
     def __next__(self) -> list[s01.RequestOutput]:
+        if self._closed or self._error is not None:
+            raise StopIteration
         try:
             return next(self._steps)
         except StopIteration:
             raise
-        except Exception as err:
+        except BaseException as err:   # KeyboardInterrupt too: the batch cannot resume
             self._error = err
             raise
 
+    def close(self) -> None:
+        """End the batch now: no more steps run and its cache is freed (a no-op once done)."""
+        self._closed = True
+        close = getattr(self._steps, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def finished(self) -> bool:
+        return all(seq.finished for seq in self._seqs)
+
     @property
     def result(self) -> list[s01.Completion]:
-        """S01's `CompletionStream.result` for each request (ValueError while the batch is not
-        finished, or when it stopped with an error)."""
+        """S01's `CompletionStream.result` for each request. Raises ValueError while the batch
+        is not finished, or when it stopped with an error, an interrupt or `close()` first."""
         if self._error is not None:
-            raise ValueError(f"the batch failed, so it has no result: "
-                             f"{type(self._error).__name__}: {self._error}")
+            err = self._error
+            stopped = "failed" if isinstance(err, Exception) else "was interrupted"
+            detail = type(err).__name__ + (f": {err}" if str(err) else "")
+            raise ValueError(f"the batch {stopped}, so it has no result: {detail}")
+        if self._closed and not self.finished:
+            raise ValueError("the batch was closed before it finished, so it has no result")
         return [s01.CompletionStream(iter(()), seq).result for seq in self._seqs]
 
 
@@ -567,11 +601,15 @@ class Engine(s06.Engine):
     SamplingParams for all prompts, a list of one per prompt, or Part I's call style
     (max_tokens as an int, temperature=, seed=, any SamplingParams field as a keyword).
     A single prompt (a str) is Part I's call: `generate` returns one `Completion`, `stream` a
-    `CompletionStream`, run as a batch of one. After each batch, `last_batch` is its
-    `BatchStats`.
-    Raises ValueError, before any forward pass, for an empty list, more prompts than
-    max_batch_size, a prompt Part I refuses (empty, or longer than max_context), params that
-    are not SamplingParams or are not one per prompt; and S06's errors for bad rows.
+    `CompletionStream`, run as a batch of one. `last_batch` is the `BatchStats` of the batch
+    most recently started: set when `stream` (or `generate`) is called, filled in as it runs.
+    The engine holds the model, not a cache: each batch makes its own `BatchRunner`
+    (`make_runner`, kept by its rows as `seq.batch_runner`) and frees its cache when it ends,
+    so any number of streams can be advanced in turns, each giving what it gives alone.
+    Raises ValueError, before any forward pass or request id, for an empty list, more prompts
+    than max_batch_size, a prompt Part I refuses (empty, or longer than max_context: "prompt
+    i: ..."), params that are not SamplingParams, not one per prompt, or that Part I refuses
+    ("params[i]: ..." for a list); and S06's errors for bad rows.
     """
 
     runner_class = BatchRunner
@@ -595,9 +633,13 @@ class Engine(s06.Engine):
         self.max_batch_size = int(max_batch_size)
         self.batch_invariant = batch_invariant
         self.pad_id = int(pad_id)
-        self.runner.batch_invariant = batch_invariant
-        self.runner.pad_id = self.pad_id
+        self.runner = None   # S05's one shared runner: here each batch has its own (make_runner)
         self.last_batch: BatchStats | None = None
+
+    def make_runner(self) -> BatchRunner:
+        """A fresh `BatchRunner` (and so a fresh cache) for one batch."""
+        return self.runner_class(self.model, self.max_context,
+                                 batch_invariant=self.batch_invariant, pad_id=self.pad_id)
 
     # --- the public interface ------------------------------------------------------------
 
@@ -617,15 +659,17 @@ class Engine(s06.Engine):
         single = isinstance(prompts, str)
         seqs = self.add_requests([prompts] if single else prompts, params, temperature, seed,
                                  **options)
+        stats = self.last_batch = BatchStats()
         if single:
-            return s01.CompletionStream(self.run(seqs[0]), seqs[0])
-        stats = BatchStats()
+            return s01.CompletionStream(self.run(seqs[0], stats), seqs[0])
         return BatchStream(self.run_batch(seqs, stats), seqs, stats)
 
     def add_requests(self, prompts, params=None, temperature=None, seed=None, **options
                      ) -> list[s01.Sequence]:
-        """One `Sequence` per prompt, in order, made by Part I's `add_request`. Raises
-        ValueError naming the rule (see the class docstring); nothing is computed."""
+        """One `Sequence` per prompt, in order, made as Part I's `add_request` makes one.
+        Every prompt and every row's params are checked before the first `Sequence` is made,
+        so a bad request raises ValueError naming the rule and its index (see the class
+        docstring) with nothing computed and no request id used."""
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a list of strings (or one string); got "
                              f"{type(prompts).__name__}")
@@ -635,12 +679,23 @@ class Engine(s06.Engine):
             raise ValueError(f"a batch holds at most max_batch_size={self.max_batch_size} "
                              f"prompts (got {len(prompts)}): split them or raise the limit")
         all_params = self.make_batch_params(len(prompts), params, temperature, seed, options)
+        prompt_ids = []
         for i, prompt in enumerate(prompts):   # every prompt checked before any Sequence
             try:
-                self.check_prompt(prompt)
+                prompt_ids.append(self.check_prompt(prompt))
             except ValueError as err:
                 raise ValueError(f"prompt {i}: {err}") from None
-        return [self.add_request(prompt, p) for prompt, p in zip(prompts, all_params)]
+        seqs = []
+        for i, (ids, p) in enumerate(zip(prompt_ids, all_params)):
+            try:   # the rules that need the model (stop ids in [0, V), ...): no id taken yet
+                seqs.append(self.make_sequence(str(self._request_count + i), ids, p))
+            except ValueError as err:
+                shared = not isinstance(params, (list, tuple))
+                raise ValueError(str(err) if shared else f"params[{i}]: {err}") from None
+        self._request_count += len(seqs)
+        for seq in seqs:
+            self.finish_if_stopped(seq)        # a prompt that fills the context: done at once
+        return seqs
 
     def make_batch_params(self, num_prompts: int, params, temperature, seed, options) -> list:
         """The params of each of num_prompts requests (see the class docstring)."""
@@ -652,11 +707,16 @@ class Engine(s06.Engine):
                 raise ValueError(f"params must be one SamplingParams for all prompts or a list "
                                  f"of exactly one per prompt (got {len(params)} for "
                                  f"{num_prompts} prompts)")
+            made = []
             for i, p in enumerate(params):
                 if not isinstance(p, s01.GenerationParams):
                     raise ValueError(f"params[{i}] must be a SamplingParams (got "
                                      f"{type(p).__name__})")
-            return [self.make_params(p) for p in params]
+                try:
+                    made.append(self.make_params(p))
+                except ValueError as err:
+                    raise ValueError(f"params[{i}]: {err}") from None
+            return made
         if params is None:
             params = options.pop("max_tokens", 16)
         elif "max_tokens" in options:
@@ -673,9 +733,10 @@ class Engine(s06.Engine):
         (`model_step_batch`). Raises NotImplementedError."""
         raise NotImplementedError("S08 steps whole batches: see Engine.model_step_batch")
 
-    def run(self, seq: s01.Sequence) -> Iterator[s01.RequestOutput]:
+    def run(self, seq: s01.Sequence, stats: BatchStats | None = None
+            ) -> Iterator[s01.RequestOutput]:
         """Part I's loop for one request: a static batch of one."""
-        for outputs in self.run_batch([seq]):
+        for outputs in self.run_batch([seq], stats):
             yield from outputs
 
     def run_batch(self, seqs: list[s01.Sequence], stats: BatchStats | None = None
@@ -683,9 +744,10 @@ class Engine(s06.Engine):
         """The static batch: one prefill of every running request, then decode steps of one
         token per row until every row has finished. Yields, per step, the outputs of the rows
         that made a token. Rows that finished keep their slot and are computed to the end;
-        `stats` (default a new `BatchStats`, kept as `last_batch`) counts that waste."""
-        stats = BatchStats() if stats is None else stats
-        self.last_batch = stats
+        `stats` (default a new `BatchStats`, then kept as `last_batch`) counts that waste. The
+        batch has its own runner and cache, freed when it ends, fails or is closed."""
+        if stats is None:
+            stats = self.last_batch = BatchStats()
         rows = [seq for seq in seqs if not seq.finished]  # finished on arrival: no row
         if not rows:
             return
@@ -699,33 +761,39 @@ class Engine(s06.Engine):
         stats.prompt_tokens = [len(seq.prompt_ids) for seq in rows]
         stats.padding = [t_len - n for n in stats.prompt_tokens]
         stats.output_tokens = [0] * len(rows)
+        runner = self.make_runner()        # this batch's own cache: streams never share one
+        for seq in rows:
+            seq.batch_runner = runner
         tokens = None
-        while True:
-            active = [not seq.finished for seq in rows]
-            start = time.perf_counter()
-            logits = self.model_step_batch(rows, tokens, active, max_new)   # (B, V)
-            if self.sync_timing:
-                s06.synchronize(self.model.device)
-            model_s = time.perf_counter() - start
-            sampled, tokens = self.sample_batch(logits, rows, active)
-            outputs = []
-            for i, (seq, token) in enumerate(zip(rows, sampled)):
-                if token is None:
-                    continue
-                seq.stats.context_lens.append(len(seq.token_ids))
-                outputs.append(self.postprocess(seq, token))
-                seq.num_computed_tokens = len(seq.token_ids) - 1
-                seq.stats.pass_times_s.append(model_s)
-                stats.output_tokens[i] += 1
-            step_s = time.perf_counter() - start
-            for seq, token in zip(rows, sampled):
-                if token is not None:
-                    seq.stats.step_times_s.append(step_s)
-            stats.steps.append(self.step_waste(stats, active, len(stats.steps) > 0, model_s,
-                                               step_s))
-            yield outputs
-            if all(seq.finished for seq in rows):
-                return
+        try:
+            while True:
+                active = [not seq.finished for seq in rows]
+                start = time.perf_counter()
+                logits = self.model_step_batch(rows, tokens, active, max_new)   # (B, V)
+                if self.sync_timing:
+                    s06.synchronize(self.model.device)
+                model_s = time.perf_counter() - start
+                sampled, tokens = self.sample_batch(logits, rows, active)
+                outputs = []
+                for i, (seq, token) in enumerate(zip(rows, sampled)):
+                    if token is None:
+                        continue
+                    seq.stats.context_lens.append(len(seq.token_ids))
+                    outputs.append(self.postprocess(seq, token))
+                    seq.num_computed_tokens = len(seq.token_ids) - 1
+                    seq.stats.pass_times_s.append(model_s)
+                    stats.output_tokens[i] += 1
+                step_s = time.perf_counter() - start
+                for seq, token in zip(rows, sampled):
+                    if token is not None:
+                        seq.stats.step_times_s.append(step_s)
+                stats.steps.append(self.step_waste(stats, active, len(stats.steps) > 0,
+                                                   model_s, step_s))
+                yield outputs
+                if all(seq.finished for seq in rows):
+                    return
+        finally:   # done, failed, interrupted or closed: the cache goes with the batch
+            runner.release()
 
     def step_waste(self, stats: BatchStats, active: list[bool], decode: bool, model_s: float,
                    step_s: float) -> StepWaste:
@@ -744,10 +812,12 @@ class Engine(s06.Engine):
     def model_step_batch(self, rows: list[s01.Sequence], tokens: torch.Tensor | None,
                          active: list[bool], max_new_tokens: int) -> torch.Tensor:
         """Raw logits float32 (B, V), on the device, of each row's next token: the prefill of
-        every prompt when tokens is None, else a decode step of tokens (int64 (B,))."""
+        every prompt when tokens is None, else a decode step of tokens (int64 (B,)), on the
+        rows' own runner (`seq.batch_runner`, set by `run_batch`)."""
+        runner = rows[0].batch_runner
         if tokens is None:
-            return self.runner.prefill([seq.prompt_ids for seq in rows], max_new_tokens, active)
-        return self.runner.decode(tokens, active)
+            return runner.prefill([seq.prompt_ids for seq in rows], max_new_tokens, active)
+        return runner.decode(tokens, active)
 
     @staticmethod
     def plain_greedy(seq: s01.Sequence) -> bool:
@@ -761,7 +831,9 @@ class Engine(s06.Engine):
     def sample_batch(self, logits: torch.Tensor, rows: list[s01.Sequence], active: list[bool]
                      ) -> tuple[list[int | None], torch.Tensor]:
         """One token per running row from logits (B, V): (host ids, None for finished rows;
-        the next step's input, int64 (B,) on the device; a finished row's entry is never read).
+        the next step's input, int64 (B,) on the device: pad_id for a finished row, whose
+        logits are never read, so a bad finished row can neither fail the batch nor feed a
+        flag back as an id).
 
         Plain greedy rows (`plain_greedy`) take one batched argmax; every other row runs its
         own S06 `DeviceSampler` (its own seeded generator, so its draws do not depend on its
@@ -772,9 +844,9 @@ class Engine(s06.Engine):
         for i, seq in enumerate(rows):
             if active[i]:
                 (plain if self.plain_greedy(seq) else own).append(i)
-        # Plain greedy rows: the argmax of every row at once (finished rows included when no
-        # row needs its own sampler: their token is never read, and no index is built).
-        every_row = not own
+        # Plain greedy rows: the argmax of every row at once while every row is plain greedy
+        # and running (no index is built); else of the plain rows only, the rest pad_id.
+        every_row = len(plain) == len(rows)
         tokens = None if every_row else torch.full((len(rows),), self.pad_id, dtype=torch.int64,
                                                    device=logits.device)
         if plain:
@@ -985,6 +1057,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
     if args.num_prompts < 1:
         parser.error(f"--num-prompts must be >= 1 (got {args.num_prompts})")
+    if args.max_batch_size < 1:
+        parser.error(f"--max-batch-size must be >= 1 (got {args.max_batch_size})")
+    num_requests = len(args.prompt) if args.prompt else args.num_prompts
+    if num_requests > args.max_batch_size:   # before the model loads
+        given = "--prompt flags" if args.prompt else "--num-prompts"
+        parser.error(f"{num_requests} requests ({given}) do not fit one batch of "
+                     f"--max-batch-size {args.max_batch_size}: raise it or ask for fewer")
     try:
         for prompt in args.prompt or []:
             s01.check_text(prompt, "--prompt")

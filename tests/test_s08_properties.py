@@ -75,3 +75,29 @@ def test_any_batch_equals_each_request_alone(model, batch):
     for f, ref, p in zip(fast, together, params):
         if p.greedy and p.repetition_penalty == 1.0 and p.min_tokens == 0 and p.logprobs:
             assert follows_batch_rule(f, ref, BATCH_TOLERANCE[torch.float32])
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(first=st.lists(requests(), min_size=1, max_size=4),
+       second=st.lists(requests(), min_size=1, max_size=4),
+       order=st.lists(st.booleans(), max_size=20), invariant=st.booleans())
+def test_streams_in_any_interleaving_equal_each_batch_alone(model, first, second, order,
+                                                            invariant):
+    """Two batches of one engine, stepped in any order (`order`: which one steps next, then
+    round robin to the end): each gives exactly its Completions run alone, in either mode,
+    since each batch has its own runner and cache."""
+    tokenizer = IdTokenizer(eos_id=3)
+    engine = Engine(model, tokenizer, CONTEXT, max_batch_size=4, batch_invariant=invariant)
+    batches = [([" ".join(map(str, ids)) for ids, _ in b], [p for _, p in b])
+               for b in (first, second)]
+    alone = [engine.generate(prompts, params) for prompts, params in batches]
+    streams = [engine.stream(prompts, params) for prompts, params in batches]
+    done = [False, False]
+    for pick in [int(b) for b in order] + [0, 1] * 16:
+        if not done[pick]:
+            done[pick] = next(streams[pick], None) is None
+    for stream, want in zip(streams, alone):
+        assert list(stream) == []
+        assert [(c.token_ids, c.text, c.finish_reason, c.logprobs) for c in stream.result] == [
+            (c.token_ids, c.text, c.finish_reason, c.logprobs) for c in want]

@@ -17,6 +17,8 @@ E1 transformers #25790 and E2 optimum-habana PR #1539 (pad == eos), E4 unsloth #
 position ids), F1 transformers #36536 (cached == uncached in float32), F6 swarmllm #31 (the
 context limit ends a row with "length" and nothing is written past the cache).
 """
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
@@ -33,6 +35,7 @@ from s08_static_batching import (
     format_variance_table, format_waste_table, left_pad, main, measure_batch_variance,
     position_ids_from_mask, top2_gaps,
 )
+from engine_testing import run_in_turns
 from test_s03_transformer import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 
 CONTEXT = 96          # max_position_embeddings of every tiny model
@@ -420,12 +423,23 @@ def test_context_limit_ends_each_row_with_length_and_never_overruns_the_cache(ti
     prompt that cannot fit is refused before anything runs."""
     name, hf, model, *_ = tiny
     max_context = 64
-    engine = Engine(model, IdTokenizer(), max_context)
+    runners = []
+
+    class Kept(BatchRunner):              # keeps each batch's runner, to look at its cache
+        def prefill(self, prompts, max_new_tokens, active=None):
+            runners.append((self, self.max_seq_len))
+            logits = super().prefill(prompts, max_new_tokens, active)
+            runners[-1] = (self, self.cache.max_cols)
+            return logits
+
+    engine = type("KeptEngine", (Engine,), {"runner_class": Kept})(model, IdTokenizer(),
+                                                                    max_context)
     prompts = [PROMPTS[i] for i in (0, 20, 23)]          # 1, 59 and 75 tokens
     results = engine.generate([text(p) for p in prompts[:2]], greedy(60, ignore_eos=True))
     assert [r.finish_reason for r in results] == ["length", "length"]
     assert [len(p) + len(r.token_ids) for p, r in zip(prompts, results)] == [61, 64]
-    assert engine.runner.cache.max_cols == 59 + 60 - 1 and engine.last_batch.steps
+    assert runners[0][1] == 59 + 60 - 1 and engine.last_batch.steps
+    assert runners[0][0].cache is None               # freed when the batch ended
     with pytest.raises(ValueError, match="prompt 1: prompt is 75 tokens but max_context is 64"):
         engine.generate([text(prompts[0]), text(prompts[2])], greedy())
 
@@ -450,6 +464,7 @@ def test_waste_counts_equal_closed_forms(tiny):
     assert stats.useful == sum(lengths) + sum(n - 1 for n in outputs)
     assert stats.slots == b * t + b * (steps - 1) == stats.useful + stats.padding_slots + stats.idle
     assert [s.masked_keys for s in stats.steps[1:]] == [sum(stats.padding)] * (steps - 1)
+    assert stats.steps[0].masked_keys == 0         # prefill's padding: counted as slots
     assert stats.timeline() == ["......PPPGGGG---", "PPPPPPPPPG------",
                                 "........PGGGGGGG", "...PPPPPP-------"]
     table = format_waste_table(stats)
@@ -548,6 +563,167 @@ def test_a_bad_row_fails_the_batch_with_s04s_message(tiny):
     with pytest.raises(ValueError, match="logits must not contain NaN or"):
         engine.generate([text(PROMPTS[2]), text(PROMPTS[4])],
                         s04.SamplingParams(temperature=1.0, seed=1, max_tokens=3))
+
+
+def test_nan_in_a_finished_row_is_never_read_nor_fed_back(tiny):
+    """A finished row's logits are never read: NaN written into every finished row (through
+    the `model_step_batch` seam) changes nothing, with every row plain greedy (one batched
+    argmax) and with a sampled row next to them; finished rows are fed pad_id, never a flag
+    (before the fix the NaN row's flag -2 came back as an input id)."""
+    name, hf, model, *_ = tiny
+    fed = []
+
+    class Fed(BatchRunner):
+        def decode(self, tokens, active=None):
+            fed.append((tokens.tolist(), list(active)))
+            return super().decode(tokens, active)
+
+    class NaNWhenFinished(Engine):
+        runner_class = Fed
+
+        def model_step_batch(self, rows, tokens, active, max_new_tokens):
+            logits = super().model_step_batch(rows, tokens, active, max_new_tokens).clone()
+            for i, running in enumerate(active):
+                if not running:
+                    logits[i] = float("nan")
+            return logits
+
+    prompts = [text(PROMPTS[i]) for i in (3, 12, 0)]
+    sampled = s04.SamplingParams(temperature=1.0, seed=4, max_tokens=6)
+    for invariant in (False, True):
+        for params in ([greedy(1), greedy(6), greedy(3)], [greedy(1), sampled, greedy(3)]):
+            fed.clear()
+            want = Engine(model, IdTokenizer(), CONTEXT, batch_invariant=invariant).generate(
+                prompts, params)
+            got = NaNWhenFinished(model, IdTokenizer(), CONTEXT,
+                                  batch_invariant=invariant).generate(prompts, params)
+            assert [c.token_ids for c in got] == [c.token_ids for c in want], (name, invariant)
+            # A finished row is fed pad_id (its last token once, in the step after it ended).
+            assert fed and all(t in (PAD, got[i].token_ids[-1]) for tokens, active in fed
+                               for i, (t, running) in enumerate(zip(tokens, active))
+                               if not running)
+
+
+def test_a_bad_row_is_named_by_index_and_uses_no_request_id(tiny):
+    """Every row's params are checked before the first Sequence is made: a bad one names its
+    index, and the failed call takes no request id (the next call's ids start where they
+    would have)."""
+    name, hf, model, *_ = tiny
+
+    @dataclass(frozen=True)
+    class LaterParams(s04.SamplingParams):        # a later chapter's field, set in one row
+        beam_width: int = 1
+
+    engine = NeverRuns(model, IdTokenizer(), CONTEXT)
+    prompts = ["1 2", "3", "4 5 6", "7"]
+    for params, message in [
+            ([greedy()] * 2 + [greedy(stop_token_ids=[V])] + [greedy()],
+             r"^params\[2\]: stop_token_ids must lie in \[0, V=97\)"),
+            ([greedy(), LaterParams(beam_width=4), greedy(), greedy()],
+             r"^params\[1\]: this engine does not implement \['beam_width'\]")]:
+        with pytest.raises(ValueError, match=message):
+            engine.generate(prompts, params)
+        assert engine._request_count == 0
+    with pytest.raises(ValueError, match=r"^stop_token_ids must lie in"):   # one for all rows
+        engine.generate(prompts, greedy(stop_token_ids=[V]))
+    seqs = Engine(model, IdTokenizer(), CONTEXT).add_requests(prompts, greedy())
+    assert [seq.request_id for seq in seqs] == ["0", "1", "2", "3"]
+
+
+# --- streams: interleaved, interrupted, closed -----------------------------------------------
+
+def test_interleaved_streams_give_what_each_gives_alone(tiny):
+    """Each batch has its own runner and cache: streams of one engine advanced in turns (equal
+    and different batch sizes and lengths, a Part I single-prompt stream among them, one
+    stream started and then dropped) give exactly what each gives run alone, in both modes."""
+    name, hf, model, *_ = tiny
+    a = [text(PROMPTS[i]) for i in (3, 12, 0)]
+    b = [text(PROMPTS[i]) for i in (20, 1, 7)]                # same size, other lengths
+    c = [text(PROMPTS[i]) for i in (5, 28)]                   # another size
+    single = text(PROMPTS[9])
+    params = [greedy(6), greedy(4), s04.SamplingParams(temperature=1.0, seed=2, max_tokens=5)]
+    for invariant in (False, True):
+        engine = Engine(model, IdTokenizer(), CONTEXT, batch_invariant=invariant)
+
+        def ids(result):
+            return ([r.token_ids for r in result] if isinstance(result, list)
+                    else result.token_ids)
+
+        alone = [ids(engine.generate(a, params)), ids(engine.generate(b, params)),
+                 ids(engine.generate(c, greedy(7))), ids(engine.generate(single, greedy(5)))]
+        streams = [engine.stream(a, params), engine.stream(b, params),
+                   engine.stream(c, greedy(7)), engine.stream(single, greedy(5))]
+        assert [ids(r) for r in run_in_turns(streams)] == alone, (name, invariant)
+        first = engine.stream(a, params)
+        next(first)
+        dropped = engine.stream(c, greedy(7))
+        next(dropped), next(dropped)
+        del dropped
+        assert ids(run_in_turns([first])[0]) == alone[0]
+
+
+def test_an_interrupted_or_closed_stream_says_so_and_frees_its_cache(tiny):
+    """A KeyboardInterrupt inside a step ends the batch: `result` says it was interrupted
+    (not "iterate it to the end", which could never be done) and iterating again yields
+    nothing. `close()` ends a batch early the same way. Either way the cache is freed, and
+    the engine's next batch is unaffected. `last_batch` is set when `stream` is called."""
+    name, hf, model, *_ = tiny
+    runners = []
+
+    class Kept(BatchRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            runners.append(self)
+
+    class Interrupted(Engine):
+        runner_class = Kept
+        calls = 0
+
+        def model_step_batch(self, *args):
+            self.calls += 1
+            if self.calls == 2:
+                raise KeyboardInterrupt
+            return super().model_step_batch(*args)
+
+    prompts = [text(PROMPTS[i]) for i in (3, 12)]
+    engine = Interrupted(model, IdTokenizer(), CONTEXT)
+    want = Engine(model, IdTokenizer(), CONTEXT).generate(prompts, greedy(5))
+    stream = engine.stream(prompts, greedy(5))
+    assert engine.last_batch is stream.stats               # set at the call, not at next()
+    with pytest.raises(KeyboardInterrupt):
+        list(stream)
+    assert list(stream) == [] and runners[-1].cache is None
+    with pytest.raises(ValueError, match="the batch was interrupted, so it has no result: "
+                                         "KeyboardInterrupt"):
+        stream.result
+    assert [r.token_ids for r in engine.generate(prompts, greedy(5))] == \
+        [r.token_ids for r in want]
+    stream = engine.stream(prompts, greedy(5))
+    next(stream)
+    assert runners[-1].cache is not None
+    stream.close()
+    assert runners[-1].cache is None and list(stream) == []
+    with pytest.raises(ValueError, match="the batch was closed before it finished"):
+        stream.result
+    stream = engine.stream(prompts, greedy(5))
+    list(stream)
+    stream.close()                                  # after the end: the result stays
+    assert [r.token_ids for r in stream.result] == [r.token_ids for r in want]
+    before = engine.last_batch
+    engine.stream(prompts[0], 3)                    # Part I's single prompt: the same rule
+    assert engine.last_batch is not before and engine.last_batch.steps == []
+
+
+def test_cli_checks_the_batch_size_before_loading_the_model(capsys):
+    for argv, message in [
+            (["--num-prompts", "5", "--max-batch-size", "4"],
+             "5 requests (--num-prompts) do not fit one batch of --max-batch-size 4"),
+            (["--prompt", "a", "--prompt", "b", "--max-batch-size", "1"],
+             "2 requests (--prompt flags) do not fit one batch of --max-batch-size 1"),
+            (["--max-batch-size", "0"], "--max-batch-size must be >= 1")]:
+        with pytest.raises(SystemExit):     # a model that does not exist: never reached
+            main(["--model", "/nonexistent/model"] + argv)
+        assert message in capsys.readouterr().err
 
 
 # --- seeds, the tolerance rule, batch variance -----------------------------------------------
