@@ -53,7 +53,8 @@ GRID = (  # settings as typed; the Python side reads the same text (int if integ
     {"repetition_penalty": "1.5"}, {"repetition_penalty": "0.7", "temperature": "0"},
     {"frequency_penalty": "0.8", "temperature": "0"}, {"presence_penalty": "-1.2"},
     {"presence_penalty": "2", "frequency_penalty": "-2", "top_p": "0.5"},
-    {"min_tokens": "5", "temperature": "0"}, {"min_tokens": "20", "top_k": "4"},
+    {"min_tokens": "5", "temperature": "0"}, {"min_tokens": "16", "top_k": "4"},
+    {"min_tokens": "17"}, {"min_tokens": "20", "top_k": "4"},     # above max_tokens=16: refused
     {"repetition_penalty": "1e-300"},            # a positive seen logit becomes +inf: refused
     {"top_p": "1.01"}, {"top_k": "2.5"}, {"temperature": "101"}, {"min_tokens": "-3"},
     {"repetition_penalty": "0"}, {"frequency_penalty": "nan"},
@@ -107,9 +108,15 @@ def page(data, tmp_path_factory):
 
 
 def typed(text: str):
-    """What Python receives for a typed field: an int for integer text, else a float."""
+    """What Python receives for a typed field: an int for integer text, else a float, and the
+    text itself where float() refuses it (SamplingParams then names the string)."""
     t = text.strip()
-    return int(t) if t.lstrip("+-").isdigit() else float(t)
+    if t.lstrip("+-").isdigit():
+        return int(t)
+    try:
+        return float(t)
+    except ValueError:
+        return text
 
 
 def set_fields(page, data, settings: dict) -> None:
@@ -254,4 +261,153 @@ def test_the_table_shows_the_computed_numbers_and_the_stepper_hides_stages(page,
     page.click(".sp-reset")
     page.click(".sp-step-all")
     assert page.input_value(".sp-temperature") == "1"
+    assert page.problems == []
+
+
+TYPED = (  # (field, text): odd text, refused or read as Python's int() / float() read it
+    ("min_tokens", "17"), ("min_tokens", "20"), ("min_tokens", "99999999999999999999"),
+    ("min_tokens", "+007"), ("min_tokens", "16"), ("top_k", "1e3"), ("top_k", "abc"),
+    ("temperature", ""), ("temperature", "abc"), ("temperature", "1,5"), ("temperature", "0x10"),
+    ("temperature", "  "), ("temperature", "inf"), ("temperature", "-Infinity"),
+    ("temperature", " 0.5 "), ("temperature", ".5e1"), ("top_p", "it's"), ("min_p", "NaN"),
+    ("repetition_penalty", "1" + "0" * 400),     # an int too large for a float
+)
+
+
+@pytest.mark.parametrize("field, text", TYPED, ids=[f"{f}={t[:24]!r}" for f, t in TYPED])
+def test_typed_text_is_read_and_refused_as_s04_does(page, data, exporter, field, text):
+    """SamplingParams' own message for what was typed (the string itself where Python's
+    float() refuses it, never a NaN the page made up); the slider follows only a number."""
+    index = [r["kind"] for r in data["rows"]].index("hand")
+    page.select_option(".sp-row-select", str(index))
+    set_fields(page, data, {})
+    set_fields(page, data, {field: text})
+    want, message = oracle(exporter, data["rows"][index], {field: text})
+    if want == "error":               # textContent: inner_text would collapse the spaces
+        assert page.text_content(".sp-error") == f"ValueError: {message}"
+    else:
+        assert page.evaluate("document.querySelector('.course-sim').spSim.last.error") is None
+        value = typed(text)
+        assert f"{field}={value!r}" in page.inner_text(".sp-snippet")
+    value, slider = typed(text), float(page.input_value(f".sp-range-{field}"))
+    lo, hi = (float(page.get_attribute(f".sp-range-{field}", k)) for k in ("min", "max"))
+    if not s04.s01.is_finite(value):          # text, nan, inf, an int past float's range
+        assert slider == float(data["defaults"][field]), "the slider moved on text"
+    else:
+        assert slider == min(max(value, lo), hi)
+    assert page.problems == []
+
+
+def test_min_tokens_slider_ends_at_max_tokens(page, data):
+    assert data["max_tokens"] == s04.SamplingParams().max_tokens == 16
+    assert page.get_attribute(".sp-range-min_tokens", "max") == str(data["max_tokens"])
+    with pytest.raises(ValueError, match=r"max_tokens=16\] \(got 17\)"):
+        s04.SamplingParams(min_tokens=17)
+
+
+def test_stage_cards_name_what_each_stage_removed(page, data, exporter):
+    """The graveyard row under repetition_penalty=1e308 loses seen tokens, not EOS; the EOS row
+    under min_tokens loses EOS: each card's note says which, with S04's count."""
+    rows = {r["label"]: i for i, r in enumerate(data["rows"])}
+    graveyard = next((i for label, i in rows.items() if "graveyard" in label), None)
+    eos_row = next((i for label, i in rows.items() if label.startswith("EOS likely")), None)
+    if graveyard is None:
+        pytest.skip("no bundled model in this checkout")
+    page.click(".sp-step-all")
+    for index, settings, eos in ((graveyard, {"repetition_penalty": "1e308"}, False),
+                                 (eos_row, {"min_tokens": "4"}, True)):
+        row = data["rows"][index]
+        page.select_option(".sp-row-select", str(index))
+        set_fields(page, data, settings)
+        (steps, _), _ = oracle(exporter, row, settings)
+        kept = [int(np.isfinite(z).sum()) for _, z in steps]
+        V = len(row["logits"])
+        notes = {s: page.inner_text(f".sp-stage[data-stage='{s}'] .sp-stage-note")
+                 for s in ("min_tokens", "penalties")}
+        if eos:
+            assert V - kept[0] == len(row["eos_ids"]) and notes["min_tokens"] == "rules out EOS"
+            assert notes["penalties"] == "off"
+        else:
+            removed = kept[0] - kept[1]
+            assert removed > 1 and notes["min_tokens"] == "off"
+            assert notes["penalties"] == f"removes {removed} seen tokens"
+            assert page.inner_text(".sp-stage[data-stage='penalties'] .sp-kept") == \
+                f"{kept[1]} of {V}"
+    assert page.problems == []
+
+
+CHAPTER = ROOT / "chapters" / "s04-sampling.md"
+
+
+def chapter_section(title: str) -> str:
+    text = CHAPTER.read_text(encoding="utf-8")
+    start = text.index(title)
+    return text[start:text.index("\n#", start + len(title))]
+
+
+def numbers(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",")]
+
+
+def last_column(page) -> dict[int, str]:
+    return dict(page.evaluate("""() => Array.from(document.querySelectorAll('tr.sp-token-row'))
+        .map(tr => { const td = tr.querySelectorAll('td.sp-p'); return [Number(tr.dataset.id),
+                     td[td.length - 1].textContent]; })"""))
+
+
+def test_try_it_reproduces_each_line_of_five_tokens_by_hand(page, data):
+    """Try it's first bullet: one knob at a time from the defaults (T = 1 for the filters), as
+    the chapter's lines are; the page's last column then shows the chapter's numbers."""
+    import re
+    by_hand = " ".join(chapter_section("### Five tokens, by hand").split())
+    try_it = " ".join(chapter_section("## Try it").split())
+    assert f"*{page.inner_text('.sp-reset')}*" in try_it        # the button the bullet names
+    t05 = re.search(r"\*\*Temperature 0\.5\.\*\*.*?= \(([0-9., ]+)\)\. \$\$", by_hand).group(1)
+    t2 = re.search(r"At \$T = 2\$ .*?\$\(([0-9., ]+)\)\$", by_hand).group(1)
+    k2 = re.search(r"\*\*top_k = 2\.\*\*.*?\$\(([0-9., ]+)\)\$", by_hand).group(1)
+    p08 = re.search(r"\*\*top_p = 0\.8\.\*\*.*?Renormalised: \$\(([0-9., ]+)\)\$", by_hand).group(1)
+    assert "the same set as top-p 0.8" in by_hand and "`min_p=0.5` sets the bar at 0.2 and keeps " \
+        "tokens 0 and 1" in by_hand and "`top_k=10` on five tokens keeps all five" in by_hand
+    cases = [({"temperature": "0.5"}, numbers(t05)), ({"temperature": "2"}, numbers(t2)),
+             ({"top_k": "2"}, numbers(k2) + ["\u00d7"] * 3),
+             ({"top_k": "10"}, [f"{p:.4f}" for p in (0.4, 0.3, 0.15, 0.1, 0.05)]),
+             ({"top_p": "0.8"}, numbers(p08) + ["\u00d7"] * 2),
+             ({"min_p": "0.3"}, numbers(p08) + ["\u00d7"] * 2),
+             ({"min_p": "0.5"}, numbers(k2) + ["\u00d7"] * 3),
+             ({"top_p": "0.7"}, numbers(k2) + ["\u00d7"] * 3),      # token 2 dropped
+             ({"top_p": "0"}, ["1.0000"] + ["\u00d7"] * 4)]
+    index = [r["kind"] for r in data["rows"]].index("hand")
+    assert data["rows"][index]["label"].startswith("hand-made: p = (0.4, 0.3, 0.15, 0.1, 0.05)")
+    page.select_option(".sp-row-select", str(index))
+    page.click(".sp-step-all")
+    for settings, want in cases:
+        page.click(".sp-reset")
+        (name, text), = settings.items()
+        page.fill(f".sp-{name}", text)
+        assert [last_column(page)[i] for i in range(5)] == want, settings
+    assert page.problems == []
+
+
+def test_ties_keep_what_s04_keeps_and_try_it_says_so(page, data, exporter):
+    """On eight equal logits top_k and min_p keep ties, top_p breaks them by id: the page shows
+    S04's counts, and Try it's question and answer name the same settings."""
+    index = next(i for i, r in enumerate(data["rows"]) if "equal logits" in r["label"])
+    row = data["rows"][index]
+    page.select_option(".sp-row-select", str(index))
+    page.click(".sp-step-all")
+    kept = {}
+    for name, text in (("top_k", "1"), ("top_p", "0"), ("min_p", "1")):
+        page.click(".sp-reset")
+        page.fill(f".sp-{name}", text)
+        (steps, _), _ = oracle(exporter, row, {name: text})
+        want = np.flatnonzero(np.isfinite(steps[-1][1])).tolist()
+        assert page.evaluate("document.querySelector('.course-sim').spSim.last.stages[5].kept") \
+            == want
+        kept[f"`{name}={text}`"] = len(want)
+    assert kept == {"`top_k=1`": 8, "`top_p=0`": 1, "`min_p=1`": 8}
+    try_it = " ".join(chapter_section("## Try it").split())
+    all_eight = [k for k, n in kept.items() if n == 8]
+    one = [k for k, n in kept.items() if n == 1]
+    assert f"{' and '.join(all_eight)} keep all eight" in try_it
+    assert f"{one[0]} keeps one" in try_it
     assert page.problems == []

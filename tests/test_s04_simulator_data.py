@@ -92,7 +92,7 @@ def recompute(row: dict, settings: dict) -> dict:
     logits = np.array(row["logits"], dtype=np.float32)
     args = (row["prompt_ids"], row["output_ids"], row["eos_ids"])
     try:
-        params = s04.SamplingParams(max_tokens=max(16, settings.get("min_tokens", 0)), **settings)
+        params = s04.SamplingParams(**settings)      # max_tokens at its default, 16
         final = s04.process_logits(logits, params, *args)
     except ValueError as err:
         return {"error": str(err)}
@@ -142,7 +142,12 @@ def test_the_grid_holds_the_edge_cases(exported):
     for edge in ({"temperature": 0.0}, {"top_k": 1}, {"top_p": 0.0}, {"min_p": 1.0},
                  {"min_tokens": 8}, {"repetition_penalty": 1.3}, {"frequency_penalty": 1.0}):
         assert edge in settings, edge
-    assert sum("error" in c for c in cases) >= 8
+    assert sum("error" in c for c in cases) >= 9
+    # min_tokens above max_tokens (16, the default the page uses) is refused, as S04 refuses it.
+    assert data["max_tokens"] == s04.SamplingParams().max_tokens
+    above = [c for c in cases if c["settings"] == {"min_tokens": data["max_tokens"] + 1}]
+    assert above and all(c["error"] == "min_tokens must be an int in [0, max_tokens=16] "
+                                       "(got 17)" for c in above)
     # A top_p pair on each side of a float32 edge: the same row keeps one token more above it.
     pairs = 0
     for a, b in zip(cases, cases[1:]):

@@ -193,3 +193,95 @@ def test_the_counted_column_is_the_work_count_work_measured(page, data):
             assert [this_pass[k] for k in ("weight_flops", "attention_flops", "kv_bytes_read")] \
                 == measured["runs"][mode][i]
     assert page.problems == []
+
+
+def nav_state(pg) -> dict:
+    return pg.evaluate("""() => ({
+      label: document.querySelector('.kv-pass-label').textContent,
+      crossover: document.querySelector('.kv-crossover').textContent,
+      compare: document.querySelector('.kv-compare').textContent,
+      bars: document.querySelector('.kv-bars').textContent,
+      cells: document.querySelectorAll('.kv-table td').length,
+      disabled: Array.from(document.querySelectorAll('.kv-nav button, .kv-slider'))
+                     .map(b => b.disabled)})""")
+
+
+def test_an_error_clears_every_result_and_turns_navigation_off(page, data):
+    qwen = next(c for c in data["configs"] if c["id"] == "qwen3-0.6b")
+    gpt2 = next(c for c in data["configs"] if c["id"] == "gpt2")
+    assert gpt2["max_context"] < 10390 <= qwen["max_context"]
+    choose(page, "qwen3-0.6b", 2, 10390, 160, True)
+    go_to_pass(page, 6)
+    before = nav_state(page)
+    assert before["label"] == "pass 7 of 160 (decode)" and before["crossover"]
+    assert before["disabled"] == [False, False, False, False, False]
+    page.select_option(".kv-model", "gpt2")                    # the prompt no longer fits
+    assert "refused" in page.inner_text(".kv-status")
+    after = nav_state(page)
+    assert after == {"label": "", "crossover": "", "compare": "", "bars": "", "cells": 0,
+                     "disabled": [True] * 5}
+    choose(page, "gpt2", 2, 100, 160, True)                    # valid again: all back
+    again = nav_state(page)
+    assert again["label"] == "pass 1 of 160 (prefill)" and again["cells"] > 0
+    assert again["crossover"] and again["disabled"] == [True, True, False, False, False]
+    choose(page, "gpt2", 2, gpt2["max_context"], 10, True)     # no pass at all
+    assert nav_state(page)["disabled"] == [True] * 5 and nav_state(page)["crossover"] == ""
+    assert page.problems == []
+
+
+def test_the_pass_slider_has_a_name(page):
+    assert page.get_by_role("slider", name="pass").count() == 1
+
+
+def si(n: int, unit: str) -> str:
+    """3 significant digits and the SI prefix that keeps them under 1,000, as the page should."""
+    for k, prefix in enumerate("kMGTPEZYRQ", start=1):
+        text = f"{n / 1000 ** k:#.3g}".rstrip(".")
+        if float(text) < 1000:
+            return f"{text} {prefix}{'B' if unit == 'byte' else 'FLOP'}"
+    raise AssertionError(n)
+
+
+def test_sizes_read_with_si_prefixes_and_ratios_with_separators(page, data):
+    """The longest uncached run of Qwen3-0.6B passes 10^18 FLOPs: EFLOP, not 6.25e+3 PFLOP;
+    and its ratio to the cached run is written 25,924.8, not 25924.8."""
+    choose(page, "qwen3-0.6b", 2, 1, 40960, False)
+    page.click(".kv-last")
+    units = {"flop": ("weight_flops", "attention_flops", "flops"),
+             "byte": ("weight_bytes", "kv_bytes_read", "kv_bytes_written", "cache_used")}
+    cells = page.evaluate("""() => Array.from(document.querySelectorAll('.kv-table td'))
+      .filter(td => td.querySelector('.kv-exact')).map(td => [td.parentNode.dataset.row,
+        td.querySelector('.kv-exact').textContent,
+        td.querySelector('.kv-approx') ? td.querySelector('.kv-approx').textContent : null])""")
+    seen = []
+    for unit, keys in units.items():
+        for key, exact_text, approx in cells:
+            if key not in keys:
+                continue
+            n = int(exact_text.replace(",", ""))
+            assert approx == (None if n < 1000 else f" ({si(n, unit)})"), (key, n)
+            seen.append(approx or "")
+    assert len(seen) == 13                  # cache_used has no total column
+    assert any("EFLOP" in t for t in seen) and not any("e+" in t for t in seen)
+    compare = page.inner_text(".kv-compare")
+    import re
+    off, on, ratio = re.search(r"without the cache ([\d,]+) matmul FLOPs, with it ([\d,]+) "
+                               r"\(([\d,]+\.\d) times fewer\)", compare).groups()
+    assert ratio == f"{int(off.replace(',', '')) / int(on.replace(',', '')):,.1f}"
+    assert "," in ratio
+    assert page.problems == []
+
+
+def test_one_pass_and_one_decode_step_read_as_such(page, data):
+    M = next(c for c in data["configs"] if c["id"] == "gpt2")["max_context"]
+    choose(page, "gpt2", 4, M - 1, 10, True)
+    assert page.get_attribute(".kv-sim", "data-passes") == "1"
+    status = page.inner_text(".kv-status")
+    assert status.startswith(f"Cache on: pass 1 is the prefill of {M - 1:,} tokens, and the only "
+                             "pass: no decode step runs.") and "0 decode" not in status
+    choose(page, "gpt2", 4, M - 2, 10, True)
+    assert "then 1 decode step of one token." in page.inner_text(".kv-status")
+    choose(page, "gpt2", 4, M - 1, 10, False)
+    assert page.inner_text(".kv-status").startswith(
+        "Cache off (the S01 loop): the one pass runs the whole context.")
+    assert page.problems == []

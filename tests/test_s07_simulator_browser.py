@@ -205,3 +205,34 @@ def test_bad_input_is_refused_and_cpu_roofs_have_no_bfloat16(page, data):
     assert page.locator("input.rl-context").input_value() == "256"
     assert page.locator(".course-sim").get_attribute("data-valid") == "true"
     assert page.problems == []
+
+
+def duration(seconds: float) -> str:
+    """3 significant digits in the unit that keeps them in [1, 1000) (s from 1 s on)."""
+    r = float(f"{seconds:.3g}")
+    scale, unit = next(((f, u) for f, u in ((1, "s"), (1e-3, "ms"), (1e-6, "\u00b5s"))
+                        if r >= f), (1e-9, "ns"))
+    v = r / scale
+    return f"{seconds / scale:,.{0 if v >= 100 else 1 if v >= 10 else 2}f} {unit}"
+
+
+@pytest.mark.parametrize("config, machine, dtype, context, batch", [
+    ("qwen3-0.6b", "h100-sxm", "bfloat16", 1, 1),     # FLOPs / peak: about 1.2 µs
+    ("bundled", "cpu-run1", "float32", 28, 1),        # the bundled model's floor: microseconds
+    ("bundled", "h100-sxm", "bfloat16", 1, 1),        # nanoseconds
+    ("qwen3-0.6b", "cpu-run1", "float32", 512, 64),   # 443 ms
+    ("llama-3-8b", "cpu-run2", "float32", 2048, 65536),   # seconds
+])
+def test_times_show_three_significant_digits_in_a_fitting_unit(page, exporter, data, config,
+                                                               machine, dtype, context, batch):
+    set_controls(page, config, machine, dtype, context, batch)
+    step = python_answer(exporter, config, machine, dtype, context, [batch])["steps"][0]
+    for key in ("bytes_s", "flops_s", "floor_s"):
+        text = page.locator(f".rl-results [data-key='{key}']").inner_text()
+        assert text == duration(step[key]), (key, step[key])
+        digits = text.split()[0].replace(",", "").replace(".", "").lstrip("0")
+        assert len(digits) == 3 or step[key] >= 1000, text
+    for row in page.locator(".rl-sweep tr[data-batch]").all():
+        cell = row.locator("[data-key='floor_s']")
+        assert cell.inner_text() == duration(float(cell.get_attribute("data-value")))
+    assert page.problems == []

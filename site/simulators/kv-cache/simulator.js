@@ -50,18 +50,22 @@
 
   function exact(x) { return BigInt(x).toLocaleString("en-US"); }
 
-  function approx(x, unit) {   // a readable size next to the exact integer
+  // A readable size next to the exact integer: 3 significant digits and the SI prefix that
+  // keeps them below 1,000 (so 6,253,878,615,075,717,120 FLOPs is 6.25 EFLOP).
+  var PREFIXES = ["k", "M", "G", "T", "P", "E", "Z", "Y", "R", "Q"];
+  function approx(x, unit) {
     var v = Number(x);
     if (!unit || v < 1000) return "";
-    var prefixes = [["P", 1e15], ["T", 1e12], ["G", 1e9], ["M", 1e6], ["k", 1e3]];
-    for (var i = 0; i < prefixes.length; i++) {
-      if (v >= prefixes[i][1]) {
-        var name = unit === "byte" ? prefixes[i][0] + "B" :
-                   unit === "flop" ? prefixes[i][0] + "FLOP" : prefixes[i][0];
-        return (v / prefixes[i][1]).toPrecision(3) + " " + name;
-      }
-    }
-    return "";
+    var k = 0, text;
+    do {
+      k++;
+      text = (v / Math.pow(1000, k)).toPrecision(3);
+    } while (Number(text) >= 1000 && k < PREFIXES.length);
+    return text + " " + PREFIXES[k - 1] + (unit === "byte" ? "B" : "FLOP");
+  }
+
+  function ratio(x) {   // one decimal, thousands separated
+    return x.toLocaleString("en-US", {minimumFractionDigits: 1, maximumFractionDigits: 1});
   }
 
   // ---- the closed forms ---------------------------------------------------------------------
@@ -203,6 +207,7 @@
       });
     var slider = el("input", "kv-slider");
     slider.type = "range"; slider.min = "0"; slider.step = "1";
+    slider.setAttribute("aria-label", "pass");
     nav.appendChild(slider);
     var passLabel = el("span", "kv-pass-label");
     nav.appendChild(passLabel);
@@ -259,7 +264,12 @@
         m.max_context.toLocaleString("en-US") + " positions. K and V of one position: " +
         exact(kvBytes(s, 1n, b)) + " bytes; the whole cache reserved: " +
         exact(kvBytes(s, BigInt(s.M), b)) + " bytes (" + approx(kvBytes(s, BigInt(s.M), b), "byte") + ").";
+      // Every result below belongs to one valid setting: cleared first, and navigation stays
+      // off until a setting with passes is shown.
       table.textContent = ""; bars.textContent = ""; compare.textContent = "";
+      crossNote.textContent = ""; passLabel.textContent = "";
+      slider.disabled = true; slider.max = "0"; slider.value = "0";
+      Object.keys(buttons).forEach(function (k) { buttons[k].disabled = true; });
       if (problem) {
         status.textContent = problem;
         status.className = "kv-status course-error";
@@ -276,16 +286,20 @@
       if (P === 0) {
         status.textContent = "The prompt fills the whole context: the request ends at once " +
           "with finish_reason \"length\", no pass is run.";
-        slider.max = "0"; passLabel.textContent = "";
-        Object.keys(buttons).forEach(function (k) { buttons[k].disabled = true; });
         return;
       }
-      status.textContent = (state.cached ? "Cache on: pass 1 is the prefill of " +
-        state.prompt.toLocaleString("en-US") + " tokens, then " + (P - 1).toLocaleString("en-US") +
-        " decode steps of one token." : "Cache off (the S01 loop): every one of the " +
-        P.toLocaleString("en-US") + " passes runs the whole context.") + full;
+      var prefill = "Cache on: pass 1 is the prefill of " + state.prompt.toLocaleString("en-US") +
+        " tokens";
+      status.textContent = (state.cached ?
+        (P === 1 ? prefill + ", and the only pass: no decode step runs." :
+         prefill + ", then " + (P - 1).toLocaleString("en-US") + " decode step" +
+         (P === 2 ? "" : "s") + " of one token.") :
+        (P === 1 ? "Cache off (the S01 loop): the one pass runs the whole context." :
+         "Cache off (the S01 loop): every one of the " + P.toLocaleString("en-US") +
+         " passes runs the whole context.")) + full;
       if (state.pass > P - 1) state.pass = P - 1;
       var i = state.pass;
+      slider.disabled = false;
       slider.max = String(P - 1); slider.value = String(i);
       passLabel.textContent = "pass " + (i + 1).toLocaleString("en-US") + " of " +
         P.toLocaleString("en-US") + (state.cached ? (i === 0 ? " (prefill)" : " (decode)") : "");
@@ -334,7 +348,7 @@
       var off = state.cached ? theirs : mine, on = state.cached ? mine : theirs;
       compare.textContent = "Over passes 1 to " + (i + 1).toLocaleString("en-US") +
         ": without the cache " + exact(off) + " matmul FLOPs, with it " + exact(on) + " (" +
-        (Number(off) / Number(on)).toFixed(1) + " times fewer); both read the same " +
+        ratio(Number(off) / Number(on)) + " times fewer); both read the same " +
         exact(c.kv_bytes_read) + " bytes of K and V.";
       memo = {key: [state.config, state.dtype, state.prompt, state.tokens, state.cached].join("|"),
               value: sr};

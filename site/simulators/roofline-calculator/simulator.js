@@ -135,9 +135,15 @@
   function fixed(x, digits) {
     return x.toLocaleString("en-US", {minimumFractionDigits: digits, maximumFractionDigits: digits});
   }
-  function ms(s) {
-    var v = s * 1e3;
-    return fixed(v, v >= 10 ? 1 : v >= 1 ? 2 : 3) + " ms";
+  // A time in seconds, 3 significant digits in the unit that keeps them in [1, 1000): 1.20 µs,
+  // 60.9 ms, 443 ms, 1.23 s (from 1,000 s on, whole seconds).
+  var TIME_UNITS = [[1, "s"], [1e-3, "ms"], [1e-6, "\u00b5s"], [1e-9, "ns"]];
+  function duration(s) {
+    var r = Number(s.toPrecision(3));           // rounded first: 999.96 µs reads 1.00 ms
+    var i = 0;
+    while (i < TIME_UNITS.length - 1 && r < TIME_UNITS[i][0]) i++;
+    var v = r / TIME_UNITS[i][0];
+    return fixed(s / TIME_UNITS[i][0], v >= 100 ? 0 : v >= 10 ? 1 : 2) + " " + TIME_UNITS[i][1];
   }
   function sig(x) {   // 3 significant digits, plain notation
     if (x >= 1000) return int(Math.round(x));
@@ -350,13 +356,13 @@
           int(r.per_request_bytes) + " \u00d7 B");
       row("arithmetic intensity", "intensity", s.intensity, sig(s.intensity) + " FLOP/byte",
           "the machine's ridge: " + sig(r.ridge) + " FLOP/byte");
-      row("bytes / bandwidth", "bytes_s", s.bytes_s, ms(s.bytes_s));
-      row("FLOPs / peak", "flops_s", s.flops_s, ms(s.flops_s));
+      row("bytes / bandwidth", "bytes_s", s.bytes_s, duration(s.bytes_s));
+      row("FLOPs / peak", "flops_s", s.flops_s, duration(s.flops_s));
       var bound = row("the step is", "bound", s.bound, s.bound + "-bound",
                       s.bound === "bandwidth" ? "faster arithmetic would not help" :
                                                 "more bandwidth would not help");
       bound.className += " rl-bound-" + s.bound;
-      row("ITL floor (the step)", "floor_s", s.floor_s, ms(s.floor_s),
+      row("ITL floor (the step)", "floor_s", s.floor_s, duration(s.floor_s),
           "every request in the batch waits one step per token");
       row("tokens/s (all requests)", "tokens_per_s", s.tokens_per_s, fixed(s.tokens_per_s, 1),
           "B / step");
@@ -385,7 +391,7 @@
         var tr = el("tr", p.batch === B ? "rl-current" : "");
         tr.setAttribute("data-batch", String(p.batch));
         tr.appendChild(el("td", "", int(p.batch)));
-        [["floor_s", ms(p.floor_s)], ["tokens_per_s", fixed(p.tokens_per_s, 1)], ["bound", p.bound]]
+        [["floor_s", duration(p.floor_s)], ["tokens_per_s", fixed(p.tokens_per_s, 1)], ["bound", p.bound]]
           .forEach(function (cell) {
             var td = el("td", "", cell[1]);
             td.setAttribute("data-key", cell[0]);

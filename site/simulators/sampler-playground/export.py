@@ -96,16 +96,16 @@ HAND_GRID = {
 # Settings S04 refuses, with the message the page must show (SamplingParams' own).
 INVALID = ({"top_p": 1.5}, {"temperature": 150.0}, {"top_k": -2}, {"repetition_penalty": 0.0},
            {"frequency_penalty": 2.5}, {"min_p": -0.1}, {"min_tokens": -1},
+           {"min_tokens": s04.SamplingParams().max_tokens + 1},
            {"temperature": 1e-05, "presence_penalty": -3.0})
 TOP_SHOWN = 8           # final probabilities per reference case
 PROB_TOLERANCE = 1e-6   # |page - S04's float32 softmax|, see the chapter's Try it
 
 
 def params_for(settings: dict) -> s04.SamplingParams:
-    """SamplingParams with these fields (max_tokens large enough for any min_tokens)."""
-    min_tokens = settings.get("min_tokens", 0)
-    max_tokens = max(16, min_tokens) if isinstance(min_tokens, int) else 16
-    return s04.SamplingParams(max_tokens=max_tokens, **settings)
+    """SamplingParams with these fields and every other at its default (so max_tokens is 16 and
+    min_tokens above it is refused, as the page refuses it)."""
+    return s04.SamplingParams(**settings)
 
 
 def stages(logits, params: s04.SamplingParams, prompt_ids=(), output_ids=(), eos_ids=()):
@@ -259,6 +259,7 @@ def export() -> dict:
         "defaults": {name: getattr(s04.SamplingParams(), name) for name in (
             "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty", "min_tokens")},
+        "max_tokens": s04.SamplingParams().max_tokens,   # min_tokens' upper bound on the page
         "prob_tolerance": PROB_TOLERANCE,
         "model": model,
         "rows": rows,

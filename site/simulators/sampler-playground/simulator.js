@@ -15,7 +15,10 @@
  * row equals S04's bit for bit (exp() of float64 may differ from NumPy's in the last bit, which
  * moves a float32 result only on a rounding tie). The probabilities shown are softmax in
  * float64 of those rows; S04's `softmax` works in float32, so they agree to PROB_TOLERANCE.
- * Settings are checked with SamplingParams' rules and messages. On load the page replays the
+ * Settings are checked with SamplingParams' rules and messages (max_tokens is its default, 16,
+ * so min_tokens lies in [0, 16]). A field is read as Python reads typed text: integer text is an
+ * int, a plain decimal (or nan, inf, infinity) a float; any other text reaches the rules as the
+ * string itself, so the message quotes what was typed. On load the page replays the
  * reference results that export.py computed with S04's own functions and says if any differs.
  */
 (function () {
@@ -37,8 +40,9 @@
     ["temperature", "float", 0, 2, 0.05], ["top_k", "int", -1, 100, 1],
     ["top_p", "float", 0, 1, 0.01], ["min_p", "float", 0, 1, 0.01],
     ["repetition_penalty", "float", 0.5, 2, 0.05], ["presence_penalty", "float", -2, 2, 0.1],
-    ["frequency_penalty", "float", -2, 2, 0.1], ["min_tokens", "int", 0, 20, 1]
+    ["frequency_penalty", "float", -2, 2, 0.1], ["min_tokens", "int", 0, 16, 1]
   ];
+  var MAX_TOKENS = 16;      // SamplingParams' default max_tokens (export.py sends it too)
 
   // ---- Python's repr of a float and format(x, "g"), for SamplingParams' messages -----------
   function pyFloat(x) {
@@ -57,20 +61,42 @@
     if (digits.length <= exp + 1) return sign + digits + "0".repeat(exp + 1 - digits.length) + ".0";
     return sign + digits.slice(0, exp + 1) + "." + digits.slice(exp + 1);
   }
-  function pyRepr(v) { return v.isInt ? String(v.value) : pyFloat(v.value); }
-
-  // A typed field as Python would receive it: an int for integer text, else a float.
-  function parseValue(text) {
-    var t = String(text).trim();
-    if (/^[+-]?\d+$/.test(t)) return {isInt: true, value: Number(t)};
-    return {isInt: false, value: t === "" ? NaN : Number(t)};
+  function pyStr(text) {            // Python's repr of a str (ASCII controls escaped)
+    var q = text.indexOf("'") >= 0 && text.indexOf('"') < 0 ? '"' : "'";
+    return q + text.replace(/\\/g, "\\\\").replace(q === "'" ? /'/g : /(?!)/g, "\\'")
+      .replace(/[\x00-\x1f\x7f]/g, function (c) {
+        return {"\t": "\\t", "\n": "\\n", "\r": "\\r"}[c] ||
+               "\\x" + ("0" + c.charCodeAt(0).toString(16)).slice(-2);
+      }) + q;
   }
+  function pyRepr(v) {
+    if (v.text !== undefined) return pyStr(v.text);
+    return v.isInt ? v.digits : pyFloat(v.value);
+  }
+
+  // A typed field as Python would receive it: int(text) for integer text, float(text) for a
+  // plain decimal number (or nan / inf / infinity, any case), else the text itself, which
+  // every rule refuses (SamplingParams(temperature="0x10") names '0x10').
+  function parseValue(text) {
+    var raw = String(text), t = raw.trim();
+    if (/^[+-]?\d+$/.test(t)) {
+      return {isInt: true, value: Number(t), digits: BigInt(t).toString()};
+    }
+    if (/^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i.test(t)) return {isInt: false, value: Number(t)};
+    var special = /^([+-]?)(nan|inf|infinity)$/i.exec(t);
+    if (special) {
+      var x = special[2].toLowerCase() === "nan" ? NaN : Infinity;
+      return {isInt: false, value: special[1] === "-" ? -x : x};
+    }
+    return {isInt: false, value: NaN, text: raw};
+  }
+  function isNumber(v) { return v.text === undefined; }
 
   // SamplingParams.__post_init__'s rules for these fields, in its order, with its messages.
   function checkParams(raw) {
     function real(name, lo, hi, loOpen) {
       var v = raw[name].value;
-      var lowOk = !isNaN(v) && (loOpen ? v > lo : v >= lo);
+      var lowOk = isNumber(raw[name]) && !isNaN(v) && (loOpen ? v > lo : v >= lo);
       if (!(lowOk && isFinite(v) && v <= hi)) {
         return name + " must be a number in " + (loOpen ? "(" : "[") + String(lo) + ", " +
                (hi === Infinity ? "inf)" : String(hi) + "]") + " (got " + pyRepr(raw[name]) + ")";
@@ -85,8 +111,9 @@
       return "top_k must be an int >= -1 (0 or -1 disables; got " + pyRepr(raw.top_k) + ")";
     }
     var mt = raw.min_tokens;
-    if (!mt.isInt || mt.value < 0) {
-      return "min_tokens must be an int in [0, max_tokens=16] (got " + pyRepr(mt) + ")";
+    if (!mt.isInt || mt.value < 0 || mt.value > MAX_TOKENS) {
+      return "min_tokens must be an int in [0, max_tokens=" + MAX_TOKENS + "] (got " +
+             pyRepr(mt) + ")";
     }
     return null;
   }
@@ -265,7 +292,8 @@
     FIELDS.forEach(function (f) {
       var name = f[0];
       var value = name in settings ? settings[name] : defaults[name];
-      raw[name] = {isInt: f[1] === "int" && Number.isInteger(value), value: value};
+      raw[name] = {isInt: f[1] === "int" && Number.isInteger(value), value: value,
+                   digits: String(value)};
     });
     return raw;
   }
@@ -307,6 +335,7 @@
   }
 
   function mount(root, data) {
+    if (data.max_tokens !== undefined) MAX_TOKENS = data.max_tokens;
     var rows = data.rows.map(function (r) {
       return {label: r.label, kind: r.kind, prompt: r.prompt, prompt_ids: r.prompt_ids,
               output_ids: r.output_ids, eos_ids: r.eos_ids,
@@ -353,7 +382,8 @@
       wrap.appendChild(make("span", "sp-label", name));
       var pair = make("span", "sp-pair");
       var range = make("input", "sp-range sp-range-" + name);
-      range.type = "range"; range.min = f[2]; range.max = f[3]; range.step = f[4];
+      range.type = "range"; range.min = f[2]; range.step = f[4];
+      range.max = name === "min_tokens" ? MAX_TOKENS : f[3];
       range.setAttribute("aria-label", name);
       var number = make("input", "sp-number sp-" + name);
       number.type = "text"; number.inputMode = "decimal"; number.size = 6;
@@ -362,7 +392,8 @@
       range.value = number.value;
       range.addEventListener("input", function () { number.value = range.value; render(); });
       number.addEventListener("input", function () {
-        if (isFinite(Number(number.value)) && number.value.trim() !== "") range.value = number.value;
+        var typed = parseValue(number.value);
+        if (isNumber(typed) && isFinite(typed.value)) range.value = String(typed.value);
         render();
       });
       pair.appendChild(range); pair.appendChild(number);
@@ -445,7 +476,11 @@
         var note;
         if (s.skipped) note = "skipped: greedy";
         else if (s.off) note = "off";
-        else if (k < 3) note = s.kept.length < prev.kept.length ? "rules out EOS" : "reshapes";
+        else if (k < 3) {
+          var removed = prev.kept.length - s.kept.length;   // what this stage set to -inf
+          note = removed === 0 ? "reshapes" : k === 0 ? "rules out EOS" :
+            "removes " + removed + (k === 1 ? " seen" : "") + " token" + (removed === 1 ? "" : "s");
+        }
         else {
           var mass = 0;
           s.kept.forEach(function (i) { mass += prev.probs[i]; });
