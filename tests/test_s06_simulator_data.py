@@ -71,6 +71,30 @@ def test_overlap_never_loses_and_keeps_a_device_bound_queue_full(n, sampler, lau
         dev = overlap["device"]
         assert all(b[1] == pytest.approx(a[2], rel=1e-12) for a, b in zip(dev, dev[1:]))
         assert overlap["end"] == pytest.approx(launch + 5 * m * kernel + post, rel=1e-12)
+    if kernel <= launch:      # host-bound: only the last kernel can be waited for, after a post
+        assert overlap["end"] == pytest.approx(5 * (m * launch + post) + max(0.0, kernel - post),
+                                               rel=1e-12)
+
+
+@pytest.mark.parametrize("n,sampler,launch,kernel,post", CASES)
+def test_time_per_token_is_the_total_over_the_tokens(n, sampler, launch, kernel, post):
+    """Not the gap between the last two reads: "overlap" reads its last two tokens back to back
+    (the last step's kernels are already queued), which once showed 34 µs for a 1.9 ms token."""
+    m = n + sampler
+    for steps in (1, 2, 6):
+        one_sync = max(m * launch + kernel, launch + m * kernel) + post
+        s = hd.summary(hd.timeline("step", steps, n, sampler, launch, kernel, post, 5.0))
+        assert s["per_token"] == pytest.approx(one_sync, rel=1e-12)
+        s = hd.summary(hd.timeline("kernel", steps, n, sampler, launch, kernel, post, 5.0))
+        assert s["per_token"] == pytest.approx(m * (launch + kernel) + post, rel=1e-12)
+        s = hd.summary(hd.timeline("overlap", steps, n, sampler, launch, kernel, post, 5.0))
+        if kernel <= launch:
+            last_wait = kernel if steps == 1 else max(0.0, kernel - post)
+            assert s["per_token"] == pytest.approx(m * launch + post + last_wait / steps,
+                                                   rel=1e-12)
+        if m * kernel >= m * launch + post:
+            assert s["per_token"] == pytest.approx(m * kernel + (launch + post) / steps,
+                                                   rel=1e-12)
 
 
 def test_with_free_kernels_the_host_never_waits():
@@ -109,12 +133,32 @@ def test_every_schedule_keeps_the_queue_rules(policy):
 @pytest.mark.parametrize("kwargs", [dict(policy="sometimes"), dict(steps=0), dict(model_launches=0),
                                     dict(sampler_launches=-1), dict(launch_us=-1.0),
                                     dict(kernel_us=math.inf), dict(post_us=math.nan),
-                                    dict(steps=2.0)])
+                                    dict(steps=2.0), dict(steps=7), dict(model_launches=20_001),
+                                    dict(model_launches=10**6), dict(launch_us=10_000.5),
+                                    dict(kernel_us=1e308), dict(post_us=100_001.0),
+                                    dict(host_sampler_us=1e6), dict(launch_us=1e-7),
+                                    dict(kernel_us=5e-324)])
 def test_bad_settings_are_refused(kwargs):
     setting = dict(policy="step", steps=2, model_launches=3, sampler_launches=1, launch_us=1.0,
                    kernel_us=1.0, post_us=1.0, host_sampler_us=1.0) | kwargs
     with pytest.raises(ValueError):
         hd.timeline(**setting)
+
+
+@pytest.mark.parametrize("policy", hd.POLICIES)
+def test_the_extreme_allowed_settings_stay_finite(policy):
+    lim = hd.LIMITS
+    for launch, kernel, post, sampler_us in ((lim["launch_us"], lim["kernel_us"], lim["post_us"],
+                                              lim["host_sampler_us"]),
+                                             (hd.MIN_NONZERO_US,) * 4,
+                                             (hd.MIN_NONZERO_US, lim["kernel_us"], 0.0, 0.0)):
+        s = hd.timeline(policy, lim["steps"], lim["model_launches"], 16, launch, kernel, post,
+                        sampler_us)
+        values = [s["end"], *s["token_at"], *hd.summary(s).values()]
+        values += [x for seg in s["host"] for x in seg[2:]] + [x for seg in s["device"]
+                                                               for x in seg[1:]]
+        assert all(math.isfinite(x) for x in values)
+        assert s["end"] > 0 and math.isfinite(1e6 / hd.summary(s)["per_token"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +249,7 @@ def test_export_is_json_and_labels_its_numbers(data):
     assert bundled["model_launches"] == data["counts"]["bfloat16"]["model"]
     rule = data["per_layer"]
     assert qwen["model_launches"] == rule["fixed"] + 28 * rule["per_layer"]
+    assert data["limits"] == hd.LIMITS and data["min_nonzero_us"] == hd.MIN_NONZERO_US
     assert {r["setting"]["policy"] for r in data["reference"]} == set(hd.POLICIES)
     assert all(r["setting"]["sampler_launches"] == data["counts"]["bfloat16"]["sampler"]
                for r in data["reference"])

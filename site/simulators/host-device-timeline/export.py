@@ -82,6 +82,12 @@ GRID_KERNEL_US = (0.5, 6.25)
 GRID_POST_US = 7.5
 GRID_SAMPLER_LAUNCHES = 2
 GRID_HOST_SAMPLER_US = 12.0
+# What the page accepts (the inputs' min/max; timeline() refuses the same). The maxes keep the
+# biggest schedule small enough to compute at once (6 steps x 20,016 launches); a time that is
+# not 0 must be at least MIN_NONZERO_US (1 ps), so no ratio on the page can overflow.
+LIMITS = {"steps": 6, "model_launches": 20_000, "sampler_launches": 1_000, "launch_us": 10_000.0,
+          "kernel_us": 100_000.0, "post_us": 100_000.0, "host_sampler_us": 100_000.0}
+MIN_NONZERO_US = 1e-6
 
 # ATen ops that give the device nothing to do: views and other metadata-only results,
 # allocations (the caching allocator, no kernel), and dtype queries. `aten::to` and
@@ -123,19 +129,23 @@ def timeline(policy: str, steps: int, model_launches: int, sampler_launches: int
     Returns {"host": [[kind, step, start, end], ...] with kind "launch" | "wait" | "sampler" |
     "post" (zero-length waits and works are left out), "device": [[step, start, end], ...] in
     queue order, "token_at": [when the host has finished with each step's token], "end"}.
-    Raises ValueError for an unknown policy or a count or time out of range.
+    Raises ValueError for an unknown policy or a count or time out of range (LIMITS; a time
+    that is not 0 must be at least MIN_NONZERO_US).
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)} (got {policy!r})")
     for name, value in (("steps", steps), ("model_launches", model_launches),
                         ("sampler_launches", sampler_launches)):
-        if not isinstance(value, int) or value < (0 if name == "sampler_launches" else 1):
-            raise ValueError(f"{name} must be an integer >= {0 if name == 'sampler_launches' else 1}"
+        low = 0 if name == "sampler_launches" else 1
+        if not isinstance(value, int) or not low <= value <= LIMITS[name]:
+            raise ValueError(f"{name} must be an integer from {low} to {LIMITS[name]}"
                              f" (got {value!r})")
     for name, value in (("launch_us", launch_us), ("kernel_us", kernel_us), ("post_us", post_us),
                         ("host_sampler_us", host_sampler_us)):
-        if not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
-            raise ValueError(f"{name} must be a finite number >= 0 (got {value!r})")
+        if not (isinstance(value, (int, float)) and 0 <= value <= LIMITS[name]
+                and (value == 0 or value >= MIN_NONZERO_US)):
+            raise ValueError(f"{name} must be 0 or a number from {MIN_NONZERO_US} to "
+                             f"{LIMITS[name]} (got {value!r})")
 
     host, device, token_at = [], [], []
     clock = {"host": 0.0, "device": 0.0}      # host's time; when the device's queue empties
@@ -195,8 +205,9 @@ def timeline(policy: str, steps: int, model_launches: int, sampler_launches: int
 
 
 def summary(schedule: dict) -> dict:
-    """What the page reports: total time, time per token (the last step's, from one token to
-    the next; the total for a single step), device busy time and idle fraction, host wait."""
+    """What the page reports: total time, time per token (the total time divided by the number
+    of tokens, one per step: the overlap policy reads its last two tokens back to back, so a gap
+    between two reads is not a token's cost), device busy time and idle fraction, host wait."""
     end, token_at = schedule["end"], schedule["token_at"]
     busy = 0.0
     for _, start, stop in schedule["device"]:
@@ -205,7 +216,7 @@ def summary(schedule: dict) -> dict:
     for kind, _, start, stop in schedule["host"]:
         if kind == "wait":
             waited += stop - start
-    per_token = token_at[-1] - token_at[-2] if len(token_at) > 1 else token_at[-1]
+    per_token = end / len(token_at)
     return {"end": end, "per_token": per_token, "device_busy": busy,
             "device_idle_fraction": 1.0 - busy / end if end > 0 else 0.0, "host_wait": waited}
 
@@ -406,6 +417,8 @@ def export() -> dict:
         "illustrative": {"launch_us": ILLUSTRATIVE_LAUNCH_US, "hbm_bytes_per_s": HBM_BYTES_PER_S},
         "shapes": shapes,
         "policies": list(POLICIES),
+        "limits": LIMITS,
+        "min_nonzero_us": MIN_NONZERO_US,
         "defaults": {"policy": "step", "steps": 3, "shape": "bundled",
                      "launch_us": ILLUSTRATIVE_LAUNCH_US},
         "reference": reference_grid(bf16["sampler"]),

@@ -11,7 +11,11 @@
  * The counts (launches of one decode step, counted with torch.profiler on the CPU), the
  * measured host costs and the roofline device times come from export.py at build time. On load
  * the page replays the exported reference schedules and says so if it disagrees with them.
- * Every drawn segment carries data-start / data-end (microseconds, shortest round-trip text).
+ * Drawing stays bounded: segments narrower than MERGE_PX are drawn in runs (one block per run of
+ * one step, at most MERGE_PX wide); every block carries data-first / data-count (its segments'
+ * indices in the lane's list), data-start / data-end (microseconds, shortest round-trip text)
+ * and data-busy (the time its segments take). Kernels that take any time are drawn at least
+ * 1 px wide.
  */
 (function () {
   "use strict";
@@ -25,6 +29,7 @@
   var KIND_LABELS = {launch: "launch", wait: "waits for the device", sampler: "samples on the host",
                      post: "stop rules, detokenizer"};
   var SVG = "http://www.w3.org/2000/svg";
+  var MERGE_PX = 3;
 
   function timeline(policy, steps, modelLaunches, samplerLaunches, launchUs, kernelUs, postUs,
                     hostSamplerUs) {
@@ -91,8 +96,7 @@
     for (i = 0; i < s.host.length; i++) {
       if (s.host[i][0] === "wait") waited += s.host[i][3] - s.host[i][2];
     }
-    var perToken = tokenAt.length > 1 ? tokenAt[tokenAt.length - 1] - tokenAt[tokenAt.length - 2]
-                                      : tokenAt[tokenAt.length - 1];
+    var perToken = end / tokenAt.length;
     return {end: end, per_token: perToken, device_busy: busy,
             device_idle_fraction: end > 0 ? 1.0 - busy / end : 0.0, host_wait: waited};
   }
@@ -124,11 +128,26 @@
   }
 
   function us(x) {                               // microseconds as text a learner reads
+    if (x >= 1e6) return group(x / 1e6, x >= 1e7 ? 1 : 2) + " s";
     if (x >= 1000) return (x / 1000).toFixed(x >= 10000 ? 1 : 2) + " ms";
     if (x >= 10) return x.toFixed(1) + " µs";
     if (x >= 0.01) return x.toFixed(2) + " µs";
     return x.toPrecision(2) + " µs";
   }
+
+  function group(x, digits) {                    // 12345.6 -> "12,345.6"
+    return x.toLocaleString("en-US", {minimumFractionDigits: digits, maximumFractionDigits: digits});
+  }
+
+  function rateText(perSecond) {                 // tokens per second
+    return perSecond >= 10 ? group(perSecond, 0) : String(Number(perSecond.toPrecision(2)));
+  }
+
+  function shown(x) {                            // a number as a field shows it: 4 significant digits
+    return String(Number(x.toPrecision(4)));
+  }
+
+  function plural(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
 
   function make(tag, cls, text) {
     var node = document.createElement(tag);
@@ -150,8 +169,16 @@
     input.min = String(min);
     if (max !== null) input.max = String(max);
     input.step = String(step);
-    input.value = String(value);
+    setField(input, value);
     return input;
+  }
+
+  // A field shows its value to 4 significant digits and keeps the exact value for the
+  // computation, until the learner types something else.
+  function setField(input, x) {
+    input.value = shown(x);
+    input.setAttribute("data-shown", input.value);
+    input.setAttribute("data-exact", String(x));
   }
 
   function select(cls, options, value) {
@@ -221,12 +248,14 @@
     row1.appendChild(field("Decode steps", stepsSel));
     row1.appendChild(field("Show", zoomSel));
 
-    var kernels = numberInput("hd-kernels", shapes[data.defaults.shape].model_launches, 1, 20000, 1);
-    var launchIn = numberInput("hd-launch", data.defaults.launch_us, 0, 10000, 0.1);
+    var lim = data.limits;
+    var kernels = numberInput("hd-kernels", shapes[data.defaults.shape].model_launches, 1,
+                              lim.model_launches, 1);
+    var launchIn = numberInput("hd-launch", data.defaults.launch_us, 0, lim.launch_us, 0.1);
     var kernelIn = numberInput("hd-kernel", shapes[data.defaults.shape].roofline_kernel_us, 0,
-                               100000, "any");
-    var postIn = numberInput("hd-post", m.post_us, 0, 100000, "any");
-    var samplerIn = numberInput("hd-host-sampler", m.host_sampler_us, 0, 100000, "any");
+                               lim.kernel_us, "any");
+    var postIn = numberInput("hd-post", m.post_us, 0, lim.post_us, "any");
+    var samplerIn = numberInput("hd-host-sampler", m.host_sampler_us, 0, lim.host_sampler_us, "any");
     row2.appendChild(field("Model launches per step", kernels));
     row2.appendChild(field("Host µs per launch", launchIn));
     row2.appendChild(field("Device µs per kernel", kernelIn));
@@ -236,36 +265,41 @@
 
     row3.appendChild(make("span", "hd-label", "Launch cost: "));
     row3.appendChild(presetButton("measured tiny op, " + us(m.tiny_op_us), function () {
-      launchIn.value = String(m.tiny_op_us); update();
+      setField(launchIn, m.tiny_op_us); update();
     }));
     row3.appendChild(presetButton("measured S06 step ÷ launches, " + us(m.per_launch_us), function () {
-      launchIn.value = String(m.per_launch_us); update();
+      setField(launchIn, m.per_launch_us); update();
     }));
     row3.appendChild(presetButton("illustrative CUDA, " + us(data.illustrative.launch_us), function () {
-      launchIn.value = String(data.illustrative.launch_us); update();
+      setField(launchIn, data.illustrative.launch_us); update();
     }));
     row3.appendChild(make("span", "hd-label", " Kernel time: "));
     row3.appendChild(presetButton("roofline", function () {
-      kernelIn.value = String(shapes[shapeSel.value].roofline_kernel_us); update();
+      setField(kernelIn, shapes[shapeSel.value].roofline_kernel_us); update();
     }));
     row3.appendChild(presetButton("illustrative 2 µs", function () {
-      kernelIn.value = "2"; update();
+      setField(kernelIn, 2); update();
     }));
     row3.appendChild(presetButton("illustrative 20 µs", function () {
-      kernelIn.value = "20"; update();
+      setField(kernelIn, 20); update();
     }));
     ui.appendChild(row1);
     ui.appendChild(row2);
     ui.appendChild(row3);
 
+    var error = make("p", "hd-error course-error");
     var metrics = make("p", "hd-metrics");
     var verdict = make("p", "hd-verdict");
     var svgWrap = make("div", "hd-svg-wrap");
+    var caption = make("p", "hd-caption");
     var legend = make("p", "hd-legend");
     var sources = make("div", "hd-sources");
+    var results = [metrics, verdict, svgWrap, caption, legend];
+    ui.appendChild(error);
     ui.appendChild(metrics);
     ui.appendChild(verdict);
     ui.appendChild(svgWrap);
+    ui.appendChild(caption);
     ui.appendChild(legend);
     ui.appendChild(sources);
     ui.appendChild(checked);
@@ -300,8 +334,8 @@
       "are unequal (the matmuls dominate) and rarely finish in under a microsecond or two.");
 
     shapeSel.addEventListener("change", function () {
-      kernels.value = String(shapes[shapeSel.value].model_launches);
-      kernelIn.value = String(shapes[shapeSel.value].roofline_kernel_us);
+      setField(kernels, shapes[shapeSel.value].model_launches);
+      setField(kernelIn, shapes[shapeSel.value].roofline_kernel_us);
       update();
     });
     [policySel, stepsSel, zoomSel].forEach(function (c) { c.addEventListener("change", update); });
@@ -309,33 +343,65 @@
       c.addEventListener("input", update);
     });
 
-    function value(input, integer) {
-      var x = Number(input.value);
-      if (input.value === "" || !isFinite(x) || x < Number(input.min)) return null;
-      if (integer && Math.floor(x) !== x) return null;
-      return x;
+    var FIELDS = [[kernels, "model_launches", "Model launches per step"],
+                  [launchIn, "launch_us", "Host µs per launch"],
+                  [kernelIn, "kernel_us", "Device µs per kernel"],
+                  [postIn, "post_us", "Host µs per token"],
+                  [samplerIn, "host_sampler_us", "Host sampler µs"]];
+
+    // The field's value, or an error message (the limits are export.py's LIMITS).
+    function read(input, key, name) {
+      var text = input.value.trim(), max = lim[key];
+      var x = text !== "" && text === input.getAttribute("data-shown")
+        ? Number(input.getAttribute("data-exact")) : Number(text);
+      var got = " (got " + (text === "" ? "nothing, or not a number" : "\u201c" + text + "\u201d") + ").";
+      if (key === "model_launches") {
+        if (text === "" || !isFinite(x) || Math.floor(x) !== x || x < 1 || x > max) {
+          return {error: name + " must be a whole number from 1 to " + group(max, 0) + got};
+        }
+      } else if (text === "" || !isFinite(x) || x < 0 || x > max ||
+                 (x !== 0 && x < data.min_nonzero_us)) {
+        return {error: name + " must be 0 or a number from " + data.min_nonzero_us + " to " +
+                       group(max, 0) + got};
+      }
+      input.setAttribute("data-value", String(x));
+      return {value: x};
+    }
+
+    function stale(message) {
+      error.textContent = message;
+      results.forEach(function (node) { node.classList.add("hd-stale"); });
+      ui.setAttribute("data-valid", "false");
     }
 
     function update() {
-      var setting = {
-        policy: policySel.value, steps: Number(stepsSel.value),
-        model_launches: value(kernels, true), sampler_launches: counts.sampler,
-        launch_us: value(launchIn), kernel_us: value(kernelIn), post_us: value(postIn),
-        host_sampler_us: value(samplerIn)
-      };
-      var bad = Object.keys(setting).filter(function (k) { return setting[k] === null; });
-      if (setting.model_launches !== null && setting.model_launches < 1) bad.push("model_launches");
-      if (bad.length) {
-        metrics.textContent = "Enter a number ≥ 0 in every field (a whole number ≥ 1 of launches).";
+      var setting = {policy: policySel.value, steps: Number(stepsSel.value),
+                     sampler_launches: counts.sampler}, problems = [];
+      FIELDS.forEach(function (f) {
+        var r = read(f[0], f[1], f[2]);
+        if (r.error) problems.push(r.error); else setting[f[1]] = r.value;
+      });
+      samplerField.classList.toggle("hd-off", setting.policy !== "host-sampler");
+      if (problems.length) {
+        stale(problems.join(" ") + " The results below are for the last valid setting.");
         return;
       }
-      samplerField.classList.toggle("hd-off", setting.policy !== "host-sampler");
       var s = run(setting), sum = summary(s);
+      if (!(s.end > 0)) {
+        stale("With these settings nothing takes any time (launches, kernels and the host's " +
+              "work are all 0 µs): there is nothing to measure. Give one of them some time. " +
+              "The results below are for the last valid setting.");
+        return;
+      }
+      error.textContent = "";
+      results.forEach(function (node) { node.classList.remove("hd-stale"); });
+      ui.setAttribute("data-valid", "true");
       draw(s, setting);
-      metrics.textContent = "Per token: " + us(sum.per_token) + " (" +
-        (1e6 / sum.per_token).toFixed(0) + " tokens/s) · " + setting.steps + " steps: " +
-        us(sum.end) + " · device idle " + (100 * sum.device_idle_fraction).toFixed(2) + "% · " +
-        "host waits " + us(sum.host_wait / setting.steps) + " per step";
+      metrics.textContent = "Per token (the total ÷ " + plural(setting.steps, "step") + "): " +
+        us(sum.per_token) + " (" + rateText(1e6 / sum.per_token) + " tokens/s) · " +
+        plural(setting.steps, "step") + ": " + us(sum.end) + " · device idle " +
+        (100 * sum.device_idle_fraction).toFixed(2) + "% · host waits " +
+        us(sum.host_wait / setting.steps) + " per step";
       metrics.setAttribute("data-per-token", String(sum.per_token));
       metrics.setAttribute("data-end", String(sum.end));
       metrics.setAttribute("data-idle", String(sum.device_idle_fraction));
@@ -351,6 +417,9 @@
           ", running it " + us(deviceTotal) + ". The device finishes each kernel before the " +
           "next one arrives, so it idles between launches; the sync costs almost nothing. " +
           "Fewer launches (fusion, CUDA graphs in S16) is what helps.";
+      } else if (deviceTotal === 0) {
+        verdict.textContent = "Launches and kernels take no time here: a step is the host's " +
+          "own work after each token, and the device has nothing to do.";
       } else {
         verdict.textContent = "Device-bound: the device needs " + us(deviceTotal) + " per step, " +
           "the host " + us(launchTotal) + " to launch it. The host runs ahead, then waits at " +
@@ -360,26 +429,59 @@
       }
     }
 
+    // Runs of one step's segments narrower than MERGE_PX become one block at most MERGE_PX
+    // wide; with zoom, only the segments that start inside the view are drawn. get(i) gives
+    // [kind, step, start, end].
+    function blocks(n, get, view, plot, all) {
+      var out = [], g = null;
+      for (var i = 0; i < n; i++) {
+        var seg = get(i), kind = seg[0], step = seg[1], a = seg[2], b = seg[3];
+        if (!all && !(a < view)) break;               // lanes are in time order
+        var narrow = (b - a) / view * plot < MERGE_PX;
+        if (g && narrow && g.narrow && step === g.step &&
+            (Math.min(b, view) - g.start) / view * plot <= MERGE_PX) {
+          g.count += 1;
+          g.end = b;
+          g.busy += b - a;
+        } else {
+          g = {first: i, count: 1, step: step, start: a, end: b, busy: b - a, narrow: narrow,
+               time: {}, number: {}, order: []};
+          out.push(g);
+        }
+        if (!(kind in g.time)) { g.time[kind] = 0; g.number[kind] = 0; g.order.push(kind); }
+        g.time[kind] += b - a;
+        g.number[kind] += 1;
+      }
+      return out;
+    }
+
     function draw(s, setting) {
       var width = Math.max(320, Math.min(svgWrap.clientWidth || 720, 1100));
-      var left = 64, right = 8, laneH = 26, top = 18, gap = 14;
-      var view = s.end;
+      var left = 64, right = 8, laneH = 26, top = 18, gap = 14, plot = width - left - right;
+      var view = s.end, note = "", all = zoomSel.value === "all";
       if (zoomSel.value === "step") view = s.token_at[0];
-      if (zoomSel.value === "launches") view = s.device[Math.min(11, s.device.length - 1)][2];
-      if (!(view > 0)) view = 1;
-      var scale = (width - left - right) / view;
+      if (zoomSel.value === "launches") {
+        view = s.device[Math.min(11, s.device.length - 1)][2];
+        if (!(view > 0)) {
+          view = s.token_at[0];
+          note = " (the first 12 launches take no time: the first step is shown)";
+        }
+      }
+      if (!(view > 0)) { view = s.end; all = true; }
+      function px(t) { return left + Math.min(t, view) / view * plot; }   // never above the plot
       var height = top + 2 * laneH + gap + 20;
       var svg = document.createElementNS(SVG, "svg");
       svg.setAttribute("class", "hd-timeline");
       svg.setAttribute("width", String(width));
       svg.setAttribute("height", String(height));
       svg.setAttribute("viewBox", "0 0 " + width + " " + height);
+      svg.setAttribute("data-view", String(view));
       var clip = document.createElementNS(SVG, "clipPath");
       clip.setAttribute("id", "hd-clip");
       var clipRect = document.createElementNS(SVG, "rect");
       clipRect.setAttribute("x", String(left));
       clipRect.setAttribute("y", "0");
-      clipRect.setAttribute("width", String(width - left - right));
+      clipRect.setAttribute("width", String(plot));
       clipRect.setAttribute("height", String(height));
       clip.appendChild(clipRect);
       svg.appendChild(clip);
@@ -394,39 +496,59 @@
         var bg = document.createElementNS(SVG, "rect");
         bg.setAttribute("x", String(left));
         bg.setAttribute("y", String(lane[2]));
-        bg.setAttribute("width", String(width - left - right));
+        bg.setAttribute("width", String(plot));
         bg.setAttribute("height", String(laneH));
         bg.setAttribute("class", "hd-lane");
         svg.appendChild(bg);
       });
-      var group = document.createElementNS(SVG, "g");
-      group.setAttribute("clip-path", "url(#hd-clip)");
-      svg.appendChild(group);
+      var layer = document.createElementNS(SVG, "g");
+      layer.setAttribute("clip-path", "url(#hd-clip)");
+      svg.appendChild(layer);
 
-      function rect(lane, kind, step, start, end, y, title) {
+      var drawn = 0, merged = 0;
+      function block(lane, g, y) {
+        var kind = g.order[0];
+        g.order.forEach(function (k) { if (g.time[k] > g.time[kind]) kind = k; });
+        var x = px(g.start), w = px(g.end) - x;
+        if (lane === "device" && g.busy > 0 && w < 1) w = 1;          // kernels at least 1 px
         var r = document.createElementNS(SVG, "rect");
-        r.setAttribute("x", String(left + start * scale));
+        r.setAttribute("x", String(x));
         r.setAttribute("y", String(y + 2));
-        r.setAttribute("width", String((end - start) * scale));       // true width: an idle gap stays visible
+        r.setAttribute("width", String(w));
         r.setAttribute("height", String(laneH - 4));
-        r.setAttribute("class", "hd-seg hd-" + kind + (step % 2 ? " hd-odd" : ""));
+        r.setAttribute("class", "hd-seg hd-" + kind + (g.step % 2 ? " hd-odd" : "") +
+                                (g.count > 1 ? " hd-agg" : ""));
+        if (lane === "device" && g.count > 1 && g.end > g.start) {
+          r.setAttribute("fill-opacity", String(0.3 + 0.7 * Math.min(1, g.busy / (g.end - g.start))));
+        }
         r.setAttribute("data-lane", lane);
         r.setAttribute("data-kind", kind);
-        r.setAttribute("data-step", String(step));
-        r.setAttribute("data-start", String(start));
-        r.setAttribute("data-end", String(end));
+        r.setAttribute("data-step", String(g.step));
+        r.setAttribute("data-first", String(g.first));
+        r.setAttribute("data-count", String(g.count));
+        r.setAttribute("data-start", String(g.start));
+        r.setAttribute("data-end", String(g.end));
+        r.setAttribute("data-busy", String(g.busy));
         var t = document.createElementNS(SVG, "title");
-        t.textContent = title + ", step " + (step + 1) + ": " + us(start) + " to " + us(end);
+        var what = g.count === 1 ? (lane === "device" ? "kernel" : KIND_LABELS[kind])
+          : g.order.map(function (k) { return (lane === "device" ? "kernel" : k) + " ×" + g.number[k]; })
+                   .join(", ");
+        t.textContent = what + ", step " + (g.step + 1) + ": " + us(g.start) + " to " + us(g.end) +
+          (g.count > 1 ? ", busy " + us(g.busy) : "");
         r.appendChild(t);
-        group.appendChild(r);
+        layer.appendChild(r);
+        drawn += 1;
+        merged += g.count;
       }
-      s.host.forEach(function (h) {
-        rect("host", h[0], h[1], h[2], h[3], lanes[0][2], KIND_LABELS[h[0]]);
-      });
-      s.device.forEach(function (k) { rect("device", "kernel", k[0], k[1], k[2], lanes[1][2], "kernel"); });
+      blocks(s.host.length, function (i) { return s.host[i]; }, view, plot, all)
+        .forEach(function (g) { block("host", g, lanes[0][2]); });
+      blocks(s.device.length, function (i) {
+        var k = s.device[i];
+        return ["kernel", k[0], k[1], k[2]];
+      }, view, plot, all).forEach(function (g) { block("device", g, lanes[1][2]); });
       s.token_at.forEach(function (t, i) {
         if (t > view) return;
-        var x = left + t * scale;
+        var x = px(t);
         var line = document.createElementNS(SVG, "line");
         line.setAttribute("x1", String(x));
         line.setAttribute("x2", String(x));
@@ -445,10 +567,16 @@
       axis.setAttribute("x", String(left));
       axis.setAttribute("y", String(height - 4));
       axis.setAttribute("class", "hd-axis");
-      axis.textContent = "time: 0 to " + us(view) + " (the vertical lines: the host has the token)";
+      axis.textContent = "time: 0 to " + us(view) + note + " (the vertical lines: the host has the token)";
       svg.appendChild(axis);
       svgWrap.textContent = "";
       svgWrap.appendChild(svg);
+      caption.setAttribute("data-blocks", String(drawn));
+      caption.setAttribute("data-segments", String(merged));
+      caption.textContent = "Drawn: " + group(drawn, 0) + " blocks for " + group(merged, 0) +
+        " segments. Kernels that take any time are drawn at least 1 px wide; a run of one " +
+        "step's segments narrower than " + MERGE_PX + " px is drawn as one block (hover for " +
+        "what it holds), a run of kernels paler the more of it the device is idle.";
     }
 
     update();
