@@ -49,7 +49,11 @@ What it does not handle yet
     tokens, so one long prompt makes one long step for everyone (S10). A prompt is prefilled
     in one piece (S11 chunks it). Each slot holds max_context positions whatever the request
     needs (S12 pages KV in blocks). One bad row (NaN logits, a penalty overflow) raises from
-    `step()` for the whole batch; the caller may abort that request and go on.
+    `step()` for the whole batch, its message prefixed "request '<id>': "; the caller may abort
+    that request and go on (the failed step has drawn the seeded rows' random numbers: S08's
+    `sample_batch` draws before it checks). `generate` / `stream` run the engine for their own
+    requests only: they refuse while requests queued with `add_request` are unfinished, and a
+    request added with `add_request` while a stream runs has its outputs taken by that stream.
 
 Run it
     python code/s09_continuous_batching.py                          # 8 corpus prompts, staggered
@@ -89,6 +93,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import bisect
+import math
 import sys
 import time
 from collections import deque
@@ -404,7 +409,10 @@ class LLMEngine(s08.Engine):
     (aborted, or a prompt that fills the context) gets one last output with no token in the
     next `step`.
     `generate` / `stream` take Part I's single prompt or S08's list (any number, queued) and
-    loop over `step`; closing a stream early aborts its requests. State: `waiting` (deque),
+    loop over `step`, keeping only their own requests' outputs: they raise ValueError while
+    requests added with `add_request` are unfinished (step or abort those first). A stream
+    holds its request ids from the call until it ends or is closed; closing it early, or a
+    failure, aborts its requests and drops their last outputs. State: `waiting` (deque),
     `running` (list), `requests` (unfinished, by id), `trace` (`StepRecord`s),
     `runner.cache` (the slots).
     """
@@ -427,6 +435,7 @@ class LLMEngine(s08.Engine):
         self._final: list[s01.RequestOutput] = []   # last outputs of requests without a token
         self._aborted: list[str] = []               # aborted since the last forward step
         self._inboxes: dict[str, deque] = {}        # outputs kept for generate / stream
+        self._stream_ids: set[str] = set()          # ids held by unfinished streams
 
     @property
     def num_free_slots(self) -> int:
@@ -444,18 +453,19 @@ class LLMEngine(s08.Engine):
     def add_request(self, prompt: str, params=None, request_id: str | None = None) -> str:
         """Queue a request; returns its id. params: a SamplingParams (default: Part I's
         defaults, 16 tokens greedy) or max_tokens as an int. request_id: a non-empty str not
-        used by an unfinished request (default: the next free number). Raises ValueError,
-        before anything is queued or an id taken, for a bad id, prompt or params."""
+        used by an unfinished request or held by a stream (default: the next free number).
+        Raises ValueError, before anything is queued or an id taken, for a bad id, prompt or
+        params."""
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise ValueError(f"request_id must be a non-empty string (got {request_id!r})")
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self._stream_ids:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished "
-                             "request")
+                             "request or held by a stream")
         params = self.make_params(16 if params is None else params)
         prompt_ids = self.check_prompt(prompt)
         auto = request_id is None
         if auto:
-            while str(self._request_count) in self.requests:
+            while self._id_taken(str(self._request_count)):
                 self._request_count += 1
             request_id = str(self._request_count)
         seq = self.make_sequence(request_id, prompt_ids, params)
@@ -500,6 +510,9 @@ class LLMEngine(s08.Engine):
         self._aborted.append(request_id)
         return True
 
+    def _id_taken(self, request_id: str) -> bool:
+        return request_id in self.requests or request_id in self._stream_ids
+
     def has_unfinished_requests(self) -> bool:
         """True while a request waits or runs, or a last output is still to be returned."""
         return bool(self.waiting or self.running or self._final)
@@ -540,7 +553,13 @@ class LLMEngine(s08.Engine):
         if self.sync_timing:
             s06.synchronize(self.model.device)
         model_s = time.perf_counter() - start
-        sampled, _ = self.sample_batch(logits, rows, [True] * len(rows))
+        try:
+            sampled, _ = self.sample_batch(logits, rows, [True] * len(rows))
+        except ValueError as err:      # S04 refused a row: say whose, so it can be aborted
+            bad = self._refused_row(logits, rows)
+            if bad is None:
+                raise
+            raise ValueError(f"request {rows[bad].request_id!r}: {err}") from err
         outputs = []
         for seq, token in zip(rows, sampled):
             seq.stats.context_lens.append(len(seq.token_ids))
@@ -562,6 +581,18 @@ class LLMEngine(s08.Engine):
             free, model_s, step_s))
         self._aborted = []
         return outputs
+
+    def _refused_row(self, logits: torch.Tensor, rows: list[s01.Sequence]) -> int | None:
+        """After `sample_batch` raised: the row it raised for, the first in its order (plain
+        greedy rows, then the others) whose raw logits, or row after the penalties, have no
+        finite maximum (NaN, +inf, or every entry -inf: each flag S06's sampler raises for)."""
+        plain = [i for i, seq in enumerate(rows) if self.plain_greedy(seq)]
+        for i in plain + [i for i in range(len(rows)) if i not in plain]:
+            penalized = None if i in plain else rows[i].sampler.penalized
+            for row in (logits[i], penalized):
+                if row is not None and not math.isfinite(float(row.max())):
+                    return i
+        return None
 
     def _enqueue(self, seq: s01.Sequence) -> None:
         seq.slot = None
@@ -585,20 +616,39 @@ class LLMEngine(s08.Engine):
         """S08's checks and Sequences (everything checked first), with ids no unfinished
         request uses. The Sequences are queued when their loop (`run_batch`) starts."""
         count = len(prompts) if isinstance(prompts, (list, tuple)) else 0
-        while any(str(self._request_count + i) in self.requests for i in range(count)):
+        while any(self._id_taken(str(self._request_count + i)) for i in range(count)):
             self._request_count += 1
         return super().add_requests(prompts, params, temperature, seed, **options)
 
     def stream(self, prompts, params=None, temperature: float | None = None,
                seed: int | None = None, **options):
         """Part I's `CompletionStream` for a str prompt, S08's `BatchStream` for a list (its
-        `stats` is None: nothing idles here to count). Arguments as S08's."""
+        `stats` is None: nothing idles here to count). Arguments as S08's. The request ids are
+        held from this call until the stream ends or is closed (the requests are queued when
+        it is first iterated; a stream dropped unread keeps them). Raises ValueError, before
+        anything is taken, while requests added with `add_request` are unfinished: the
+        stream's steps would take their outputs.
+        (S08's `generate` is this stream run to its end, so the same holds for it.)"""
+        others = ({rid for rid in self.requests if rid not in self._stream_ids}
+                  | {o.request_id for o in self._final if o.request_id not in self._stream_ids})
+        if others:
+            raise ValueError(f"generate() runs the engine to the end of its own requests: "
+                             f"{len(others)} requests added with add_request are unfinished; "
+                             f"step() or abort() them first")
         single = isinstance(prompts, str)
         seqs = self.add_requests([prompts] if single else prompts, params, temperature, seed,
                                  **options)
+        self._stream_ids.update(seq.request_id for seq in seqs)
         if single:
-            return s01.CompletionStream(self.run(seqs[0]), seqs[0])
-        return s08.BatchStream(self.run_batch(seqs), seqs, None)
+            return s01.CompletionStream(_HeldSteps(self.run(seqs[0]), self, seqs), seqs[0])
+        return s08.BatchStream(_HeldSteps(self.run_batch(seqs), self, seqs), seqs, None)
+
+    def _let_go(self, seqs: list[s01.Sequence]) -> None:
+        """A stream is over: its ids are free and its requests' pending last outputs (aborts,
+        prompts that filled the context) are dropped: nobody is left to read them."""
+        ids = {seq.request_id for seq in seqs}
+        self._final = [o for o in self._final if o.request_id not in ids]
+        self._stream_ids -= ids
 
     def run(self, seq: s01.Sequence, stats=None) -> Iterator[s01.RequestOutput]:
         """Part I's loop for one request: its outputs that carry a token."""
@@ -609,7 +659,8 @@ class LLMEngine(s08.Engine):
                   ) -> Iterator[list[s01.RequestOutput]]:
         """Queue the requests, then step until all have finished, yielding their outputs of
         each step (other requests may run in the same steps). Closed or failed before the
-        end, it aborts those still unfinished, so their slots are freed."""
+        end, it aborts those still unfinished, so their slots are freed; at its end their
+        pending last outputs are dropped and their ids let go (see `stream`)."""
         inboxes = {seq.request_id: deque() for seq in seqs}
         self._inboxes.update(inboxes)
         for seq in seqs:
@@ -628,6 +679,25 @@ class LLMEngine(s08.Engine):
                 self._inboxes.pop(seq.request_id, None)
                 if not seq.finished:
                     self.abort(seq.request_id)
+            self._let_go(seqs)
+
+
+class _HeldSteps:
+    """A stream's steps (`run` or `run_batch`), which let the stream's request ids go when
+    closed even before the first step (a generator closed before it starts runs no code)."""
+
+    def __init__(self, steps: Iterator, engine: LLMEngine, seqs: list[s01.Sequence]):
+        self._steps, self._engine, self._seqs = steps, engine, seqs
+
+    def __iter__(self) -> "_HeldSteps":
+        return self
+
+    def __next__(self):
+        return next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()
+        self._engine._let_go(self._seqs)
 
 
 # ---------------------------------------------------------------------------------------------

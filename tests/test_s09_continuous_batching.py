@@ -477,6 +477,103 @@ def test_bad_requests_are_refused_before_anything_is_taken(tiny):
     assert engine.step() and LLMEngine(model, IdTokenizer(), CONTEXT, 2).step() == []
 
 
+def test_a_stream_holds_its_request_ids_from_the_call_until_it_ends(tiny):
+    """A stream takes its ids when it is made but queues its requests only once iterated: a
+    caller-chosen id may not take one in between (their outputs would mix), an automatic id
+    skips them, and the ids are free again once the stream ends or is closed."""
+    name, model, references = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 4)
+    stream = engine.stream([text(PROMPTS[2]), text(PROMPTS[3])], NEW)
+    ids = [seq.request_id for seq in stream._seqs]
+    assert not engine.requests                              # nothing queued before iterating
+    for rid in ids:
+        with pytest.raises(ValueError, match=f"request_id {rid!r} is already in use"):
+            engine.add_request(text(PROMPTS[1]), greedy(), request_id=rid)
+    assert engine.add_request(text(PROMPTS[1]), greedy(), request_id="own") == "own"
+    assert engine.abort("own") and engine.step() == [RequestOutput("own", [], "", True,
+                                                                   FINISH_ABORT, None)]
+    for _ in stream:
+        pass
+    assert [c.token_ids for c in stream.result] == [references[i][0].token_ids for i in (2, 3)]
+    assert not engine.has_unfinished_requests() and engine.num_free_slots == 4
+    assert engine.add_request(text(PROMPTS[1]), greedy(), request_id=ids[0]) == ids[0]
+    engine.abort(ids[0])
+    engine.step()
+    closed = engine.stream([text(PROMPTS[2])], NEW)         # closed before it ever ran
+    rid = closed._seqs[0].request_id
+    auto = engine.add_request(text(PROMPTS[1]), greedy())
+    assert auto != rid
+    closed.close()
+    assert engine.add_request(text(PROMPTS[1]), greedy(), request_id=rid) == rid
+
+
+def test_generate_and_stream_refuse_while_add_request_requests_are_unfinished(tiny):
+    """generate / stream step the engine and keep only their own outputs: they refuse, with
+    nothing taken, while a request queued with add_request (or its last output) is pending,
+    since its outputs would be lost."""
+    name, model, references = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 4)
+    mine = engine.add_request(text(PROMPTS[2]), greedy(), request_id="mine")
+    rule = "generate\\(\\) runs the engine to the end of its own requests: 1 requests added"
+    for call in (engine.generate, engine.stream):
+        for prompts in (text(PROMPTS[3]), [text(PROMPTS[3])]):
+            with pytest.raises(ValueError, match=rule):
+                call(prompts, NEW)
+    assert list(engine.requests) == [mine] and len(engine.waiting) == 1
+    engine.step()
+    assert engine.abort(mine)          # finished by the abort; its last output still pending
+    with pytest.raises(ValueError, match=rule):
+        engine.generate(text(PROMPTS[3]), NEW)
+    assert engine.step()[0].finish_reason == FINISH_ABORT
+    assert engine.generate(text(PROMPTS[3]), NEW).token_ids == references[3][0].token_ids
+    assert engine.add_request(text(PROMPTS[1])) == "1"      # no id was used by the refusals
+
+
+class NaNFor(LLMEngine):
+    """Gives the running request `bad` NaN logits from its second pass on."""
+
+    bad = None
+
+    def execute_model(self, batch):
+        logits = super().execute_model(batch)
+        for i, seq in enumerate(self.running):
+            if seq.request_id == self.bad and seq.stats.passes >= 1:
+                logits = logits.clone()
+                logits[i] = float("nan")
+        return logits
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_a_bad_row_names_its_request_and_generate_cleans_up_after_it(tiny, seeded):
+    """One row S04 refuses fails step() for the batch; the error names its request, so the
+    caller can abort it and go on. generate() that fails aborts its own requests and leaves
+    no last output behind: the engine is idle and reusable."""
+    name, model, references = tiny
+    params = (s04.SamplingParams(temperature=0.8, seed=3, max_tokens=NEW) if seeded
+              else greedy())
+    engine = NaNFor(model, IdTokenizer(), CONTEXT, 2)
+    engine.bad = "b"
+    engine.add_request(text(PROMPTS[2]), params, request_id="a")
+    engine.add_request(text(PROMPTS[3]), params, request_id="b")
+    engine.step()
+    with pytest.raises(ValueError, match="^request 'b': logits must not contain NaN or \\+inf"):
+        engine.step()
+    engine.abort("b")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.num_free_slots == 2
+    engine.bad = "1"                      # generate's second request
+    with pytest.raises(ValueError, match="^request '1': logits must not contain NaN"):
+        engine.generate([text(PROMPTS[2]), text(PROMPTS[3])], params)
+    assert not engine.has_unfinished_requests() and engine.num_free_slots == 2
+    assert not engine.requests and not engine._final
+    engine.bad = None
+    got = engine.generate([text(PROMPTS[2]), text(PROMPTS[3])], params)
+    alone = LLMEngine(model, IdTokenizer(), CONTEXT, 1)
+    assert [c.token_ids for c in got] == [alone.generate(text(PROMPTS[i]), params).token_ids
+                                          for i in (2, 3)]
+
+
 # --- the harness, the script ------------------------------------------------------------------
 
 @bundled
