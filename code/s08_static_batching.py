@@ -1020,14 +1020,14 @@ def corpus_prompts(tokenizer, num_prompts: int, seed: int, max_context: int) -> 
     return [r.prompt for r in workload.requests]
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description="Chapter 8: static batching, many prompts in one forward pass.")
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command line every Part II script keeps (S08 on): which model, which requests, how to
+    sample them, where to run. Each chapter adds its own engine flags beside these."""
     parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
                         help="checkpoint directory or hub id (default: the bundled model)")
     parser.add_argument("--prompt", action="append", default=None,
-                        help="a prompt; repeat the flag for more, each one a request of the "
-                             "batch (default: --num-prompts prompts cut from the corpus)")
+                        help="a prompt; repeat the flag for more, each one a request (default: "
+                             "--num-prompts prompts cut from the corpus)")
     parser.add_argument("--num-prompts", type=int, default=8,
                         help="corpus prompts when no --prompt is given (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=40,
@@ -1041,6 +1041,39 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dtype", default=None, choices=list(s06.DTYPES),
                         help="parameter and cache dtype (default: bfloat16 on CUDA, float32 on "
                              "the CPU)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads, 1 to the logical cores (%d) (default: "
+                             "%%(default)s, as S06)" % (os.cpu_count() or 1))
+
+
+def check_request_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
+                            ) -> s04.SamplingParams:
+    """Check the flags of `add_request_arguments` before any model loads (parser.error, exit 2,
+    on a broken rule), pin torch's threads, and return the requests' SamplingParams."""
+    cores = os.cpu_count() or 1
+    if not 1 <= args.threads <= cores:
+        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
+    if args.num_prompts < 1:
+        parser.error(f"--num-prompts must be >= 1 (got {args.num_prompts})")
+    try:
+        for prompt in args.prompt or []:
+            s01.check_text(prompt, "--prompt")
+        params = s04.SamplingParams(temperature=args.temperature, seed=args.seed,
+                                    max_tokens=args.max_tokens)
+    except ValueError as err:
+        parser.error(str(err))
+    bundled = s03.BUNDLED_MODEL_DIR
+    if Path(args.model) == bundled and not (bundled / "config.json").exists():
+        parser.error(f"the bundled model is not in {bundled} yet: train it with "
+                     "python scripts/train_bundled_model.py, or pass --model DIR")
+    torch.set_num_threads(args.threads)
+    return params
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Chapter 8: static batching, many prompts in one forward pass.")
+    add_request_arguments(parser)
     parser.add_argument("--attention", default="manual", choices=s06.ATTENTION_IMPLS,
                         help="attention implementation (default: %(default)s)")
     parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
@@ -1048,15 +1081,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-invariant", action="store_true",
                         help="compute every row alone: slow, bitwise equal to each request run "
                              "alone")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads, 1 to the logical cores (%d) (default: "
-                             "%%(default)s, as S06)" % (os.cpu_count() or 1))
     args = parser.parse_args(argv)
-    cores = os.cpu_count() or 1
-    if not 1 <= args.threads <= cores:
-        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
-    if args.num_prompts < 1:
-        parser.error(f"--num-prompts must be >= 1 (got {args.num_prompts})")
+    params = check_request_arguments(parser, args)
     if args.max_batch_size < 1:
         parser.error(f"--max-batch-size must be >= 1 (got {args.max_batch_size})")
     num_requests = len(args.prompt) if args.prompt else args.num_prompts
@@ -1065,24 +1091,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"{num_requests} requests ({given}) do not fit one batch of "
                      f"--max-batch-size {args.max_batch_size}: raise it or ask for fewer")
     try:
-        for prompt in args.prompt or []:
-            s01.check_text(prompt, "--prompt")
-    except ValueError as err:
-        parser.error(str(err))
-    torch.set_num_threads(args.threads)
-    bundled = s03.BUNDLED_MODEL_DIR
-    if Path(args.model) == bundled and not (bundled / "config.json").exists():
-        parser.error(f"the bundled model is not in {bundled} yet: train it with "
-                     "python scripts/train_bundled_model.py, or pass --model DIR")
-    try:
         model, tokenizer = s06.load(args.model, args.device, args.dtype, args.attention)
         max_context = min(model.config.max_position_embeddings, 4096)
         prompts = args.prompt or corpus_prompts(tokenizer, args.num_prompts, args.seed,
                                                 max_context)
         engine = Engine(model, tokenizer, max_context, max_batch_size=args.max_batch_size,
                         batch_invariant=args.batch_invariant)
-        params = s04.SamplingParams(temperature=args.temperature, seed=args.seed,
-                                    max_tokens=args.max_tokens)
         start = time.perf_counter()
         completions = engine.generate(prompts, params)
         wall_s = time.perf_counter() - start

@@ -98,7 +98,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -106,7 +105,6 @@ import torch
 
 import s01_generation_loop as s01
 import s03_transformer as s03
-import s04_sampling as s04
 import s06_torch as s06
 import s08_static_batching as s08
 
@@ -725,58 +723,23 @@ def format_occupancy_table(trace: Sequence[StepRecord], max_rows: int = 40) -> s
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 9: continuous batching, requests join and leave at every step.")
-    parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
-                        help="checkpoint directory or hub id (default: the bundled model)")
-    parser.add_argument("--prompt", action="append", default=None,
-                        help="a prompt; repeat the flag for more, each one a request (default: "
-                             "--num-prompts prompts cut from the corpus)")
-    parser.add_argument("--num-prompts", type=int, default=8,
-                        help="corpus prompts when no --prompt is given (default: %(default)s)")
+    s08.add_request_arguments(parser)
     parser.add_argument("--arrival-every", type=int, default=3,
                         help="steps between two arrivals; 0 = all at once (default: "
                              "%(default)s)")
     parser.add_argument("--max-num-seqs", type=int, default=4,
                         help="most requests running at once (KV slots) (default: %(default)s)")
-    parser.add_argument("--max-tokens", type=int, default=40,
-                        help="most tokens to generate per request (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="sampling temperature, 0 = greedy (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="random seed of every request (default: %(default)s)")
-    parser.add_argument("--device", default=None,
-                        help="cuda, cuda:N or cpu (default: cuda if present)")
-    parser.add_argument("--dtype", default=None, choices=list(s06.DTYPES),
-                        help="parameter and cache dtype (default: bfloat16 on CUDA, float32 on "
-                             "the CPU)")
     parser.add_argument("--attention", default="masked", choices=RAGGED_ATTENTION,
                         help="attention over the ragged batch (default: %(default)s)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="compute every request alone: slow, bitwise equal to each request "
                              "run alone")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads, 1 to the logical cores (%d) (default: "
-                             "%%(default)s, as S06)" % (os.cpu_count() or 1))
     args = parser.parse_args(argv)
-    cores = os.cpu_count() or 1
-    if not 1 <= args.threads <= cores:
-        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
-    for flag, value, low in (("--num-prompts", args.num_prompts, 1),
-                             ("--max-num-seqs", args.max_num_seqs, 1),
+    params = s08.check_request_arguments(parser, args)
+    for flag, value, low in (("--max-num-seqs", args.max_num_seqs, 1),
                              ("--arrival-every", args.arrival_every, 0)):
         if value < low:
             parser.error(f"{flag} must be >= {low} (got {value})")
-    try:
-        for prompt in args.prompt or []:
-            s01.check_text(prompt, "--prompt")
-        params = s04.SamplingParams(temperature=args.temperature, seed=args.seed,
-                                    max_tokens=args.max_tokens)
-    except ValueError as err:
-        parser.error(str(err))
-    torch.set_num_threads(args.threads)
-    bundled = s03.BUNDLED_MODEL_DIR
-    if Path(args.model) == bundled and not (bundled / "config.json").exists():
-        parser.error(f"the bundled model is not in {bundled} yet: train it with "
-                     "python scripts/train_bundled_model.py, or pass --model DIR")
     try:
         model, tokenizer = s06.load(args.model, args.device, args.dtype)
         max_context = min(model.config.max_position_embeddings, 4096)
