@@ -10,26 +10,17 @@ probabilities as exported; no console errors. Skipped when Playwright or Chromiu
 """
 from __future__ import annotations
 
-import importlib.util
-import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
+from sim_browser import load_exporter, open_page, skip_without_browser, write_page
 import torch
 
-CHROMIUM = "/usr/bin/chromium"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-playwright_api = pytest.importorskip("playwright.sync_api",
-                                     reason="Playwright is not installed (pip install playwright)")
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+skip_without_browser()
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM = ROOT / "site" / "simulators" / "transformer-attention"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="module")
@@ -48,38 +39,17 @@ def data(tmp_path_factory):
             p.normal_(0.0, 0.3)
     model.save_pretrained(directory)
     shutil.copy(ROOT / "data" / "tokenizer.json", directory / "tokenizer.json")
-    spec = importlib.util.spec_from_file_location("s03_sim_export_browser", SIM / "export.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_exporter("transformer-attention", "s03_sim_export_browser")
     module.BUNDLED_MODEL_DIR = directory
     return module.export()
 
 
 @pytest.fixture(scope="module")
 def page(data, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sim_page")
-    shutil.copy(ROOT / "site" / "static" / "course.js", folder / "course.js")
-    shutil.copy(SIM / "simulator.js", folder / "simulator.js")
-    (folder / "data.js").write_text(
-        f"CourseSim.setData('transformer-attention', {json.dumps(data, allow_nan=False)});\n")
-    (folder / "index.html").write_text(
-        "<!doctype html><html><head><meta charset='utf-8'></head><body>"
-        "<div class='course-sim' data-sim='transformer-attention'></div>"
-        "<script src='course.js'></script><script src='simulator.js'></script>"
-        "<script src='data.js'></script></body></html>")
-    profile = tempfile.mkdtemp(prefix="s03-chromium-")
-    with playwright_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,
-                                                       headless=True, args=ARGS)
-        pg = context.new_page()
-        pg.problems = []
-        pg.on("console", lambda m: pg.problems.append(m.text) if m.type == "error" else None)
-        pg.on("pageerror", lambda e: pg.problems.append(str(e)))
-        pg.goto((folder / "index.html").as_uri())
-        pg.wait_for_selector(".ta-map")
+    html = write_page(tmp_path_factory.mktemp("sim_page"), "transformer-attention", data,
+                      css=False)
+    with open_page(html, ".ta-map", "s03-chromium-") as pg:
         yield pg
-        context.close()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 def bars(pg, selector: str) -> list[tuple[str, float]]:

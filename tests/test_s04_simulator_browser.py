@@ -18,30 +18,20 @@ numbers it computed, and log no console error. Skipped when Playwright or Chromi
 from __future__ import annotations
 
 import base64
-import importlib.util
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from sim_browser import load_exporter, open_page, skip_without_browser, write_page
 
-CHROMIUM = "/usr/bin/chromium"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-playwright_api = pytest.importorskip("playwright.sync_api",
-                                     reason="Playwright is not installed (pip install playwright)")
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+skip_without_browser()
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM = ROOT / "site" / "simulators" / "sampler-playground"
 sys.path.insert(0, str(ROOT / "code"))
 import s04_sampling as s04  # noqa: E402
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
           "frequency_penalty", "min_tokens")
 GRID = (  # settings as typed; the Python side reads the same text (int if integer text)
@@ -61,16 +51,9 @@ GRID = (  # settings as typed; the Python side reads the same text (int if integ
 )
 
 
-def load_exporter():
-    spec = importlib.util.spec_from_file_location("s04_sim_export_browser", SIM / "export.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def exporter():
-    return load_exporter()
+    return load_exporter("sampler-playground", "s04_sim_export_browser")
 
 
 @pytest.fixture(scope="module")
@@ -80,31 +63,9 @@ def data(exporter):
 
 @pytest.fixture(scope="module")
 def page(data, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("s04_sim_page")
-    shutil.copy(ROOT / "site" / "static" / "course.js", folder / "course.js")
-    shutil.copy(ROOT / "site" / "static" / "course.css", folder / "course.css")
-    shutil.copy(SIM / "simulator.js", folder / "simulator.js")
-    (folder / "data.js").write_text(
-        f"CourseSim.setData('sampler-playground', {json.dumps(data, allow_nan=False)});\n")
-    (folder / "index.html").write_text(
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        "<link rel='stylesheet' href='course.css'></head><body>"
-        "<div class='course-sim' data-sim='sampler-playground'></div>"
-        "<script src='course.js'></script><script src='simulator.js'></script>"
-        "<script src='data.js'></script></body></html>")
-    profile = tempfile.mkdtemp(prefix="s04-chromium-")
-    with playwright_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,
-                                                       headless=True, args=ARGS)
-        pg = context.new_page()
-        pg.problems = []
-        pg.on("console", lambda m: pg.problems.append(m.text) if m.type == "error" else None)
-        pg.on("pageerror", lambda e: pg.problems.append(str(e)))
-        pg.goto((folder / "index.html").as_uri())
-        pg.wait_for_selector(".sp-table")
+    html = write_page(tmp_path_factory.mktemp("s04_sim_page"), "sampler-playground", data)
+    with open_page(html, ".sp-table", "s04-chromium-") as pg:
         yield pg
-        context.close()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 def typed(text: str):

@@ -17,36 +17,23 @@ extreme allowed values (no NaN, Infinity or undefined anywhere) and a setting th
 """
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
+from sim_browser import load_exporter, open_page, skip_without_browser, write_page
 
-CHROMIUM = "/usr/bin/chromium"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-playwright_api = pytest.importorskip("playwright.sync_api",
-                                     reason="Playwright is not installed (pip install playwright)")
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+skip_without_browser()
 
-ROOT = Path(__file__).resolve().parents[1]
-SIM = ROOT / "site" / "simulators" / "host-device-timeline"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 REL = 1e-9
 MERGE_PX = 3                   # simulator.js's MERGE_PX
 FIELDS = ((".hd-kernels", "model_launches"), (".hd-launch", "launch_us"),
           (".hd-kernel", "kernel_us"), (".hd-post", "post_us"),
           (".hd-host-sampler", "host_sampler_us"))
 
-spec = importlib.util.spec_from_file_location("s06_sim_export_browser", SIM / "export.py")
-hd = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(hd)
+hd = load_exporter("host-device-timeline", "s06_sim_export_browser")
 if not (Path(hd.BUNDLED_MODEL_DIR) / "model.safetensors").exists():
     pytest.skip("the bundled model (data/model) is missing", allow_module_level=True)
 
@@ -58,29 +45,10 @@ def data():
 
 @pytest.fixture(scope="module")
 def page(data, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("s06_sim_page")
-    shutil.copy(ROOT / "site" / "static" / "course.js", folder / "course.js")
-    shutil.copy(SIM / "simulator.js", folder / "simulator.js")
-    (folder / "data.js").write_text(
-        f"CourseSim.setData('host-device-timeline', {json.dumps(data, allow_nan=False)});\n")
-    (folder / "index.html").write_text(
-        "<!doctype html><html><head><meta charset='utf-8'></head><body>"
-        "<div class='course-sim' data-sim='host-device-timeline'></div>"
-        "<script src='course.js'></script><script src='simulator.js'></script>"
-        "<script src='data.js'></script></body></html>")
-    profile = tempfile.mkdtemp(prefix="s06-chromium-")
-    with playwright_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,
-                                                       headless=True, args=ARGS)
-        pg = context.new_page()
-        pg.problems = []
-        pg.on("console", lambda m: pg.problems.append(m.text) if m.type == "error" else None)
-        pg.on("pageerror", lambda e: pg.problems.append(str(e)))
-        pg.goto((folder / "index.html").as_uri())
-        pg.wait_for_selector(".hd-timeline")
+    html = write_page(tmp_path_factory.mktemp("s06_sim_page"), "host-device-timeline", data,
+                      css=False)
+    with open_page(html, ".hd-timeline", "s06-chromium-") as pg:
         yield pg
-        context.close()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 DRAWN = """() => Array.from(document.querySelectorAll('.hd-seg')).map(r => [

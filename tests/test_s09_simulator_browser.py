@@ -17,25 +17,13 @@ Skipped when Playwright or Chromium is missing.
 """
 from __future__ import annotations
 
-import importlib.util
-import json
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
+from sim_browser import load_exporter, open_page, skip_without_browser, write_page
 
-CHROMIUM = "/usr/bin/chromium"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-playwright_api = pytest.importorskip("playwright.sync_api",
-                                     reason="Playwright is not installed (pip install playwright)")
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+skip_without_browser()
 
-ROOT = Path(__file__).resolve().parents[1]
-SIM = ROOT / "site" / "simulators" / "continuous-batch"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="module")
@@ -43,39 +31,15 @@ def data():
     import s03_transformer as s03
     if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
         pytest.skip("data/model has no bundled model")
-    spec = importlib.util.spec_from_file_location("s09_sim_export_browser", SIM / "export.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_exporter("continuous-batch", "s09_sim_export_browser")
     return module.export()
 
 
 @pytest.fixture(scope="module")
 def page(data, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cb_sim_page")
-    shutil.copy(ROOT / "site" / "static" / "course.js", folder / "course.js")
-    shutil.copy(ROOT / "site" / "static" / "course.css", folder / "course.css")
-    shutil.copy(SIM / "simulator.js", folder / "simulator.js")
-    (folder / "data.js").write_text(
-        f"CourseSim.setData('continuous-batch', {json.dumps(data, allow_nan=False)});\n")
-    (folder / "index.html").write_text(
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        "<link rel='stylesheet' href='course.css'></head><body>"
-        "<div class='course-sim' data-sim='continuous-batch'></div>"
-        "<script src='course.js'></script><script src='simulator.js'></script>"
-        "<script src='data.js'></script></body></html>")
-    profile = tempfile.mkdtemp(prefix="s09-chromium-")
-    with playwright_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM,
-                                                       headless=True, args=ARGS)
-        pg = context.new_page()
-        pg.problems = []
-        pg.on("console", lambda m: pg.problems.append(m.text) if m.type == "error" else None)
-        pg.on("pageerror", lambda e: pg.problems.append(str(e)))
-        pg.goto((folder / "index.html").as_uri())
-        pg.wait_for_selector(".cb-grid-cont")
+    html = write_page(tmp_path_factory.mktemp("cb_sim_page"), "continuous-batch", data)
+    with open_page(html, ".cb-grid-cont", "s09-chromium-") as pg:
         yield pg
-        context.close()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 def go_to(pg, step: int) -> None:
