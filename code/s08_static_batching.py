@@ -53,7 +53,8 @@ What it does not handle yet
 
 Run it
     python code/s08_static_batching.py                          # 8 corpus prompts, bundled model
-    python code/s08_static_batching.py --prompt "Romeo." --prompt "To be, or not" --max-tokens 30
+    python code/s08_static_batching.py --prompt "O Romeo, Romeo! wherefore art thou" \\
+        --prompt "To be, or not" --max-tokens 30
     python code/s08_static_batching.py --batch-invariant --num-prompts 4
     python benchmarks/bench_s08_static_batching.py --quick      # tokens/s against B, vs HF
 

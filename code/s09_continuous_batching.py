@@ -58,7 +58,8 @@ What it does not handle yet
 Run it
     python code/s09_continuous_batching.py                          # 8 corpus prompts, staggered
     python code/s09_continuous_batching.py --arrival-every 2 --max-num-seqs 3 --num-prompts 6
-    python code/s09_continuous_batching.py --prompt "Romeo." --prompt "To be, or not"
+    python code/s09_continuous_batching.py --prompt "O Romeo, Romeo! wherefore art thou" \\
+        --prompt "To be, or not"
     python benchmarks/bench_s09_continuous_batching.py --quick      # vs S08 and HF, TTFT / ITL
 
 Tests
