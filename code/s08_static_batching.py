@@ -48,7 +48,8 @@ What it does not handle yet
     padding costs full compute in prefill and masked keys in every decode step: ragged batches
     (S09) remove both. The cache is allocated per batch for its longest possible row (S12
     pages it). One row's error (a NaN row, a penalty overflow) fails the whole batch (S09/S10
-    abort one request). A request whose prompt already fills the context finishes on arrival
+    abort one request; the failed step leaves every row's sampler, random stream included, as
+    it was). A request whose prompt already fills the context finishes on arrival
     (Part I's rule: "length", no token) and takes no row.
 
 Run it
@@ -64,10 +65,11 @@ Tests
     batched `generate`, on the bundled model and tiny random GPT-2, Qwen3 and Llama, prompt
     lengths 1 to the context limit, B = 1, 2, 3, 8, 32; batch-invariant mode bitwise equal to
     the request alone (logits) and to the S06 engine (whole completions); permuted batches,
-    seeds independent of batch mates, no NaN in padded rows; the waste counts against closed
-    forms; the public bugs E1, E2, E4, F1, F6 as regression tests; every bad input; streams
-    interleaved, interrupted and closed. tests/test_s08_properties.py: hypothesis over prompt
-    lengths, batch compositions, stop settings and the interleaving of two streams.
+    seeds independent of batch mates, a failed step that moves no row's random stream, no NaN
+    in padded rows; the waste counts against closed forms; the public bugs E1, E2, E4, F1, F6
+    as regression tests; every bad input; streams interleaved, interrupted and closed.
+    tests/test_s08_properties.py: hypothesis over prompt lengths, batch compositions, stop
+    settings and the interleaving of two streams.
     tests/test_parity.py runs this engine in the parity chain.
 
 References
@@ -839,7 +841,14 @@ class Engine(s06.Engine):
         Plain greedy rows (`plain_greedy`) take one batched argmax; every other row runs its
         own S06 `DeviceSampler` (its own seeded generator, so its draws do not depend on its
         batch mates). One device-to-host copy per step brings all B ids. A row S04 refuses
-        (NaN or +inf, no finite entry, ...) raises S04's ValueError, as S06 does.
+        (NaN or +inf, no finite entry, ...) raises S04's ValueError, as S06 does. Every row
+        has drawn by then (the flag rides on that one copy), so a failed call puts each
+        generator back as it was (`get_state` before the draw, `set_state` on failure; both
+        on the host, no wait for the device) and updates no history or logprobs: after the
+        error every row's sampler is as before the call, and a caller that drops the bad
+        request and steps again gets the draws the other rows would have had anyway.
+        (`DeviceSampler.penalized`, this call's row after the penalties, is left for the
+        caller to inspect: S09 finds the bad row with it; the next `process` overwrites it.)
         """
         plain, own = [], []
         for i, seq in enumerate(rows):
@@ -862,17 +871,25 @@ class Engine(s06.Engine):
                 tokens = flagged
             else:
                 tokens[index] = flagged
-        processed = {}
-        for i in own:
-            sampler, n = rows[i].sampler, len(rows[i].output_ids)
-            processed[i] = sampler.process(logits[i], n)
-            tokens[i:i + 1] = sampler.draw(processed[i], n, logits[i])
-        host = tokens.tolist()                           # the one device -> host copy
+        processed, saved = {}, []
+        try:
+            for i in own:
+                sampler, n = rows[i].sampler, len(rows[i].output_ids)
+                if sampler.generator is not None:    # a copy on the host, even for CUDA's
+                    saved.append((sampler.generator, sampler.generator.get_state()))
+                processed[i] = sampler.process(logits[i], n)
+                tokens[i:i + 1] = sampler.draw(processed[i], n, logits[i])
+            host = tokens.tolist()                       # the one device -> host copy
+            bad = next((host[i] for i in plain + own if host[i] < 0), None)
+            if bad is not None:
+                raise ValueError(BAD_ROW_ERRORS[bad])
+        except BaseException:   # nothing is updated yet: put the random streams back too
+            for generator, state in saved:
+                generator.set_state(state)
+            raise
         sampled: list[int | None] = [None] * len(rows)
         for i in plain + own:
             token = host[i]
-            if token < 0:
-                raise ValueError(BAD_ROW_ERRORS[token])
             sampled[i] = token
             seq = rows[i]
             if i in processed:

@@ -50,10 +50,11 @@ What it does not handle yet
     in one piece (S11 chunks it). Each slot holds max_context positions whatever the request
     needs (S12 pages KV in blocks). One bad row (NaN logits, a penalty overflow) raises from
     `step()` for the whole batch, its message prefixed "request '<id>': "; the caller may abort
-    that request and go on (the failed step has drawn the seeded rows' random numbers: S08's
-    `sample_batch` draws before it checks). `generate` / `stream` run the engine for their own
-    requests only: they refuse while requests queued with `add_request` are unfinished, and a
-    request added with `add_request` while a stream runs has its outputs taken by that stream.
+    that request and go on (S08's `sample_batch` puts back the random streams the failed step
+    drew from, so a seeded request beside it still equals itself alone). `generate` / `stream`
+    run the engine for their own requests only, so they and `add_request` take turns: a
+    stream refuses while requests queued with `add_request` are unfinished, and `add_request`
+    refuses while a stream runs (S19's server takes requests while others stream).
 
 Run it
     python code/s09_continuous_batching.py                          # 8 corpus prompts, staggered
@@ -408,8 +409,10 @@ class LLMEngine(s08.Engine):
     (aborted, or a prompt that fills the context) gets one last output with no token in the
     next `step`.
     `generate` / `stream` take Part I's single prompt or S08's list (any number, queued) and
-    loop over `step`, keeping only their own requests' outputs: they raise ValueError while
-    requests added with `add_request` are unfinished (step or abort those first). A stream
+    loop over `step`, keeping only their own requests' outputs, so the two kinds of caller
+    take turns: `generate` / `stream` raise ValueError while requests added with
+    `add_request` are unfinished (step or abort those first), and `add_request` raises while a
+    stream runs (until its requests have finished, or it is closed or dropped). A stream
     holds its request ids from the call until it ends or is closed; closing it early, or a
     failure, aborts its requests and drops their last outputs. State: `waiting` (deque),
     `running` (list), `requests` (unfinished, by id), `trace` (`StepRecord`s),
@@ -434,7 +437,7 @@ class LLMEngine(s08.Engine):
         self._final: list[s01.RequestOutput] = []   # last outputs of requests without a token
         self._aborted: list[str] = []               # aborted since the last forward step
         self._inboxes: dict[str, deque] = {}        # outputs kept for generate / stream
-        self._stream_ids: set[str] = set()          # ids held by unfinished streams
+        self._stream_ids: dict[str, s01.Sequence] = {}   # ids held by streams -> requests
 
     @property
     def num_free_slots(self) -> int:
@@ -454,7 +457,15 @@ class LLMEngine(s08.Engine):
         defaults, 16 tokens greedy) or max_tokens as an int. request_id: a non-empty str not
         used by an unfinished request or held by a stream (default: the next free number).
         Raises ValueError, before anything is queued or an id taken, for a bad id, prompt or
-        params."""
+        params, and while a stream is running: a stream's steps keep only its own requests'
+        outputs, so they would take this request's. A stream (`stream`, or the one inside
+        `generate`) runs from the `stream` call (before it is first iterated too) until each
+        of its requests has finished (it takes no step after that, even before it is
+        exhausted) or it is closed, failed or dropped unread; its ids stay held until it is
+        exhausted, closed or dropped."""
+        if any(not seq.finished for seq in self._stream_ids.values()):
+            raise ValueError("add_request while a stream is running: the stream's steps would "
+                             "take this request's outputs; finish or close the stream first")
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise ValueError(f"request_id must be a non-empty string (got {request_id!r})")
         if request_id in self.requests or request_id in self._stream_ids:
@@ -543,8 +554,9 @@ class LLMEngine(s08.Engine):
         """The model seam (vLLM's name): raw logits float32 (B, V) on the device."""
         return self.runner.forward(batch)
 
-    def _forward_step(self, joined: list[str]) -> list[s01.RequestOutput]:
-        rows = list(self.running)
+    def _forward_step(self, joined: list[str], rows: list[s01.Sequence] | None = None
+                      ) -> list[s01.RequestOutput]:
+        rows = list(self.running) if rows is None else rows   # S10 passes the scheduled ones
         waiting, free = len(self.waiting), self.runner.cache.num_free
         start = time.perf_counter()
         batch = self.make_batch(rows)
@@ -623,10 +635,10 @@ class LLMEngine(s08.Engine):
                seed: int | None = None, **options):
         """Part I's `CompletionStream` for a str prompt, S08's `BatchStream` for a list (its
         `stats` is None: nothing idles here to count). Arguments as S08's. The request ids are
-        held from this call until the stream ends or is closed (the requests are queued when
-        it is first iterated; a stream dropped unread keeps them). Raises ValueError, before
-        anything is taken, while requests added with `add_request` are unfinished: the
-        stream's steps would take their outputs.
+        held from this call until the stream ends, is closed or is dropped (the requests are
+        queued when it is first iterated). Raises ValueError, before anything is taken, while
+        requests added with `add_request` are unfinished: the stream's steps would take their
+        outputs; and `add_request` refuses while the stream runs, for the same reason.
         (S08's `generate` is this stream run to its end, so the same holds for it.)"""
         others = ({rid for rid in self.requests if rid not in self._stream_ids}
                   | {o.request_id for o in self._final if o.request_id not in self._stream_ids})
@@ -637,7 +649,7 @@ class LLMEngine(s08.Engine):
         single = isinstance(prompts, str)
         seqs = self.add_requests([prompts] if single else prompts, params, temperature, seed,
                                  **options)
-        self._stream_ids.update(seq.request_id for seq in seqs)
+        self._stream_ids.update((seq.request_id, seq) for seq in seqs)
         if single:
             return s01.CompletionStream(_HeldSteps(self.run(seqs[0]), self, seqs), seqs[0])
         return s08.BatchStream(_HeldSteps(self.run_batch(seqs), self, seqs), seqs, None)
@@ -645,9 +657,10 @@ class LLMEngine(s08.Engine):
     def _let_go(self, seqs: list[s01.Sequence]) -> None:
         """A stream is over: its ids are free and its requests' pending last outputs (aborts,
         prompts that filled the context) are dropped: nobody is left to read them."""
-        ids = {seq.request_id for seq in seqs}
+        ids = {seq.request_id for seq in seqs if self._stream_ids.get(seq.request_id) is seq}
         self._final = [o for o in self._final if o.request_id not in ids]
-        self._stream_ids -= ids
+        for request_id in ids:      # only ids this stream still holds: a later request may
+            del self._stream_ids[request_id]        # use one, once the stream let it go
 
     def run(self, seq: s01.Sequence, stats=None) -> Iterator[s01.RequestOutput]:
         """Part I's loop for one request: its outputs that carry a token."""
@@ -683,20 +696,29 @@ class LLMEngine(s08.Engine):
 
 class _HeldSteps:
     """A stream's steps (`run` or `run_batch`), which let the stream's request ids go when
-    closed even before the first step (a generator closed before it starts runs no code)."""
+    closed, or dropped, even before the first step (a generator closed or collected before it
+    starts runs no code, so its `finally` cannot)."""
 
     def __init__(self, steps: Iterator, engine: LLMEngine, seqs: list[s01.Sequence]):
         self._steps, self._engine, self._seqs = steps, engine, seqs
+        self._unstarted = True
 
     def __iter__(self) -> "_HeldSteps":
         return self
 
     def __next__(self):
+        self._unstarted = False       # from here `run_batch`'s finally lets the ids go
         return next(self._steps)
 
     def close(self) -> None:
         self._steps.close()
         self._engine._let_go(self._seqs)
+
+    def __del__(self) -> None:
+        # Dropped unread: nothing else would let the ids go. (Dropped once started, the
+        # generator's own close, which follows, runs `run_batch`'s finally.)
+        if self._unstarted:
+            self._engine._let_go(self._seqs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -565,6 +565,59 @@ def test_a_bad_row_fails_the_batch_with_s04s_message(tiny):
                         s04.SamplingParams(temperature=1.0, seed=1, max_tokens=3))
 
 
+def sampler_state(seq):
+    """What a row's next draws depend on and a step may change: its generator's state, its
+    history (seen mask, counts), its last token and how many logprobs it has."""
+    sampler = seq.sampler
+    copy = lambda t: None if t is None else t.clone()    # noqa: E731 (updated in place)
+    return [None if sampler.generator is None else sampler.generator.get_state(),
+            copy(sampler.seen), copy(sampler.counts), copy(getattr(sampler, "last_token", None)),
+            None if seq.logprobs is None else len(seq.logprobs)]
+
+
+def same_state(a, b) -> bool:
+    return all(x == y if not isinstance(x, torch.Tensor) else torch.equal(x, y)
+               for x, y in zip(a, b))
+
+
+def test_a_failed_step_leaves_every_rows_sampler_as_it_was(tiny):
+    """Every row draws on the device before the one copy to the host shows a bad row, so a
+    failed `sample_batch` puts back what it changed: each row's generator, history and
+    logprobs are exactly as before the call, and the next draws equal those of fresh rows
+    with the same seeds (the caller may drop the bad request and go on, as S09 does). The bad
+    row is a sampled one between sampled rows, or a plain greedy one; NaN, +inf or no finite
+    entry. Crafted logits, so no forward pass runs."""
+    name, hf, model, *_ = tiny
+    engine = Engine(model, IdTokenizer(), CONTEXT)
+    params = [s04.SamplingParams(temperature=1.0, seed=5, frequency_penalty=0.5, max_tokens=4),
+              greedy(4),                                                   # plain greedy
+              s04.SamplingParams(temperature=0.8, seed=6, max_tokens=4),
+              s04.SamplingParams(temperature=1.2, top_k=20, seed=7, logprobs=2, max_tokens=4),
+              greedy(4, repetition_penalty=1.3)]                  # no generator, a history
+    prompts = [text(PROMPTS[i]) for i in (3, 5, 7, 9, 11)]
+    rows, fresh = engine.add_requests(prompts, params), engine.add_requests(prompts, params)
+    active = [True] * len(rows)
+    noise = torch.Generator().manual_seed(0)
+    first = torch.randn(len(rows), V, generator=noise)
+    assert engine.sample_batch(first, rows, active)[0] == \
+        engine.sample_batch(first, fresh, active)[0]
+    for bad_row, bad in ((2, float("nan")), (1, float("inf")), (2, None), (0, float("nan"))):
+        logits = torch.randn(len(rows), V, generator=noise)
+        broken = logits.clone()
+        if bad is None:
+            broken[bad_row] = float("-inf")                     # no finite entry
+        else:
+            broken[bad_row, 3] = bad
+        before = [sampler_state(seq) for seq in rows]
+        with pytest.raises(ValueError, match="logits must"):
+            engine.sample_batch(broken, rows, active)
+        assert all(same_state(sampler_state(seq), b) for seq, b in zip(rows, before)), (
+            name, bad_row, bad)
+        got, _ = engine.sample_batch(logits, rows, active)
+        assert got == engine.sample_batch(logits, fresh, active)[0], (name, bad_row, bad)
+        assert all(same_state(sampler_state(a), sampler_state(b)) for a, b in zip(rows, fresh))
+
+
 def test_nan_in_a_finished_row_is_never_read_nor_fed_back(tiny):
     """A finished row's logits are never read: NaN written into every finished row (through
     the `model_step_batch` seam) changes nothing, with every row plain greedy (one batched

@@ -478,22 +478,25 @@ def test_bad_requests_are_refused_before_anything_is_taken(tiny):
 
 
 def test_a_stream_holds_its_request_ids_from_the_call_until_it_ends(tiny):
-    """A stream takes its ids when it is made but queues its requests only once iterated: a
-    caller-chosen id may not take one in between (their outputs would mix), an automatic id
-    skips them, and the ids are free again once the stream ends or is closed."""
+    """A stream takes its ids when it is made but queues its requests only once iterated, and
+    keeps them until it is exhausted: once its requests have finished (add_request is allowed
+    again) a caller-chosen id may still not take one (their outputs would mix), an automatic
+    id skips them, and the ids are free again once the stream ends or is closed."""
     name, model, references = tiny
     engine = LLMEngine(model, IdTokenizer(), CONTEXT, 4)
     stream = engine.stream([text(PROMPTS[2]), text(PROMPTS[3])], NEW)
     ids = [seq.request_id for seq in stream._seqs]
     assert not engine.requests                              # nothing queued before iterating
+    while not stream.finished:
+        next(stream)
     for rid in ids:
         with pytest.raises(ValueError, match=f"request_id {rid!r} is already in use"):
             engine.add_request(text(PROMPTS[1]), greedy(), request_id=rid)
-    assert engine.add_request(text(PROMPTS[1]), greedy(), request_id="own") == "own"
-    assert engine.abort("own") and engine.step() == [RequestOutput("own", [], "", True,
-                                                                   FINISH_ABORT, None)]
+    auto = engine.add_request(text(PROMPTS[1]), greedy())
+    assert auto not in ids and engine.abort(auto)
     for _ in stream:
         pass
+    assert engine.step() == [RequestOutput(auto, [], "", True, FINISH_ABORT, None)]
     assert [c.token_ids for c in stream.result] == [references[i][0].token_ids for i in (2, 3)]
     assert not engine.has_unfinished_requests() and engine.num_free_slots == 4
     assert engine.add_request(text(PROMPTS[1]), greedy(), request_id=ids[0]) == ids[0]
@@ -501,10 +504,61 @@ def test_a_stream_holds_its_request_ids_from_the_call_until_it_ends(tiny):
     engine.step()
     closed = engine.stream([text(PROMPTS[2])], NEW)         # closed before it ever ran
     rid = closed._seqs[0].request_id
-    auto = engine.add_request(text(PROMPTS[1]), greedy())
-    assert auto != rid
     closed.close()
     assert engine.add_request(text(PROMPTS[1]), greedy(), request_id=rid) == rid
+
+
+def test_add_request_refuses_while_a_stream_runs_and_works_once_it_is_over(tiny):
+    """A stream's steps keep only its own requests' outputs, so add_request refuses while one
+    runs (from the stream call, before it is iterated too, until its requests have
+    finished), naming the rule, with nothing queued and no id taken; the stream goes on
+    unharmed and gives its requests' outputs alone. add_request works again once the
+    stream's requests have finished (its later iterations take no step, so the new request's
+    outputs stay whole), and once a stream is closed or dropped unread."""
+    name, model, references = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 4)
+    rule = ("^add_request while a stream is running: the stream's steps would take this "
+            "request's outputs; finish or close the stream first$")
+
+    def refused():
+        count, queued = engine._request_count, dict(engine.requests)
+        for kwargs in ({}, {"request_id": "own"}, {"request_id": "0"}):
+            with pytest.raises(ValueError, match=rule):
+                engine.add_request(text(PROMPTS[1]), greedy(), **kwargs)
+        assert engine._request_count == count and engine.requests == queued
+        return count
+
+    def served(rid):
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += [o for o in engine.step() if o.request_id == rid]
+        return tokens_of(outs)
+
+    stream = engine.stream([text(PROMPTS[2]), text(PROMPTS[3])], NEW)
+    count = refused()                                       # before the first step
+    for _ in stream:
+        if not stream.finished:
+            refused()
+    assert [c.token_ids for c in stream.result] == [references[i][0].token_ids for i in (2, 3)]
+    assert engine.add_request(text(PROMPTS[1]), greedy()) == str(count)   # no id was taken
+    assert served(str(count)) == references[1][0].token_ids
+    unread = engine.stream([text(PROMPTS[2])], NEW)
+    while not unread.finished:                              # finished, not yet exhausted
+        next(unread)
+    late = engine.add_request(text(PROMPTS[4]), greedy())
+    assert list(unread) == [] and served(late) == references[4][0].token_ids
+    for close in (True, False):
+        # S08's list stream, closed after a step; Part I's single-prompt stream, dropped unread
+        other = engine.stream([text(PROMPTS[4])] if close else text(PROMPTS[4]), NEW)
+        refused()
+        if close:
+            next(other)
+            refused()
+            other.close()
+        del other
+        rid = engine.add_request(text(PROMPTS[1]), greedy())
+        assert served(rid) == references[1][0].token_ids
+    assert not engine._stream_ids and engine.num_free_slots == 4
 
 
 def test_generate_and_stream_refuse_while_add_request_requests_are_unfinished(tiny):
@@ -572,6 +626,42 @@ def test_a_bad_row_names_its_request_and_generate_cleans_up_after_it(tiny, seede
     alone = LLMEngine(model, IdTokenizer(), CONTEXT, 1)
     assert [c.token_ids for c in got] == [alone.generate(text(PROMPTS[i]), params).token_ids
                                           for i in (2, 3)]
+
+
+@pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "fast"])
+def test_seeded_requests_beside_a_failed_step_equal_themselves_alone(tiny, invariant):
+    """The way past a bad row: catch the error, abort the request it names, step on. The
+    seeded requests beside it (one before it in the batch, one after, one with a penalty
+    history) give exactly their completions alone on S06's engine: the failed step drew
+    their random numbers on the device, and S08's `sample_batch` put their generators back."""
+    name, model, _ = tiny
+    engine = NaNFor(model, IdTokenizer(), CONTEXT, 3, batch_invariant=invariant)
+    engine.bad = "b"
+    requests = {
+        "a": (2, s04.SamplingParams(temperature=0.9, seed=11, frequency_penalty=0.4,
+                                    max_tokens=NEW)),
+        "b": (3, s04.SamplingParams(temperature=0.8, seed=3, max_tokens=NEW)),
+        "c": (4, s04.SamplingParams(temperature=1.1, top_p=0.9, seed=12, max_tokens=NEW))}
+    for rid, (i, p) in requests.items():
+        engine.add_request(text(PROMPTS[i]), p, request_id=rid)
+    outputs, failures = {rid: [] for rid in requests}, []
+    while engine.has_unfinished_requests():
+        try:
+            step = engine.step()
+        except ValueError as err:
+            failures.append(str(err))
+            engine.abort("b")
+            continue
+        for o in step:
+            outputs[o.request_id].append(o)
+    assert len(failures) == 1 and failures[0].startswith("request 'b': logits must not")
+    assert outputs["b"][-1].finish_reason == FINISH_ABORT and len(tokens_of(outputs["b"])) == 1
+    single = s06.Engine(model, IdTokenizer(), CONTEXT)
+    for rid in ("a", "c"):
+        i, p = requests[rid]
+        assert tokens_of(outputs[rid]) == single.generate(text(PROMPTS[i]), p).token_ids, (
+            name, invariant, rid)
+    assert engine.num_free_slots == 3
 
 
 # --- the harness, the script ------------------------------------------------------------------
