@@ -491,7 +491,11 @@ class LLMEngine(s08.Engine):
         outputs, self._final = self._final, []
         joined = self.schedule()
         if self.running:
-            outputs += self._forward_step(joined)
+            try:
+                outputs += self._forward_step(joined)
+            except BaseException:      # a failed step loses nothing: the last outputs wait
+                self._final = outputs + self._final     # for the next step
+                raise
         for output in outputs:
             inbox = self._inboxes.get(output.request_id)
             if inbox is not None:

@@ -664,6 +664,25 @@ def test_seeded_requests_beside_a_failed_step_equal_themselves_alone(tiny, invar
     assert engine.num_free_slots == 3
 
 
+def test_a_failed_step_keeps_the_last_outputs_it_was_to_return(tiny):
+    """A step that raises returns nothing, so the last outputs it held (an abort since the
+    step before) wait for the next step instead of being lost."""
+    name, model, _ = tiny
+    engine = NaNFor(model, IdTokenizer(), CONTEXT, 3)
+    engine.bad = "b"
+    for rid, i in (("a", 2), ("b", 3), ("x", 4)):
+        engine.add_request(text(PROMPTS[i]), greedy(), request_id=rid)
+    engine.step()                                     # every request's prompt: no NaN yet
+    assert engine.abort("x")
+    with pytest.raises(ValueError, match="request 'b'"):
+        engine.step()
+    engine.abort("b")
+    later = [o for _ in range(3) for o in engine.step()]
+    last_x = [o for o in later if o.request_id == "x"]
+    assert len(last_x) == 1 and last_x[0].finished and last_x[0].finish_reason == FINISH_ABORT
+    assert [o.request_id for o in later].count("b") == 1
+
+
 # --- the harness, the script ------------------------------------------------------------------
 
 @bundled
