@@ -1,4 +1,4 @@
-"""Shared plumbing for the simulators' browser tests (tests/test_s0*_simulator_browser.py).
+"""Shared plumbing for the simulators' browser tests (tests/test_s*_simulator_browser.py).
 
 Not a test module. Each browser test loads a simulator's exporter, writes a minimal page (course.js,
 optionally course.css, the simulator's script and its exported data) and drives it in Debian's

@@ -8,7 +8,8 @@ with the first index where the ids differ and both decoded texts.
 
 Engines: S01 loop (no cache), S04 (sampling engine, still no cache), S05 (NumPy KV cache),
 S06 (PyTorch, manual and SDPA attention), S08 (a static batch of one), S09 (the
-step-based engine, Part I's call as a loop over add_request / step). Every engine is
+step-based engine, Part I's call as a loop over add_request / step), S10 (S09 driven by the
+scheduler, at its smallest token budget). Every engine is
 driven through the same public call (S01's `generate(prompt, max_tokens)` and `stream`),
 with no per-engine dispatch: that they can
 all stand where the S01 engine stood is part of what is tested. Models: the tiny random GPT-2 / Qwen3 / Llama of
@@ -26,6 +27,7 @@ import s05_kv_cache as s05
 import s06_torch as s06
 import s08_static_batching as s08
 import s09_continuous_batching as s09
+import s10_engine as s10
 from test_s03_transformer import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 
 MAX_CONTEXT = 96
@@ -54,6 +56,9 @@ def engines(model, torch_models, tokenizer, max_context):
            for name, torch_model in torch_models.items()},   # a static batch of one
         **{f"s09_{name[4:]}": s09.LLMEngine(torch_model, tokenizer, max_context)
            for name, torch_model in torch_models.items()},   # add_request / step underneath
+        **{f"s10_{name[4:]}": s10.LLMEngine(torch_model, tokenizer, max_context,
+                                            max_num_batched_tokens=max_context)
+           for name, torch_model in torch_models.items()},   # S09 driven by the scheduler
     }
 
 

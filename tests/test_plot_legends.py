@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 from legend_check import covered_by_legends, describe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("s0*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("s[0-9][0-9]_*.ipynb"))
 
 
 @pytest.fixture

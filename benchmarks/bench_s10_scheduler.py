@@ -1,0 +1,217 @@
+"""S10's measurements: throughput, TTFT and end-to-end latency against the KV capacity, with the
+preemption count, and FCFS against the priority policy with the latency of each class.
+
+    python benchmarks/bench_s10_scheduler.py --quick          # bundled model, a few minutes
+    python benchmarks/bench_s10_scheduler.py                  # the chapter's figure's data
+
+A benchmark, not a test: it prints, never asserts speed. What runs (bundled model, float32, the
+CPU unless --device cuda, torch threads pinned by --threads, default 1):
+  The workload: --num-requests requests of S07's "mixed" workload (corpus prompts of 4 to 192
+  tokens, outputs of 4 to 64 tokens, seeded; greedy, EOS ignored, so every run does the same
+  tokens), arriving as a Poisson process at --rate requests/s (s09_arrivals, S07's harness:
+  TTFT counts from the arrival, so the queueing is in it). A seeded --high-share of them are
+  "high" priority (0), the rest "low" (1).
+  Engines: S10's LLMEngine with max_num_seqs = --max-num-seqs and, for each KV capacity
+  (tokens: the --capacities fractions of max_num_seqs x 256, "fits everything" = 1, never
+  below the longest request), both policies: "fcfs" (priorities ignored) and "priority"
+  (high first; low-priority requests can wait behind every high one: starvation shows in
+  their p99). --repeats runs of each, one after the other; the fastest (highest tokens/s, the
+  least disturbed by other jobs) is kept and every repeat's tokens/s recorded.
+  Reported per run: output tokens/s over the run, TTFT and e2e p50 / p99 (all, and per
+  class, and each class's longest TTFT: its longest wait), preemptions (the scheduler's
+  count), recomputed tokens (prompt + outputs of every resumed request), steps.
+
+The CPU is shared with other jobs: `uptime` is printed before and after; compare rows of one
+run. Writes its figures as JSON to --json (default a scratch file in the system's temp
+directory); scripts/s10_figure.py draws chapters/figures/s10_scheduler.png from it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "code"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import s03_transformer as s03  # noqa: E402
+import s04_sampling as s04  # noqa: E402
+import s06_torch as s06  # noqa: E402
+import s07_measuring as s07  # noqa: E402
+import s07_workloads  # noqa: E402
+import s09_arrivals  # noqa: E402
+import s10_engine as s10  # noqa: E402
+from s10_scheduler import POLICIES  # noqa: E402
+
+DEFAULT_JSON = Path(tempfile.gettempdir()) / "bench_s10_scheduler.json"
+CLASSES = {"high": 0, "low": 1}
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return f"load average {os.getloadavg()}"
+
+
+class PriorityClient:
+    """The engine as S07's harness sees it (add_request, step, has_unfinished_requests), with
+    the i-th request added at the i-th priority: a client that tags its requests, not a patch."""
+
+    def __init__(self, engine: s10.LLMEngine, priorities: list[int]):
+        self.engine, self.priorities, self.added = engine, priorities, 0
+
+    def add_request(self, prompt, params):
+        priority = self.priorities[self.added]
+        self.added += 1
+        return self.engine.add_request(prompt, params, priority=priority)
+
+    def step(self):
+        return self.engine.step()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+
+def dist_ms(values) -> dict:
+    values = list(values)
+    d = s07.Distribution.of(values)
+    return {"p50_ms": d.p50 * 1e3, "p99_ms": d.p99 * 1e3, "mean_ms": d.mean * 1e3,
+            "max_ms": max(values) * 1e3}
+
+
+def one_run(model, tokenizer, workload, arrivals, priorities, capacity, policy, args) -> dict:
+    engine = s10.LLMEngine(model, tokenizer, max_num_seqs=args.max_num_seqs,
+                           kv_capacity=capacity, policy=policy)
+    warm = s04.SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    engine.add_request(workload.requests[0].prompt, warm)    # one-off costs outside the run
+    while engine.has_unfinished_requests():
+        engine.step()
+    steps_before, preempted_before = len(engine.trace), engine.scheduler.num_preemptions
+    run = s09_arrivals.run_arrivals(PriorityClient(engine, priorities), workload, arrivals,
+                                    name=f"s10 {policy}", model="bundled", warmup=False)
+    trace = engine.trace[steps_before:]
+    recomputed = sum(n for r in trace for rid, n in zip(r.running, r.num_scheduled_tokens)
+                     if rid in r.resumed)
+    classes = {}
+    for name, value in CLASSES.items():
+        mine = [r for r, p in zip(run.requests, priorities) if p == value]
+        if mine:
+            classes[name] = {"requests": len(mine),
+                             "ttft": dist_ms(r.ttft_s for r in mine),
+                             "e2e": dist_ms(r.e2e_s for r in mine)}
+    return {"policy": policy, "kv_capacity": capacity,
+            "tokens_per_s": run.output_tokens_per_s, "wall_s": run.wall_s,
+            "output_tokens": sum(r.output_tokens for r in run.requests),
+            "ttft": dist_ms(r.ttft_s for r in run.requests),
+            "e2e": dist_ms(r.e2e_s for r in run.requests),
+            "preemptions": engine.scheduler.num_preemptions - preempted_before,
+            "recomputed_tokens": recomputed, "steps": len(trace), "classes": classes,
+            "load_average_1min": run.load_average_1min}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="S10 benchmark: KV capacity, preemption "
+                                     "and the scheduling policy under Poisson arrivals.")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer requests and capacities (a few minutes on 2 cores)")
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="requests of the mixed workload (default: 96, --quick 40)")
+    parser.add_argument("--rate", type=float, default=25.0,
+                        help="Poisson arrival rate, requests/s (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="runs of each capacity and policy, the fastest kept (default: 3, "
+                             "--quick 1)")
+    parser.add_argument("--max-num-seqs", type=int, default=8,
+                        help="most requests running at once (default: %(default)s)")
+    parser.add_argument("--capacities", type=lambda s: [float(x) for x in s.split(",")],
+                        default=None,
+                        help="KV capacities as fractions of max-num-seqs x 256 tokens, comma-"
+                             "separated (default: 1,0.5,0.35,0.25,0.18, --quick 1,0.35,0.18)")
+    parser.add_argument("--high-share", type=float, default=0.5,
+                        help="share of high-priority requests (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default: %(default)s)")
+    parser.add_argument("--json", default=str(DEFAULT_JSON),
+                        help="where to write the figures (default: %(default)s)")
+    args = parser.parse_args(argv)
+    args.num_requests = args.num_requests or (40 if args.quick else 96)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.capacities = args.capacities or ([1, 0.35, 0.18] if args.quick
+                                          else [1, 0.5, 0.35, 0.25, 0.18])
+    cores = os.cpu_count() or 1
+    if not 1 <= args.threads <= cores:
+        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
+    if args.num_requests < 1 or args.max_num_seqs < 1 or args.repeats < 1 or args.rate <= 0:
+        parser.error("--num-requests, --max-num-seqs and --repeats must be >= 1, --rate > 0")
+    if not 0 <= args.high_share <= 1 or any(not 0 < c <= 1 for c in args.capacities):
+        parser.error("--high-share must be in [0, 1] and every capacity fraction in (0, 1]")
+    if not (s03.BUNDLED_MODEL_DIR / "config.json").exists():
+        parser.error("the bundled model is missing: python scripts/train_bundled_model.py")
+    torch.set_num_threads(args.threads)
+    before = uptime()
+    print(f"before: {before}\ntorch {torch.__version__}, {args.threads} thread(s), "
+          f"device {args.device}")
+    model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, device=args.device, dtype="float32")
+    context = model.config.max_position_embeddings
+    workload = s07_workloads.make_workload("mixed", tokenizer, args.num_requests, args.seed,
+                                           context)
+    arrivals = s09_arrivals.poisson_arrivals(args.num_requests, args.rate, args.seed)
+    rng = np.random.default_rng(args.seed + 2)
+    high = set(rng.choice(args.num_requests, size=round(args.high_share * args.num_requests),
+                          replace=False).tolist())
+    priorities = [CLASSES["high"] if i in high else CLASSES["low"]
+                  for i in range(args.num_requests)]
+    fits = args.max_num_seqs * context
+    floor = workload.max_context
+    capacities = sorted({max(floor, int(f * fits)) for f in args.capacities}, reverse=True)
+    total = sum(r.max_tokens for r in workload.requests)
+    print(f"\n== mixed workload: {args.num_requests} requests ({len(high)} high priority), "
+          f"{total:,} output tokens, prompts {min(r.prompt_tokens for r in workload.requests)}"
+          f"-{max(r.prompt_tokens for r in workload.requests)} tokens, Poisson "
+          f"{args.rate:g}/s, max_num_seqs {args.max_num_seqs}; KV capacity in tokens "
+          f"(fits everything: {fits}; longest request {floor}) ==")
+    print(f"{'KV cap':>7} {'policy':<9} {'tok/s':>6} {'TTFT p50':>9} {'p99':>7} "
+          f"{'e2e p50':>8} {'p99':>7} {'preempt':>7} {'recomp':>7} | {'low e2e p99':>11} "
+          f"{'high e2e p99':>12} {'low TTFT max':>12}   (ms)")
+    runs = []
+    for capacity in capacities:
+        for policy in POLICIES:
+            tries = [one_run(model, tokenizer, workload, arrivals, priorities, capacity,
+                             policy, args) for _ in range(args.repeats)]
+            r = max(tries, key=lambda t: t["tokens_per_s"])   # the least disturbed run
+            r["tokens_per_s_of_repeats"] = [t["tokens_per_s"] for t in tries]
+            runs.append(r)
+            low, hi = r["classes"].get("low"), r["classes"].get("high")
+            print(f"{capacity:>7} {policy:<9} {r['tokens_per_s']:>6.0f} "
+                  f"{r['ttft']['p50_ms']:>9.0f} {r['ttft']['p99_ms']:>7.0f} "
+                  f"{r['e2e']['p50_ms']:>8.0f} {r['e2e']['p99_ms']:>7.0f} "
+                  f"{r['preemptions']:>7} {r['recomputed_tokens']:>7} | "
+                  f"{low['e2e']['p99_ms'] if low else float('nan'):>11.0f} "
+                  f"{hi['e2e']['p99_ms'] if hi else float('nan'):>12.0f} "
+                  f"{low['ttft']['max_ms'] if low else float('nan'):>12.0f}")
+    after = uptime()
+    print(f"\nafter: {after}")
+    figures = {"config": {"num_requests": args.num_requests, "rate_per_s": args.rate,
+                          "max_num_seqs": args.max_num_seqs, "high_share": args.high_share,
+                          "seed": args.seed, "device": args.device, "threads": args.threads,
+                          "repeats": args.repeats,
+                          "workload": "mixed", "fits_everything_tokens": fits,
+                          "longest_request_tokens": floor, "output_tokens": total,
+                          "torch": torch.__version__},
+               "runs": runs, "uptime_before": before, "uptime_after": after}
+    Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Graded tests for the S10 exercises (see exercises/s10_scheduler.py).
+
+Oracles, none of them the solution: schedules worked by hand, and S10's tested `Scheduler`
+(code/s10_scheduler.py) itself. A fake model drives the real scheduler on random queues (random
+prompt and output lengths, seats, token budgets, KV capacities, priorities, arrivals and
+aborts); before every `schedule()` the test asks your function what the scheduler is about to
+do, from the state it is in, and compares with the `SchedulerOutput` it returns (or, for the
+queue order, with its `waiting` queue after the step). No model is needed.
+"""
+import random
+
+import pytest
+
+from exercise_loader import load_exercise
+from s10_scheduler import Scheduler
+
+ex = load_exercise("s10_scheduler")
+MAX_MODEL_LEN = 32
+
+
+class Req:
+    """A stand-in request: what the scheduler reads (ids, token counts) and nothing else."""
+
+    def __init__(self, request_id: str, prompt_len: int, max_tokens: int):
+        self.request_id = request_id
+        self.prompt_ids = [5] * prompt_len
+        self.token_ids = list(self.prompt_ids)
+        self.num_computed_tokens = 0
+        self.max_tokens = max_tokens
+
+
+class Run:
+    """The real scheduler, a fake model (one token per request that computed its last token)
+    and random arrivals; `events` logs what happened to the waiting queue."""
+
+    def __init__(self, rng: random.Random, policy: str):
+        self.rng, self.policy = rng, policy
+        self.sched = Scheduler(max_num_seqs=rng.randint(1, 6),
+                               max_num_batched_tokens=rng.randint(MAX_MODEL_LEN, 64),
+                               kv_capacity=rng.randint(MAX_MODEL_LEN, 120),
+                               max_model_len=MAX_MODEL_LEN, policy=policy)
+        self.reqs: dict[str, Req] = {}
+        self.events: list[tuple] = []
+
+    def arrive(self, count: int) -> None:
+        for _ in range(count):
+            rid = f"r{len(self.reqs)}"
+            prompt = self.rng.randint(1, 20)
+            req = Req(rid, prompt, self.rng.randint(1, MAX_MODEL_LEN - prompt))
+            priority = self.rng.randint(0, 3)
+            self.sched.add_request(req, priority=priority)
+            self.reqs[rid] = req
+            self.events.append(("add", rid, priority))
+
+    def maybe_abort(self) -> None:
+        if self.reqs and self.rng.random() < 0.15:
+            rid = self.rng.choice(sorted(self.reqs))
+            self.sched.abort(rid)
+            self.events.append(("abort", rid))
+
+    def step(self):
+        out = self.sched.schedule()
+        scheduled = list(out.num_scheduled_tokens)
+        self.events += [("preempt", rid) for rid in out.preempted_ids]
+        self.events += [("admit", rid) for rid in scheduled[len(out.scheduled_running_ids):]]
+        finished = []
+        for rid, n in out.num_scheduled_tokens.items():          # the fake model step
+            req = self.reqs[rid]
+            if out.num_computed_tokens[rid] + n == len(req.token_ids):
+                req.token_ids.append(1000 + len(req.token_ids))
+                if len(req.token_ids) - len(req.prompt_ids) >= req.max_tokens:
+                    finished.append(rid)
+        self.sched.update_from_output(out, finished)
+        return out
+
+    def would_end(self) -> bool:
+        """A running request holds every KV position: the scheduler ends it (not in the
+        exercises)."""
+        return any(self.sched.kv.num_tokens(r.request_id) + 1 > self.sched.kv_capacity
+                   for r in self.sched.running)
+
+
+def runs(seed: int, trials: int, steps: int):
+    rng = random.Random(seed)
+    for _ in range(trials):
+        run = Run(rng, rng.choice(["fcfs", "priority"]))
+        run.arrive(rng.randint(1, 5))
+        for _ in range(steps):
+            yield run
+            run.maybe_abort()
+            if rng.random() < 0.4:
+                run.arrive(rng.randint(1, 2))
+
+
+# Exercise 1 ----------------------------------------------------------------------------------
+
+@pytest.mark.points(1)
+def test_admit_by_hand():
+    assert ex.admit([("a", 5), ("b", 9), ("c", 1)], 1, 4, 12, 20) == ["a"]
+    assert ex.admit([("a", 5), ("b", 6), ("c", 1)], 0, 4, 12, 20) == ["a", "b", "c"]
+    assert ex.admit([("a", 5), ("b", 6), ("c", 1)], 2, 4, 12, 20) == ["a", "b"]   # seats
+    assert ex.admit([("a", 5), ("b", 6), ("c", 1)], 0, 4, 12, 10) == ["a"]        # KV
+    assert ex.admit([("a", 13)], 0, 4, 12, 20) == []                              # tokens
+    assert ex.admit([], 0, 1, 1, 1) == []
+    for bad in (([("a", 0)], 0, 1, 5, 5), ([("a", 1)], -1, 1, 5, 5), ([("a", 1)], 0, 0, 5, 5),
+                ([("a", 1)], 0, 1, -1, 5), ([("a", 1)], 0, 1, 5, -1)):
+        with pytest.raises(ValueError):
+            ex.admit(*bad)
+
+
+@pytest.mark.points(2)
+def test_admit_matches_the_scheduler():
+    checked = 0
+    for run in runs(seed=10, trials=60, steps=25):
+        sched = run.sched
+        running = len(sched.running)
+        if sched.kv.num_free_tokens >= running and not run.would_end():   # nobody preempted
+            waiting = [(r.request_id, len(r.token_ids) - r.num_computed_tokens)
+                       for r in sched.waiting]
+            want = ex.admit(waiting, running, sched.max_num_seqs,
+                            sched.max_num_batched_tokens - running,
+                            sched.kv.num_free_tokens - running)
+            out = run.step()
+            assert out.preempted_ids == ()
+            got = list(out.num_scheduled_tokens)[len(out.scheduled_running_ids):]
+            assert want == got, (waiting, running, sched.max_num_seqs)
+            checked += bool(waiting)
+        else:
+            run.step()
+    assert checked > 200
+
+
+# Exercise 2 ----------------------------------------------------------------------------------
+
+@pytest.mark.points(1)
+def test_schedule_running_by_hand_fcfs():
+    run = [("a", 10, 0, 0), ("b", 8, 0, 1), ("c", 5, 0, 2)]
+    assert ex.schedule_running(run, 1) == (["a", "b"], ["c"])
+    assert ex.schedule_running(run, 3) == (["a", "b", "c"], [])
+    assert ex.schedule_running(run, 0) == (["a", "b"], ["c"])          # c's 5 feed a and b
+    # b is the last one running when it needs a position: it preempts itself and waits.
+    assert ex.schedule_running([("a", 3, 0, 0), ("b", 1, 0, 1)], 1) == (["a"], ["b"])
+    assert ex.schedule_running([], 4) == ([], [])
+    with pytest.raises(ValueError):
+        ex.schedule_running(run, 1, "lifo")
+    with pytest.raises(ValueError):
+        ex.schedule_running(run, -1)
+
+
+@pytest.mark.points(1)
+def test_schedule_running_by_hand_priority():
+    run = [("a", 4, 0, 0), ("b", 4, 5, 1), ("c", 4, 1, 2)]
+    assert ex.schedule_running(run, 0, "priority") == (["a", "c"], ["b"])
+    # The victim already ran in this step: its position comes back with the rest.
+    assert ex.schedule_running([("a", 2, 9, 0), ("b", 2, 0, 1)], 1, "priority") == (["b"], ["a"])
+    # The request is its own victim: it waits, and the one after it runs on its freed KV.
+    assert ex.schedule_running([("a", 2, 9, 0), ("b", 2, 0, 1)], 0, "priority") == (["b"], ["a"])
+    assert ex.schedule_running([("a", 1, 0, 0), ("b", 1, 9, 1), ("c", 1, 0, 2)], 1,
+                               "priority") == (["a", "c"], ["b"])
+    # Ties in priority: the later arrival goes.
+    assert ex.schedule_running([("a", 3, 1, 0), ("b", 3, 1, 1)], 0, "priority") == (["a"], ["b"])
+
+
+@pytest.mark.points(2)
+def test_schedule_running_matches_the_scheduler():
+    checked = preempted = 0
+    for run in runs(seed=11, trials=60, steps=25):
+        sched = run.sched
+        if run.would_end():
+            run.step()
+            continue
+        state = [(r.request_id, sched.kv.num_tokens(r.request_id), r.priority, r.arrival)
+                 for r in sched.running]
+        want = ex.schedule_running(state, sched.kv.num_free_tokens, run.policy)
+        out = run.step()
+        got = (list(out.scheduled_running_ids), list(out.preempted_ids))
+        assert want == got, (state, sched.kv.num_free_tokens, run.policy)
+        checked += bool(state)
+        preempted += bool(out.preempted_ids)
+    assert checked > 200 and preempted > 20
+
+
+# Exercise 3 ----------------------------------------------------------------------------------
+
+@pytest.mark.points(1)
+def test_waiting_order_by_hand():
+    events = [("add", "a", 0), ("add", "b", 0), ("admit", "a"), ("add", "c", 0),
+              ("preempt", "a")]
+    assert ex.waiting_order(events) == ["a", "b", "c"]
+    prio = [("add", "a", 2), ("add", "b", 0), ("add", "c", 2), ("add", "d", 1)]
+    assert ex.waiting_order(prio, "priority") == ["b", "d", "a", "c"]
+    assert ex.waiting_order(prio) == ["a", "b", "c", "d"]
+    # Two preempted in one step (the tail first): the earlier admitted ends up ahead.
+    two = [("add", "a", 0), ("add", "b", 0), ("add", "c", 0), ("admit", "a"), ("admit", "b"),
+           ("preempt", "b"), ("preempt", "a")]
+    assert ex.waiting_order(two) == ["a", "b", "c"]
+    # Under priority a preempted request goes back to its place, not to the front.
+    back = [("add", "a", 3), ("admit", "a"), ("add", "b", 1), ("preempt", "a")]
+    assert ex.waiting_order(back, "priority") == ["b", "a"]
+    assert ex.waiting_order(back + [("abort", "b"), ("abort", "zz")], "priority") == ["a"]
+    with pytest.raises(ValueError):
+        ex.waiting_order([("drop", "a")])
+    with pytest.raises(ValueError):
+        ex.waiting_order([], "sjf")
+
+
+@pytest.mark.points(2)
+def test_waiting_order_matches_the_scheduler():
+    checked = 0
+    for run in runs(seed=12, trials=60, steps=25):
+        run.step()
+        want = ex.waiting_order(run.events, run.policy)
+        assert want == [r.request_id for r in run.sched.waiting], (run.policy, run.events)
+        checked += len(want) > 1
+    assert checked > 200

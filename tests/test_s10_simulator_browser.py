@@ -1,0 +1,156 @@
+"""The S10 "Try it" stepper in a real browser: it replays the exported runs exactly.
+
+A minimal page loads site/static/course.js, course.css, the stepper's script and the data
+exported by site/simulators/scheduler-stepper/export.py (the exporter the site runs; its data
+is held against independent oracles in tests/test_s10_simulator_data.py). Playwright drives
+Debian's Chromium. For every exported workload, at the first step, every step with a
+preemption or a resume, a middle one and the last:
+
+- the grid has one row per request; every shown cell is what the exported trace says of that
+  request in that step (absent before it arrives, joined / resumed with its scheduled tokens,
+  decoding, preempted, ended by the capacity, waiting, finished), every later cell "not yet";
+- the token-budget and KV meters show the trace's tokens scheduled, budget, KV used and
+  capacity, and the budget bar has one segment per scheduled request with its tokens;
+- the waiting chips are as many as the trace's waiting count, the running chips are the
+  scheduled requests (and, only in a step that stopped at a preemption, running ones that
+  were not scheduled), and the note names the trace's preempted, joined and resumed ids;
+- at the end every request shows the engine's text and finish reason, and its preemption
+  count; the consistency banner stays hidden and there are no console errors.
+Skipped when Playwright or Chromium is missing.
+"""
+from __future__ import annotations
+
+import pytest
+from sim_browser import load_exporter, open_page, skip_without_browser, write_page
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+skip_without_browser()
+
+
+@pytest.fixture(scope="module")
+def data():
+    import s03_transformer as s03
+    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
+        pytest.skip("data/model has no bundled model")
+    return load_exporter("scheduler-stepper", "s10_sim_export_browser").export()
+
+
+@pytest.fixture(scope="module")
+def page(data, tmp_path_factory):
+    html = write_page(tmp_path_factory.mktemp("ss_sim_page"), "scheduler-stepper", data)
+    with open_page(html, ".ss-grid", "s10-chromium-") as pg:
+        yield pg
+
+
+def go_to(pg, step: int) -> None:
+    pg.locator(".ss-slider").fill(str(step))          # fires "input"
+    pg.wait_for_function(f"document.querySelector('.ss-step-label').textContent"
+                         f".startsWith('step {step} of')")
+
+
+def grid(pg) -> list[list[tuple[str, str]]]:
+    return [[tuple(c) for c in row] for row in pg.evaluate("""() => Array.from(
+        document.querySelectorAll('.ss-grid .ss-grid-row')).map(tr =>
+        Array.from(tr.querySelectorAll('.ss-cell')).map(c =>
+            [c.className.split(' ')[1], c.textContent]))""")]
+
+
+def expected_grid(work: dict) -> list[list[set]]:
+    """request x step: the set of (class, text) the trace allows (a running request that a
+    preemption stopped from being scheduled may show as waiting or as stalled)."""
+    trace, cells = work["trace"], []
+    for req in work["requests"]:
+        rid, row, done = req["id"], [], False
+        for k, rec in enumerate(trace):
+            tokens = dict(zip(rec["running"], rec["num_scheduled_tokens"]))
+            if k < req["arrival"]:
+                want = {("ss-absent", "")}
+            elif rid in rec["preempted"]:
+                want = {("ss-preempt", "\u00d7")}
+            elif rid in rec["ended"]:
+                want = {("ss-ended", "")}
+            elif rid in rec["joined"]:
+                want = {("ss-prefill", str(tokens[rid]))}
+            elif rid in rec["resumed"]:
+                want = {("ss-resume", str(tokens[rid]))}
+            elif rid in tokens:
+                want = {("ss-decode", "")}
+            elif done:
+                want = {("ss-done", "")}
+            else:
+                want = {("ss-wait", ""), ("ss-stall", "")}
+            row.append(want)
+            done = done or rid in rec["left"]
+        cells.append(row)
+    return cells
+
+
+def test_every_workload_replays_the_engine(page, data):
+    assert page.locator(".ss-banner").is_hidden()
+    for index, work in enumerate(data["workloads"]):
+        page.select_option(".ss-pick", str(index))
+        trace, want = work["trace"], expected_grid(work)
+        last = len(trace) - 1
+        events = [k for k, r in enumerate(trace) if r["preempted"] or r["resumed"]]
+        assert events, work["id"]                     # the workloads are there to show them
+        for step in sorted({0, 1, last // 2, last, *events}):
+            go_to(page, step)
+            shown = grid(page)
+            assert len(shown) == len(work["requests"])
+            for req, allowed, got in zip(work["requests"], want, shown):
+                assert len(got) == len(trace)
+                for k in range(step + 1):
+                    assert got[k] in allowed[k], (work["id"], req["id"], step, k, got[k])
+                assert set(got[step + 1:]) <= {("ss-future", "")}
+            rec = trace[step]
+            budget = page.locator(".ss-meter-budget .ss-meter-label").inner_text()
+            assert budget.startswith(f"token budget: {rec['num_tokens']} of "
+                                     f"{rec['token_budget']} tokens")
+            kv = page.locator(".ss-meter-kv .ss-meter-label").inner_text()
+            assert kv.startswith(f"KV: {rec['kv_used_tokens']} of {rec['kv_capacity']} tokens "
+                                 f"held, {rec['kv_free_tokens']} free")
+            segs = page.evaluate("""() => Array.from(document.querySelectorAll(
+                '.ss-bar-budget .ss-seg')).map(s => [s.dataset.req, Number(s.dataset.n)])""")
+            assert sorted(map(tuple, segs)) == sorted(zip(rec["running"],
+                                                          rec["num_scheduled_tokens"]))
+            assert page.locator(".ss-queue-waiting .ss-chip").count() == rec["waiting"]
+            running = page.locator(".ss-queue-running .ss-chip").all_inner_texts()
+            scheduled = [c.split(" +")[0] for c in running if " +" in c]
+            assert sorted(scheduled) == sorted(rec["running"])
+            if not rec["preempted"]:
+                assert len(running) == len(scheduled)
+            note = page.locator(".ss-note").inner_text()
+            for field, word in (("preempted", "preempted"), ("joined", "joined"),
+                                ("resumed", "resumed")):
+                if rec[field]:
+                    assert word + " " + rec[field][0] in note, (work["id"], step, note)
+                else:
+                    assert word + " " not in note
+        texts = page.locator(".ss-text").all_inner_texts()
+        statuses = page.locator(".ss-status").all_inner_texts()
+        counts = page.locator(".ss-pre").all_inner_texts()
+        for req, text, status, count in zip(work["requests"], texts, statuses, counts):
+            assert text == req["text"].replace("\n", "\u21b5")
+            assert status.startswith(f"{len(req['generated'])} token")
+            assert f"({req['finish_reason']})" in status
+            assert int(count) == req["num_preemptions"]
+    assert page.problems == []
+
+
+def test_buttons_move_one_step_and_find_preemptions(page, data):
+    page.select_option(".ss-pick", "0")
+    trace = data["workloads"][0]["trace"]
+    last = len(trace) - 1
+    page.locator(".ss-end").click()
+    assert page.locator(".ss-step-label").inner_text() == f"step {last} of {last}"
+    assert page.locator(".ss-next").is_disabled()
+    page.locator(".ss-reset").click()
+    assert page.locator(".ss-step-label").inner_text() == f"step 0 of {last}"
+    assert page.locator(".ss-back").is_disabled()
+    page.locator(".ss-next").click()
+    assert page.locator(".ss-step-label").inner_text() == f"step 1 of {last}"
+    first = next(k for k, r in enumerate(trace) if r["preempted"] and k > 1)
+    page.locator(".ss-next-preempt").click()
+    assert page.locator(".ss-step-label").inner_text() == f"step {first} of {last}"
+    assert "preempted" in page.locator(".ss-note").inner_text()
+    assert page.problems == []
