@@ -23,10 +23,12 @@ What is new since S05
     Two ways a step is made cheaper than a line-by-line port of S03. Fewer launches (each torch
     call is one or more kernel launches, microseconds of host time each): q, k and v come from
     one fused projection (one matmul instead of three), and so do the MLP's gate and up
-    projections. Fewer FLOPs: the LM head runs on the last position only, all the sampler
-    needs. The norms and the softmax compute in float32 whatever the weights' dtype, as
-    Hugging Face does, so bfloat16 loses precision only where the weights and activations are
-    stored, not in the reductions.
+    projections; the q and k heads, side by side in that projection's output, are normalised
+    and rotated together (one call each), and a decode step's query heads that share a key head
+    are the rows of one matrix (`decode_attention`). Fewer FLOPs: the LM head runs on the last
+    position only, all the sampler needs. The norms and the softmax compute in float32
+    whatever the weights' dtype, as Hugging Face does, so bfloat16 loses precision only where
+    the weights and activations are stored, not in the reductions.
 
 What must match S04, and what cannot
     Greedy decoding is bit-for-bit the same rule (argmax, lowest id on a tie) applied after the
@@ -61,7 +63,9 @@ Tests
 
 References
     PyTorch documentation: `torch.nn.functional.scaled_dot_product_attention` (enable_gqa),
-    `torch.inference_mode`, "CUDA semantics" (asynchronous execution, synchronisation).
+    `torch.nn.functional.rms_norm`, `torch.inference_mode`, "CUDA semantics" (asynchronous
+    execution, synchronisation); PyTorch's aten/src/ATen/native/transformers/attention.cpp
+    (`convert_boolean_attn_mask`, the math backend's GQA expansion).
     Hugging Face transformers v5 modeling_qwen3.py / modeling_llama.py / modeling_gpt2.py
     (float32 norms and softmax under bf16, cos/sin cast to the activations' dtype) and
     `GenerationMixin` (LM head on the last position: `logits_to_keep`). vLLM's fused
@@ -155,13 +159,15 @@ def synchronize(device: torch.device) -> None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last axis, computed in float32 and returned in x's dtype.
 
-    x: (..., N) any float dtype; weight: (N,). The mean of squares of a bfloat16 vector summed
-    in bfloat16 would lose digits, so, like HF's Qwen3RMSNorm, the reduction runs in float32
-    and the result is cast back before the weight multiplies it.
+    x: (..., N) any float dtype; weight: (N,), or any shape that broadcasts against x (the
+    stacked (H + Hkv, D) q/k weight of `Qwen3Block.qkv`). The mean of squares of a bfloat16
+    vector summed in bfloat16 would lose digits, so, like HF's Qwen3RMSNorm, the reduction
+    runs in float32 and the result is cast back before the weight multiplies it.
+    `F.rms_norm` without a weight is that upcast, reduction and cast back in one torch call
+    (bitwise HF's three steps in float32, bfloat16 and float16: tests); the weight stays
+    outside it, because with one it would multiply in float32, before the cast.
     """
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
@@ -188,9 +194,10 @@ def rope_tables(config: s03.TransformerConfig, device: torch.device, dtype: torc
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each (x[i], x[i + D/2]) pair by its angle (S03 `apply_rope`, rotate-half pairing).
-    x: (H, T, D); cos, sin: (T, D). Returns (H, T, D) in x's dtype."""
+    x: (..., D); cos, sin: broadcastable to x, (T, 1, D) for x (T, heads, D) token-major.
+    Returns x's shape and dtype."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # (H, T, D)
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # (..., D)
     return x * cos + rotated * sin
 
 
@@ -200,8 +207,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, s
 
     q: (H, T, D) at absolute positions q_start .. q_start + T - 1; k, v: (Hkv, S, D) at
     positions 0 .. S - 1 (the cache), S = q_start + T. Query t sees key s when s <= q_start + t;
-    a decode step (T = 1) sees every key, so it needs no mask at all. Query head h reads key
-    head h // (H / Hkv), HF's repeat_kv order.
+    a decode step (T = 1) sees every key, so it needs no mask at all (`decode_attention`).
+    Query head h reads key head h // (H / Hkv), HF's repeat_kv order.
     impl "manual": S03's computation, scores in the activations' dtype, softmax in float32 (as
     HF's eager attention). impl "sdpa": `torch.nn.functional.scaled_dot_product_attention`,
     which may run a fused kernel (flash or memory-efficient) that never stores the (H, T, S)
@@ -212,32 +219,65 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, s
     if n_heads % n_kv_heads or s_len != q_start + t_len:
         raise ValueError(f"attention needs H % Hkv == 0 and S == q_start + T (got H={n_heads}, "
                          f"Hkv={n_kv_heads}, S={s_len}, q_start={q_start}, T={t_len})")
-    if impl == "sdpa" and (t_len == 1 or q_start == 0):
-        # A decode step needs no mask; a prompt from position 0 is SDPA's own is_causal case,
-        # which lets CUDA pick its fastest (flash) kernel: an explicit mask would rule it out.
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS} (got {impl!r})")
+    if t_len == 1:
+        return decode_attention(q[None], k[None], v[None], scale, impl)[0]  # (H, 1, D)
+    if impl == "sdpa" and q_start == 0:
+        # A prompt from position 0 is SDPA's own is_causal case, which lets CUDA pick its
+        # fastest (flash) kernel: an explicit mask would rule it out.
         out = F.scaled_dot_product_attention(
-            q[None], k[None], v[None], is_causal=t_len > 1, scale=scale,
+            q[None], k[None], v[None], is_causal=True, scale=scale,
             enable_gqa=n_heads != n_kv_heads)                        # (1, H, T, D)
         return out[0]
-    causal = None
-    if t_len > 1:  # (T, S): True where the key is visible
-        causal = (torch.arange(s_len, device=q.device)[None, :]
-                  <= torch.arange(q_start, q_start + t_len, device=q.device)[:, None])
+    causal = (torch.arange(s_len, device=q.device)[None, :]           # (T, S): True where
+              <= torch.arange(q_start, q_start + t_len, device=q.device)[:, None])  # visible
     if impl == "sdpa":  # a chunk after cached positions: the mask's diagonal is offset
         out = F.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=causal, scale=scale,
             enable_gqa=n_heads != n_kv_heads)                        # (1, H, T, D)
         return out[0]
-    if impl != "manual":
-        raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS} (got {impl!r})")
     group = n_heads // n_kv_heads
     q_grouped = q.reshape(n_kv_heads, group, t_len, head_dim)              # (Hkv, H/Hkv, T, D)
     scores = (q_grouped @ k[:, None].transpose(-1, -2)) * scale           # (Hkv, H/Hkv, T, S)
-    if causal is not None:
-        scores = scores.masked_fill(~causal, float("-inf"))
+    scores = scores.masked_fill(~causal, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = probs @ v[:, None]                                              # (Hkv, H/Hkv, T, D)
     return out.reshape(n_heads, t_len, head_dim)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     impl: str = "manual", mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One new query per head (a decode step) against S keys, for B sequences.
+
+    q: (B, H, 1, D); k, v: (B, Hkv, S, D); B = 1 for a single request. mask: None (every key
+    visible: a single request, or a batch without padding), or an additive float mask in q's
+    dtype broadcastable to (B, 1, 1, S), 0 on a visible key and -inf on a hidden one.
+
+    Why the query groups are stacked as rows: the G = H / Hkv query heads that share key head
+    j all read the same keys, so they are viewed as the G rows of one (G, D) matrix, q
+    reshaped to (B, Hkv, G, D) (a view: heads j G .. j G + G - 1 are adjacent). Each key head
+    then meets its queries in one (G, D) x (D, S) product, and SDPA sees plain attention with
+    Hkv heads of G query rows: no GQA broadcast of the keys to H heads (`enable_gqa`), and the
+    mask is the same for every row. Softmax normalises each row on its own, so the rows compute
+    the H heads' attention, in HF's repeat_kv order (the products' summation may differ in the
+    last bits from H separate heads'). With `enable_gqa`, SDPA's math backend first expands the
+    keys and values to H heads; a bool mask it converts to this additive form on every call.
+    impl as `attention`; the "manual" path adds the mask to the scores (a key at -inf gets
+    probability 0). Returns (B, H, 1, D).
+    """
+    batch, n_heads, _, head_dim = q.shape
+    n_kv_heads = k.shape[1]
+    rows = q.reshape(batch, n_kv_heads, n_heads // n_kv_heads, head_dim)   # (B, Hkv, G, D)
+    if impl == "sdpa":
+        out = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=scale)
+    else:
+        scores = (rows @ k.transpose(-1, -2)) * scale                      # (B, Hkv, G, S)
+        if mask is not None:
+            scores = scores + mask
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = probs @ v                                                    # (B, Hkv, G, D)
+    return out.reshape(batch, n_heads, 1, head_dim)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,6 +355,12 @@ class Qwen3Block(nn.Module):
         if config.qk_norm:
             self.q_norm = _param(w["self_attn.q_norm.weight"], device, dtype)
             self.k_norm = _param(w["self_attn.k_norm.weight"], device, dtype)
+            # q_norm repeated for the H query heads over k_norm for the Hkv key heads: the
+            # weight of one norm over all of them (see `qkv`). A buffer, not a Parameter: a
+            # copy of the two above, so the parameter count stays the checkpoint's.
+            self.register_buffer("qk_norm_stacked", torch.cat([
+                self.q_norm.expand(config.num_attention_heads, -1),
+                self.k_norm.expand(config.num_key_value_heads, -1)]), persistent=False)
         self.gate_up_proj = _param(cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]),
                                    device, dtype)
         self.gate_up_bias = (_param(cat([w["mlp.gate_proj.bias"], w["mlp.up_proj.bias"]]), device, dtype)
@@ -328,19 +374,24 @@ class Qwen3Block(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: (T, C); cos, sin: (T, D) of the tokens' positions.
-        Returns q (H, T, D), k (Hkv, T, D) rotated, v (Hkv, T, D)."""
+        Returns q (H, T, D), k (Hkv, T, D) rotated, v (Hkv, T, D): views, no copy.
+
+        The fused output is viewed token-major, (T, H + 2 Hkv, D): per token its H query heads,
+        then its Hkv key heads, then its Hkv value heads. The q and k heads are then one slice,
+        so the q/k norm (one weight stacked over the heads) and RoPE each run once for both;
+        the head-major views callers take transpose it, copying nothing (the cache write and
+        attention read them as they are).
+        """
         cfg = self.config
-        t_len = x.shape[0]
+        t_len, n_q, n_kv = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads
         h = rms_norm(x, self.input_norm, cfg.norm_eps)
-        fused = F.linear(h, self.qkv_proj, self.qkv_bias)                    # (T, (H+2Hkv) D)
-        q, k, v = fused.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t_len, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)   # (H, T, D)
-        k = k.view(t_len, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)   # (Hkv, T, D)
-        v = v.view(t_len, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)   # (Hkv, T, D)
+        heads = F.linear(h, self.qkv_proj, self.qkv_bias).view(t_len, n_q + 2 * n_kv, -1)
+        qk, v = heads[:, :n_q + n_kv], heads[:, n_q + n_kv:]      # (T, H+Hkv, D), (T, Hkv, D)
         if cfg.qk_norm:
-            q = rms_norm(q, self.q_norm, cfg.norm_eps)
-            k = rms_norm(k, self.k_norm, cfg.norm_eps)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+            qk = rms_norm(qk, self.qk_norm_stacked, cfg.norm_eps)
+        qk = apply_rope(qk, cos[:, None], sin[:, None])           # (T, H+Hkv, D)
+        q, k = qk[:, :n_q], qk[:, n_q:]                           # (T, H, D), (T, Hkv, D)
+        return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, MLP, residual. x: (T, C); attn: (H, T, D). Returns (T, C)."""

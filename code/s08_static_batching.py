@@ -164,30 +164,46 @@ def attention_allowed(key_is_real: torch.Tensor, q_start: int, t_len: int) -> to
     return causal[None] & (key_is_real[:, None, :s_len] | (k_cols == q_cols)[None])  # (B, T, S)
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`attention_allowed`'s bool mask as what attention adds to the scores: 0 where a key is
+    visible, -inf where it is hidden, in `dtype` (the activations'). SDPA turns a bool mask
+    into this on every call, so a step builds it once and hands it to every layer."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, float("-inf"))
+
+
 def batched_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                       scale: float, impl: str = "manual") -> torch.Tensor:
     """Grouped-query attention of B rows with an explicit mask.
 
     q: (B, H, T, D); k, v: (B, Hkv, S, D); allowed: bool (B, T, S) from `attention_allowed`,
-    or None when every query may see every key (a decode step in a batch without padding).
+    or that mask as `additive_mask` made it (in q's dtype), or None when every query may see
+    every key (a decode step in a batch without padding).
     impl "manual": S06's hand-written attention with a batch axis (scores in the activations'
     dtype, softmax in float32); the H / Hkv query heads that share a key head are stacked
     along T, so each (row, key head) is one matrix product and no key is copied per group.
-    "sdpa": `scaled_dot_product_attention` with the bool mask. Query head h reads key head
+    "sdpa": `scaled_dot_product_attention` with the mask. A decode step (T = 1) is S06's
+    `decode_attention`, the query groups stacked as rows, for both. Query head h reads key head
     h // (H / Hkv), HF's repeat_kv order. Returns (B, H, T, D).
     """
     batch, n_heads, t_len, head_dim = q.shape
     n_kv_heads = k.shape[1]
+    mask = allowed
+    if mask is not None and mask.dtype == torch.bool:
+        mask = additive_mask(allowed, q.dtype)                           # (B, T, S)
+    if t_len == 1:
+        return s06.decode_attention(q, k, v, scale, impl,
+                                    None if mask is None else mask[:, None])  # (B, 1, 1, S)
     if impl == "sdpa":
-        mask = None if allowed is None else allowed[:, None]               # (B, 1, T, S)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                              enable_gqa=n_heads != n_kv_heads)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if mask is None else mask[:, None], scale=scale,
+            enable_gqa=n_heads != n_kv_heads)                            # mask (B, 1, T, S)
     group = n_heads // n_kv_heads
     q_stacked = q.reshape(batch, n_kv_heads, group * t_len, head_dim)   # (B, Hkv, H/Hkv T, D)
     scores = (q_stacked @ k.transpose(-1, -2)) * scale                  # (B, Hkv, H/Hkv T, S)
     scores = scores.view(batch, n_kv_heads, group, t_len, -1)           # (B, Hkv, H/Hkv, T, S)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    if mask is not None:
+        scores = scores + mask[:, None, None]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = probs.view(batch, n_kv_heads, group * t_len, -1) @ v          # (B, Hkv, H/Hkv T, D)
     return out.view(batch, n_heads, t_len, head_dim)
@@ -370,6 +386,8 @@ class BatchRunner:
             allowed = attention_allowed(self.key_is_real, start, t_len)      # (B, T, S)
         else:   # a decode query is the newest column: it may see every real key
             allowed = None if self.unpadded else self.key_is_real[:, None, :end]   # (B, 1, S)
+        if allowed is not None:   # once per step, not once per layer inside SDPA
+            allowed = additive_mask(allowed, model.dtype)
         x, cos, sin = self._embed(ids.reshape(-1), positions.reshape(-1))    # (N, C)
         for layer, block in enumerate(model.blocks):
             q, k, v = block.qkv(x, cos, sin)           # q (H, N, D); k, v (Hkv, N, D)

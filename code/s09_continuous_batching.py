@@ -323,9 +323,10 @@ class RaggedRunner:
             ctx[slot - lo] = batch.context_lens[b]
         s_len = max(ctx)
         allowed = None     # every key of every slot is real when the contexts are equal
-        if min(ctx) < s_len:
-            allowed = (torch.arange(s_len, device=device)[None, :]
-                       < torch.tensor(ctx, device=device)[:, None])[:, None]   # (span, 1, S)
+        if min(ctx) < s_len:   # made additive here, once per step, not in every layer
+            allowed = s08.additive_mask(torch.arange(s_len, device=device)[None, :]
+                                        < torch.tensor(ctx, device=device)[:, None],
+                                        self.model.dtype)[:, None]          # (span, 1, S)
         in_order = slots == list(range(lo, hi + 1))
         rows = (None if len(decodes) == len(lens) else
                 torch.tensor([batch.query_start_loc[b] for b in decodes], device=device))

@@ -34,8 +34,8 @@ import s04_sampling as s04
 import s05_kv_cache as s05
 from s06_sampler import DeviceSampler
 from s06_torch import (
-    CachedTransformer, Engine, KVCache, StepTimes, TorchTransformer, attention, load, main,
-    resolve_device_dtype, same_device,
+    CachedTransformer, Engine, KVCache, StepTimes, TorchTransformer, attention, decode_attention,
+    load, main, resolve_device_dtype, rms_norm, same_device,
 )
 from test_s03_transformer import (
     EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny, first_difference, hf_greedy, hf_logits,
@@ -137,6 +137,48 @@ def test_manual_and_sdpa_attention_agree_with_a_cache_offset():
         attention(q, k, v, 3, 1.0)
     with pytest.raises(ValueError, match="attention impl must be one of"):
         attention(q, k, v, 4, 1.0, "flash")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rms_norm_is_bitwise_hfs_with_a_stacked_q_k_weight(dtype):
+    """`rms_norm` against HF's own Qwen3RMSNorm, bit for bit: on a hidden state, and on the
+    (T, H + Hkv, D) q/k heads of `Qwen3Block.qkv` with the stacked weight, which must equal HF's
+    q_norm on the query heads and k_norm on the key heads."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+    gen = torch.Generator().manual_seed(0)
+    x, heads = torch.randn(5, 64, generator=gen), torch.randn(5, 6, 16, generator=gen) * 3
+    norms = {}
+    for name, size in (("hidden", 64), ("q", 16), ("k", 16)):
+        norms[name] = Qwen3RMSNorm(size, eps=1e-6).to(dtype)
+        norms[name].weight.data = torch.randn(size, generator=gen).to(dtype)
+    x, heads = x.to(dtype), heads.to(dtype)
+    with torch.no_grad():
+        assert torch.equal(rms_norm(x, norms["hidden"].weight, 1e-6), norms["hidden"](x))
+        stacked = torch.cat([norms["q"].weight.expand(4, -1), norms["k"].weight.expand(2, -1)])
+        expected = torch.cat([norms["q"](heads[:, :4]), norms["k"](heads[:, 4:])], dim=1)
+        assert torch.equal(rms_norm(heads, stacked, 1e-6), expected)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_attention_with_query_groups_as_rows_equals_each_head_alone(impl):
+    """B = 2 rows, H = 6 query heads over Hkv = 2 key heads, one query each, 5 keys, row 1's
+    first 2 keys hidden by the additive mask; checked against a loop over rows and heads,
+    head h reading key head h // 3."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(shape, generator=gen) for shape in ((2, 6, 1, 8), (2, 2, 5, 8),
+                                                               (2, 2, 5, 8)))
+    mask = torch.zeros(2, 1, 1, 5)
+    mask[1, ..., :2] = float("-inf")
+    expected = torch.empty(2, 6, 1, 8)
+    for b in range(2):
+        first = 2 * b        # row 1 sees keys 2 .. 4 only
+        for h in range(6):
+            scores = (k[b, h // 3, first:] @ q[b, h, 0]) * 0.4
+            expected[b, h, 0] = torch.softmax(scores, dim=0) @ v[b, h // 3, first:]
+    torch.testing.assert_close(decode_attention(q, k, v, 0.4, impl, mask), expected,
+                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(decode_attention(q[:1], k[:1], v[:1], 0.4, impl),
+                               expected[:1], rtol=1e-5, atol=1e-6)
 
 
 def test_parameters_are_s03s_count_with_the_tied_head_once(tiny):
