@@ -1071,7 +1071,8 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature, 0 = greedy (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="random seed of every request (default: %(default)s)")
+                        help="seed of every request's sampling, and of which corpus prompts "
+                             "are drawn when no --prompt is given (default: %(default)s)")
     parser.add_argument("--device", default=None,
                         help="cuda, cuda:N or cpu (default: cuda if present)")
     parser.add_argument("--dtype", default=None, choices=list(s06.DTYPES),

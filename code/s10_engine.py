@@ -12,7 +12,9 @@ What is new since S09
     - New constructor arguments: `max_num_batched_tokens` (default max_num_seqs *
       max_context: S09's step, unbounded), `kv_capacity` in tokens (default max_num_seqs *
       max_context: what S09's slots hold, so nothing is preempted unless asked) and `policy`
-      ("fcfs" or "priority"); `add_request(..., priority=0)`.
+      ("fcfs" or "priority"); `add_request(..., priority=0)`. Only `add_request` takes a
+      priority: S09's `generate` and `stream` are unchanged, so every request they add has
+      priority 0, and under "priority" they run in arrival order, as under "fcfs".
     - KV storage stays S09's, one slot of max_context positions per running request; the
       token capacity is accounting on top of it (a tight kv_capacity makes the scheduler
       preempt as a real pool of that size would). S12 makes it real with blocks.
@@ -28,9 +30,10 @@ What is new since S09
       with finish_reason "length" (its last output, without a token, comes with the next
       `step`, as an abort's does).
     - `engine.trace`: S09's `StepRecord` extended (`StepRecord` here) with each request's
-      scheduled tokens, who resumed, who was preempted, who the capacity ended, the token
-      budget and the KV tokens used and free; `seq.num_preemptions` per request,
-      `engine.scheduler.num_preemptions` in all.
+      scheduled tokens, the scheduler's order of them (admission order: under FCFS the
+      victim of a preemption is the last), who resumed, who was preempted, who the capacity
+      ended, the token budget and the KV tokens used and free; `seq.num_preemptions` per
+      request, `engine.scheduler.num_preemptions` in all.
 
 What it does not handle yet
     See code/s10_scheduler.py: no chunked prefill (S11), no blocks (S12). A recompute costs a
@@ -39,6 +42,8 @@ What it does not handle yet
 Run it
     python code/s10_scheduler.py --kv-capacity 96 --max-num-seqs 4  # preemptions, traced
     python code/s10_engine.py --policy priority --kv-capacity 120 --priorities 1,0,1,0,1,0,1,0
+    python code/s10_engine.py --max-context 64 --max-num-batched-tokens 64 --kv-capacity 128 \
+        --arrival-every 0 --seed 4 --max-tokens 24          # the token budget decides who joins
     python benchmarks/bench_s10_scheduler.py --quick
 
 Tests
@@ -78,13 +83,17 @@ class StepRecord(s09.StepRecord):
     scheduled ids, in batch order), slots, joined (admitted for the first time), left
     (finished, aborted or ended by the capacity), num_tokens (scheduled tokens in all),
     prefill_tokens (those of joined and resumed requests), waiting, free_slots, model_s,
-    step_s. New: num_scheduled_tokens (per running id), resumed (admitted again after a
+    step_s. New: num_scheduled_tokens (per running id), schedule_order (the same ids in the
+    scheduler's order: those already running in admission order, then those admitted in
+    this step; when KV runs out, FCFS preempts from the end), resumed (admitted again after a
     preemption, computing prompt + outputs), preempted (in this step), ended (by the KV
     capacity: finish_reason "length"), token_budget (max_num_batched_tokens),
     kv_used_tokens / kv_free_tokens (after scheduling), kv_capacity. A step that ran no model
-    but preempted or ended someone has a record with running == ()."""
+    but preempted or ended someone has a record with running == (). step is also the
+    scheduler's number of the step (`SchedulerOutput.step`)."""
 
     num_scheduled_tokens: tuple[int, ...]
+    schedule_order: tuple[str, ...]
     resumed: tuple[str, ...]
     preempted: tuple[str, ...]
     ended: tuple[str, ...]
@@ -100,7 +109,8 @@ class LLMEngine(s09.LLMEngine):
     Arguments as S09's, and: max_num_batched_tokens (tokens per step, >= max_context),
     kv_capacity (KV token positions in all, 1 to max_num_seqs * max_context), policy ("fcfs"
     or "priority"). `add_request(prompt, params, request_id=None, priority=0)`: lower
-    priority values run first under "priority" (ignored under "fcfs"). `waiting` and
+    priority values run first under "priority" (ignored under "fcfs"); `generate` and
+    `stream` take no priority (S09's API): their requests all have priority 0. `waiting` and
     `running` are the scheduler's queues; `scheduler_output` the last `SchedulerOutput`.
     Raises ValueError naming the rule, before anything is queued, for a bad argument or a
     prompt that needs more KV than kv_capacity.
@@ -256,6 +266,7 @@ class LLMEngine(s09.LLMEngine):
             prefill_tokens=sum(out.num_scheduled_tokens[rid] for rid in
                                out.scheduled_new_ids + out.scheduled_resumed_ids),
             num_scheduled_tokens=tuple(out.num_scheduled_tokens[rid] for rid in base.running),
+            schedule_order=out.scheduled_ids,
             resumed=out.scheduled_resumed_ids, preempted=out.preempted_ids, ended=ended,
             token_budget=out.token_budget, kv_used_tokens=out.kv_used_tokens,
             kv_free_tokens=out.kv_free_tokens, kv_capacity=self.kv_capacity)
@@ -266,26 +277,69 @@ class LLMEngine(s09.LLMEngine):
 # main
 # ---------------------------------------------------------------------------------------------
 
+# Columns of `format_schedule_table` that list ids: (header, StepRecord field, widest cell).
+TABLE_ID_COLUMNS = (("running, admission order (tokens)", "schedule_order", 56),
+                    ("joined", "joined", 24), ("resumed", "resumed", 24),
+                    ("preempted", "preempted", 24), ("left", "left", 24))
+
+
+def fit_ids(ids: Sequence[str], width: int) -> str:
+    """ids comma-separated, or, when that is wider than width, their count and the first
+    ones that fit, cut with "…": "12: 0,1,2,…" (never wider than a width >= 8)."""
+    text = ",".join(ids)
+    if len(text) <= width:
+        return text
+    head, shown = f"{len(ids)}: ", []
+    for rid in ids:
+        if len(head + ",".join([*shown, rid]) + ",…") > width:
+            break
+        shown.append(rid)
+    return head + ",".join(shown) + (",…" if shown else "…")
+
+
 def format_schedule_table(trace: Sequence[StepRecord], max_rows: int = 40) -> str:
-    """The trace as aligned text, one line per step (first and last max_rows // 2 when
-    longer): step, tokens / budget, running ids with their scheduled tokens, joined, resumed,
-    preempted, left, waiting, KV used / capacity."""
-    lines = [f"{'step':>5} {'tokens':>11} {'running (tokens)':<30} {'joined':<8} "
-             f"{'resumed':<8} {'preempted':<9} {'left':<8} {'waiting':>7} {'KV used':>9}"]
-    half = max_rows // 2
-    shown = list(trace) if len(trace) <= max_rows else [*trace[:half], None, *trace[-half:]]
-    join = ",".join
+    """The trace as aligned text, one line per step: step, tokens / budget, the running ids in
+    the scheduler's order (admission order, so FCFS's next victim is the last) with their
+    scheduled tokens when more than 1, joined, resumed, preempted, left, waiting, KV used /
+    capacity. Each column is as wide as its widest cell, up to a limit; a cell past it shows
+    how many ids it holds and is cut with "…" (`fit_ids`). A trace longer than max_rows shows
+    its first max_rows // 2 steps and its last ones, max_rows in all, and says how many it
+    left out. Raises ValueError for max_rows that is not an integer >= 2."""
+    if not s01.is_int(max_rows) or max_rows < 2:
+        raise ValueError(f"max_rows must be an integer >= 2 (got {max_rows!r}): the table "
+                         "shows the first and the last steps")
+    trace = list(trace)
+    first = max_rows // 2
+    shown = trace if len(trace) <= max_rows else trace[:first] + trace[first - max_rows:]
+    rows = []
     for r in shown:
-        if r is None:
-            lines.append(f"{'...':>5}")
-            continue
-        running = join(f"{rid}({n})" if n > 1 else rid
-                       for rid, n in zip(r.running, r.num_scheduled_tokens))
-        lines.append(f"{r.step:>5} {f'{r.num_tokens}/{r.token_budget}':>11} "
-                     f"{running[:30]:<30} {join(r.joined)[:8]:<8} {join(r.resumed)[:8]:<8} "
-                     f"{join(r.preempted)[:9]:<9} {join(r.left)[:8]:<8} {r.waiting:>7} "
-                     f"{f'{r.kv_used_tokens}/{r.kv_capacity}':>9}")
-    return "\n".join(lines)
+        tokens = dict(zip(r.running, r.num_scheduled_tokens))
+        cells = {"schedule_order": [f"{rid}({tokens[rid]})" if tokens[rid] > 1 else rid
+                                    for rid in r.schedule_order]}
+        cells.update({name: list(getattr(r, name)) for _, name, _ in TABLE_ID_COLUMNS[1:]})
+        rows.append((r, cells))
+    widths = {name: min(limit, max([len(header)] + [len(",".join(c[name])) for _, c in rows]))
+              for header, name, limit in TABLE_ID_COLUMNS}
+    ids_header = " ".join(f"{header:<{widths[name]}}" for header, name, _ in TABLE_ID_COLUMNS)
+    lines = [f"{'step':>5} {'tokens':>11} {ids_header} {'waiting':>7} {'KV used':>9}"]
+    for k, (r, cells) in enumerate(rows):
+        if k == first and len(trace) > max_rows:
+            lines.append(f"{'…':>5} {len(trace) - max_rows} steps not shown")
+        ids = " ".join(f"{fit_ids(cells[name], widths[name]):<{widths[name]}}"
+                       for _, name, _ in TABLE_ID_COLUMNS)
+        lines.append(f"{r.step:>5} {f'{r.num_tokens}/{r.token_budget}':>11} {ids} "
+                     f"{r.waiting:>7} {f'{r.kv_used_tokens}/{r.kv_capacity}':>9}")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def priority_list(text: str) -> list[int]:
+    """--priorities' type: "1,0,1" -> [1, 0, 1]; argparse's usage error otherwise."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--priorities needs comma-separated integers, one per request (got {text!r})"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -297,6 +351,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "%(default)s)")
     parser.add_argument("--max-num-seqs", type=int, default=4,
                         help="most requests running at once (KV slots) (default: %(default)s)")
+    parser.add_argument("--max-context", type=int, default=None,
+                        help="positions per KV slot, the longest context a request may reach, "
+                             "at most the model's window (default: that window, at most 4096)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="most tokens per step, >= the context (default: max-num-seqs x "
                              "the context, no limit)")
@@ -305,10 +362,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "(default: max-num-seqs x the context, none)")
     parser.add_argument("--policy", default="fcfs", choices=POLICIES,
                         help="scheduling policy (default: %(default)s)")
-    parser.add_argument("--priorities", type=lambda s: [int(x) for x in s.split(",")],
-                        default=None,
-                        help="comma-separated priority of each request, lower first, used "
-                             "with --policy priority (default: all 0)")
+    parser.add_argument("--priorities", type=priority_list, default=None,
+                        help="comma-separated integer priority of each request, lower first; "
+                             "only with --policy priority (fcfs ignores priorities, so it "
+                             "refuses them) (default: all 0)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="compute every request alone: slow, bitwise equal to each request "
                              "run alone")
@@ -316,11 +373,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     params = s08.check_request_arguments(parser, args)
     if args.max_num_seqs < 1 or args.arrival_every < 0:
         parser.error("--max-num-seqs must be >= 1 and --arrival-every >= 0")
+    if args.max_context is not None and args.max_context < 1:
+        parser.error(f"--max-context must be >= 1 (got {args.max_context})")
+    if args.priorities is not None and args.policy != "priority":
+        parser.error("--priorities needs --policy priority (fcfs ignores priorities)")
     try:
         model, tokenizer = s06.load(args.model, args.device, args.dtype)
-        max_context = min(model.config.max_position_embeddings, 4096)
-        prompts = args.prompt or s08.corpus_prompts(tokenizer, args.num_prompts, args.seed,
-                                                    max_context)
+        window = model.config.max_position_embeddings
+        if args.max_context is not None and args.max_context > window:
+            raise ValueError(f"--max-context must be at most the model's context window, "
+                             f"max_position_embeddings = {window} (got {args.max_context})")
+        max_context = min(window, 4096) if args.max_context is None else args.max_context
+        prompts = args.prompt or s08.corpus_prompts(   # drawn as without --max-context
+            tokenizer, args.num_prompts, args.seed, min(window, 4096))
         priorities = args.priorities or [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"--priorities needs one value per request ({len(prompts)})")
@@ -350,8 +415,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = model.config
     print(f"{cfg.model_type}, {s03.parameter_count(cfg):,} parameters on {model.device}; "
           f"{len(prompts)} requests, one every {args.arrival_every} steps, at most "
-          f"{args.max_num_seqs} running, {engine.scheduler.max_num_batched_tokens} tokens per "
-          f"step, KV capacity {engine.kv_capacity} tokens, policy {args.policy}")
+          f"{args.max_num_seqs} running, context {max_context}, "
+          f"{engine.scheduler.max_num_batched_tokens} tokens per step, KV capacity "
+          f"{engine.kv_capacity} tokens, policy {args.policy}")
     for rid, prompt in zip(ids, prompts):
         seq = seqs[rid]
         print(f"\n--- request {rid}: prompt ({len(tokenizer.encode(prompt))} tokens), "

@@ -116,9 +116,13 @@ class TokenKVPool:
 class SchedulerOutput:
     """One step's plan (vLLM V1's `SchedulerOutput`, trimmed).
 
-    num_scheduled_tokens: {request id: tokens it computes in this step}, in schedule order
-    (running requests first, then those admitted). num_computed_tokens: {request id: its
-    num_computed_tokens when scheduled}, so its new tokens are token_ids[start:start + n].
+    step: the step's number, counted by the scheduler (`Scheduler.num_steps` before the call):
+    a `schedule` that plans nothing (nobody scheduled, preempted or ended) does not count, and
+    `revert` takes a failed step's number back, so the engine's `StepRecord.step` of the same
+    step is the same number. num_scheduled_tokens: {request id: tokens it computes in this
+    step}, in schedule order (running requests first, in admission order, then those
+    admitted). num_computed_tokens: {request id: its num_computed_tokens when scheduled},
+    so its new tokens are token_ids[start:start + n].
     scheduled_running_ids / scheduled_new_ids / scheduled_resumed_ids: the scheduled requests
     that were already running (a decode, 1 token), admitted for the first time (the whole
     prompt) and admitted again after a preemption (prompt + every output so far).
@@ -198,7 +202,7 @@ class Scheduler:
         self.policy = policy
         self.waiting: deque = deque()
         self.running: list = []
-        self.num_steps = 0
+        self.num_steps = 0                    # steps planned (not the idle calls)
         self.num_preemptions = 0              # in all, since construction
         self._arrivals = 0
 
@@ -323,7 +327,8 @@ class Scheduler:
             tuple(ids.resumed), tuple(ids.preempted), tuple(ids.finished),
             self.max_num_batched_tokens, self.kv.num_used_tokens, self.kv.num_free_tokens,
             len(self.waiting))
-        self.num_steps += 1
+        if scheduled or ids.preempted or ids.finished:   # an idle call is not a step
+            self.num_steps += 1
         return out
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -340,7 +345,10 @@ class Scheduler:
     def revert(self, scheduler_output: SchedulerOutput) -> None:
         """The model step failed: each scheduled request still running holds KV for its
         computed tokens only again (its num_computed_tokens did not move), so the next
-        `schedule` asks for the same tokens without holding them twice."""
+        `schedule` asks for the same tokens without holding them twice; the step's number is
+        taken back (the next plan has it)."""
+        if scheduler_output.step == self.num_steps - 1:
+            self.num_steps -= 1
         for request in self.running:
             rid = request.request_id
             if rid in scheduler_output.num_scheduled_tokens:

@@ -15,6 +15,8 @@ differences, S08's measurement) and held to S08's `follows_batch_rule` against t
 Public bug reports (../shared/cases/public-bugs.md, section (g)), each a test below: G1 vllm
 PR #1534, G2 vllm #16832, G4 vllm #24584 / PR #24586, G5 sglang PR #2238 / PR #1674 / #6778.
 """
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -26,7 +28,7 @@ import s06_torch as s06
 import s08_static_batching as s08
 import s09_continuous_batching as s09
 from s01_generation_loop import RequestOutput
-from s10_engine import LLMEngine, StepRecord, format_schedule_table, main
+from s10_engine import TABLE_ID_COLUMNS, LLMEngine, StepRecord, format_schedule_table, main
 from s10_scheduler import PREEMPTED
 from test_s03_transformer import EOS_UNUSED, PAD, V, IdTokenizer, build_tiny
 
@@ -92,9 +94,12 @@ def drive(engine, requests, arrivals, aborts=None):
         for i in aborts.get(call, []):
             if i in ids:
                 engine.abort(ids[i])
+        before = len(engine.trace)
         got = engine.step()
         call += 1
         out = engine.scheduler_output
+        if len(engine.trace) > before:     # the engine's step numbers are the scheduler's
+            assert engine.trace[-1].step == out.step == len(engine.trace) - 1
         assert out.total_num_scheduled_tokens <= sched.max_num_batched_tokens
         assert len(engine.running) <= engine.max_num_seqs
         assert sched.kv.num_used_tokens == sum(s.num_computed_tokens for s in engine.running)
@@ -413,6 +418,9 @@ def test_a_failed_step_gives_back_its_kv_and_the_engine_goes_on(tiny):
             seen[o.request_id].append(o)
     assert tokens_of(seen["a"]) == references[3][0].token_ids
     assert engine.kv_free_tokens == 60 and engine.num_free_slots == 2
+    # The failed step is not numbered: the trace's steps and the scheduler's agree.
+    assert [r.step for r in engine.trace] == list(range(len(engine.trace)))
+    assert engine.scheduler.num_steps == len(engine.trace)
 
 
 def test_bad_arguments_are_refused_before_anything_is_queued(tiny):
@@ -494,8 +502,169 @@ def test_schedule_table_elides_the_middle_of_a_long_trace(tiny):
     name, model, _ = tiny
     engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, kv_capacity=TIGHT)
     engine.generate([text(p) for p in PROMPTS], greedy(30))
-    table = format_schedule_table(engine.trace, max_rows=10)
-    assert len(engine.trace) > 10 and "..." in table and len(table.splitlines()) == 12
+    n = len(engine.trace)
+    for max_rows in (10, 7, 2):
+        lines = format_schedule_table(engine.trace, max_rows=max_rows).splitlines()
+        assert n > 10 and len(lines) == 1 + max_rows + 1    # header, rows, the marker
+        steps = [int(line.split()[0]) for line in lines[1:] if line.split()[0].isdigit()]
+        first = max_rows // 2
+        assert steps == list(range(first)) + list(range(n - (max_rows - first), n))
+        assert lines[1 + first].split()[:2] == ["…", str(n - max_rows)]
+        assert lines[1 + first].endswith(" steps not shown")
+    assert len(format_schedule_table(engine.trace, max_rows=n).splitlines()) == n + 1
+
+
+def test_schedule_table_refuses_fewer_than_two_rows():
+    for bad in (1, 0, -3, 2.5, True, None):
+        with pytest.raises(ValueError, match=r"^max_rows must be an integer >= 2 \(got "):
+            format_schedule_table([], max_rows=bad)
+
+
+def table_cells(table: str) -> list[dict[str, str]]:
+    """Each row's id-list cells, cut at the header's column starts (the cells are left-
+    aligned under their headers)."""
+    header, *rows = table.splitlines()
+    names = [name for _, name, _ in TABLE_ID_COLUMNS]
+    starts = [header.index(h) for h, _, _ in TABLE_ID_COLUMNS] + [header.index("waiting") - 1]
+    cells = []
+    for line in rows:
+        if line.split()[0].isdigit():
+            cells.append({name: line[a:b].strip()
+                          for name, a, b in zip(names, starts, starts[1:])})
+    return cells
+
+
+def check_cells(records, table: str) -> int:
+    """Every cell shows all its ids, in order, or says how many and marks the cut (the ids it
+    shows are the first ones). Returns how many cells were cut."""
+    cut = 0
+    for record, cells in zip(records, table_cells(table), strict=True):
+        tokens = dict(zip(record.running, record.num_scheduled_tokens))
+        for header, name, limit in TABLE_ID_COLUMNS:
+            ids = list(getattr(record, name))
+            if name == "schedule_order":
+                ids = [f"{rid}({tokens[rid]})" if tokens[rid] > 1 else rid for rid in ids]
+            cell = cells[name]
+            assert len(cell) <= limit
+            if cell != ",".join(ids):
+                count, shown = cell.split(": ", 1)
+                assert int(count) == len(ids) and shown.endswith("…"), (name, cell)
+                assert shown[:-1].rstrip(",").split(",") == ids[:shown.count(",")], cell
+                cut += 1
+    return cut
+
+
+def test_schedule_table_shows_every_id_or_marks_the_cut_with_the_count(tiny):
+    name, model, _ = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 4, max_num_batched_tokens=CONTEXT,
+                       kv_capacity=TIGHT)
+    engine.generate([text(PROMPTS[k]) for k in ARRIVAL], greedy())
+    assert check_cells(engine.trace, format_schedule_table(engine.trace, 1000)) == 0
+    # Long lists: 40 requests that all join in one step, 60 that leave.
+    base = engine.trace[0]
+    many = [f"r{i}" for i in range(40)]
+    wide = replace(base, step=0, running=tuple(many), schedule_order=tuple(many),
+                   num_scheduled_tokens=tuple(range(1, 41)), joined=tuple(many),
+                   left=tuple(f"q{i}" for i in range(60)), slots=tuple(range(40)))
+    records = [wide, replace(base, step=1)]
+    table = format_schedule_table(records)
+    assert check_cells(records, table) == 3        # running, joined, left
+    assert "40: r0,r1(2),r2(3)," in table and "40: r0,r1,r2,r3," in table
+    assert "60: q0,q1,q2," in table
+
+
+def test_the_running_column_is_the_schedulers_admission_order_and_fcfs_preempts_its_end(tiny):
+    """schedule_order holds the scheduled ids in the scheduler's order; under FCFS the first
+    request preempted in a step is the last of the previous step's order still running."""
+    name, model, _ = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 4, max_num_batched_tokens=CONTEXT,
+                       kv_capacity=TIGHT)
+    engine.generate([text(PROMPTS[k]) for k in ARRIVAL], greedy())
+    checked = 0
+    for before, record in zip(engine.trace, engine.trace[1:]):
+        assert sorted(record.schedule_order) == sorted(record.running)
+        if not before.running or not record.running:     # a step without a model run
+            continue
+        assert list(record.schedule_order[:len(record.schedule_order) - len(record.joined)
+                                          - len(record.resumed)]) == [
+            rid for rid in before.schedule_order if rid in record.running]
+        if record.preempted:
+            still = [rid for rid in before.schedule_order
+                     if rid not in before.left and rid not in record.ended]
+            assert record.preempted[0] == still[-1]
+            checked += 1
+    assert checked > 0
+    table = format_schedule_table(engine.trace, 1000)
+    assert "running, admission order (tokens)" in table.splitlines()[0]
+
+
+def stepper_workload():
+    """The stepper's third workload (site/simulators/scheduler-stepper/export.py)."""
+    import importlib.util
+    from pathlib import Path
+    path = (Path(__file__).resolve().parents[1] / "site" / "simulators" / "scheduler-stepper"
+            / "export.py")
+    spec = importlib.util.spec_from_file_location("s10_stepper_export", path)
+    export = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export)
+    return export, next(w for w in export.WORKLOADS if w[0] == "budget")
+
+
+@bundled
+def test_main_reproduces_the_steppers_token_budget_workload(capsys, monkeypatch):
+    """The flags that replay the stepper's third workload (64-token context and budget) give
+    the trace the stepper's exporter records."""
+    import s10_engine
+    export, (_, _, num, seed, context, seats, budget, kv, policy, prios, every,
+             max_tokens) = stepper_workload()
+    assert prios is None and policy == "fcfs"
+    made = []
+
+    class Kept(s10_engine.LLMEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(s10_engine, "LLMEngine", Kept)
+    main(["--max-context", str(context), "--max-num-batched-tokens", str(budget),
+          "--kv-capacity", str(kv), "--max-num-seqs", str(seats), "--num-prompts", str(num),
+          "--seed", str(seed), "--arrival-every", str(every), "--max-tokens", str(max_tokens),
+          "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert f"context {context}, {budget} tokens per step, KV capacity {kv} tokens" in out
+    model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
+    prompts = s08.corpus_prompts(tokenizer, num, seed, 256)
+    expected = export.run_workload(model, tokenizer, prompts, [0] * num, context, seats,
+                                   budget, kv, policy, every, max_tokens)["trace"]
+    got = [{f: (list(v) if isinstance(v := getattr(r, f), tuple) else v)
+            for f in export.TRACE_FIELDS} for r in made[0].trace]
+    assert got == expected
+    assert max(len(r["joined"]) for r in expected) < seats    # the budget, not the seats
+
+
+@bundled
+def test_main_refuses_bad_flags_naming_the_rule(capsys):
+    cases = [(["--priorities", "a,b", "--policy", "priority"],
+              "argument --priorities: --priorities needs comma-separated integers, one per "
+              "request (got 'a,b')"),
+             (["--priorities", "1,,0", "--policy", "priority"],
+              "--priorities needs comma-separated integers"),
+             (["--priorities", "1,0"], "--priorities needs --policy priority (fcfs ignores "
+                                       "priorities)"),
+             (["--priorities", "1,2", "--policy", "priority"],
+              "--priorities needs one value per request (8)"),
+             (["--max-context", "0"], "--max-context must be >= 1 (got 0)"),
+             (["--max-context", "100000"], "--max-context must be at most the model's "
+                                           "context window, max_position_embeddings = 256"),
+             (["--max-context", "64"], "max_num_batched_tokens (32) must be >= max_model_len "
+                                       "(64)")]
+    for argv, rule in cases:
+        if argv == ["--max-context", "64"]:
+            argv = argv + ["--max-num-batched-tokens", "32"]
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv + ["--device", "cpu"])
+        assert exit_info.value.code == 2, argv
+        assert rule in capsys.readouterr().err, argv
 
 
 # --- the chapter's figure ---------------------------------------------------------------------

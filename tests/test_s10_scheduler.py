@@ -358,6 +358,26 @@ def test_revert_gives_back_the_kv_of_a_failed_step():
     assert again.num_scheduled_tokens == {"a": 1, "b": 6} and s.kv.num_used_tokens == 11
 
 
+def test_steps_are_numbered_without_idle_calls_and_a_failed_step_gives_its_number_back():
+    """SchedulerOutput.step counts steps that plan something (so an engine's trace numbers
+    match): a schedule() with nothing to plan keeps the count, and revert() of a failed step
+    takes its number back."""
+    s = Scheduler(2, 64, 100, 64)
+    assert s.schedule().step == 0 and s.num_steps == 0          # idle: nothing to plan
+    a = Req("a", 4, 3)
+    s.add_request(a)
+    first = s.schedule()
+    assert first.step == 0 and first.num_scheduled_tokens == {"a": 4} and s.num_steps == 1
+    s.revert(first)                                # its model step failed: not a step
+    assert s.num_steps == 0
+    again = s.schedule()
+    assert again.step == 0 and again.num_scheduled_tokens == {"a": 4}
+    s.update_from_output(again, ["a"])
+    assert s.schedule().step == 1 and s.num_steps == 1          # idle again: no count
+    model = run(MIX, max_num_seqs=3, budget=64, capacity=40)
+    assert [o.step for o in model.outputs] == list(range(len(model.outputs)))
+
+
 # --- bad arguments ------------------------------------------------------------------------------
 
 def test_bad_arguments_are_refused_naming_the_rule():
