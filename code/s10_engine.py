@@ -342,6 +342,14 @@ def priority_list(text: str) -> list[int]:
         ) from None
 
 
+def _every(n: int) -> str:
+    return "one before each step" if n == 1 else f"one every {n} steps"
+
+
+def _preempted(n: int) -> str:
+    return {0: "not preempted", 1: "preempted once"}.get(n, f"preempted {n} times")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 10: the scheduler, token budgets, KV capacity and preemption.")
@@ -414,14 +422,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(err))
     cfg = model.config
     print(f"{cfg.model_type}, {s03.parameter_count(cfg):,} parameters on {model.device}; "
-          f"{len(prompts)} requests, one every {args.arrival_every} steps, at most "
+          f"{len(prompts)} requests, "
+          f"{'all at once' if args.arrival_every == 0 else _every(args.arrival_every)}, at most "
           f"{args.max_num_seqs} running, context {max_context}, "
           f"{engine.scheduler.max_num_batched_tokens} tokens per step, KV capacity "
           f"{engine.kv_capacity} tokens, policy {args.policy}")
     for rid, prompt in zip(ids, prompts):
         seq = seqs[rid]
         print(f"\n--- request {rid}: prompt ({len(tokenizer.encode(prompt))} tokens), "
-              f"preempted {getattr(seq, 'num_preemptions', 0)} times ---\n{prompt}\n"
+              f"{_preempted(getattr(seq, 'num_preemptions', 0))} ---\n{prompt}\n"
               f"--- completion (finish_reason={reasons[rid]}) ---\n"
               f"{''.join(texts.get(rid, []))}")
     print(f"\n--- {made} tokens in {len(engine.trace)} steps, {wall_s:.2f} s, "

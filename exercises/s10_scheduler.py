@@ -27,7 +27,8 @@ from typing import Sequence
 
 def admit(waiting: Sequence[tuple[str, int]], num_running: int, max_num_seqs: int,
           token_budget: int, kv_free_tokens: int) -> list[str]:
-    """The ids admitted in this step, in order.
+    """The ids admitted in this step, in order, as a list (any sequence is accepted: the tests
+    compare list(result)).
 
     waiting: (request id, num_new_tokens) in queue order, the head first; num_new_tokens is
     what the request computes when admitted (its prompt, or prompt + outputs after a
@@ -51,7 +52,8 @@ def admit(waiting: Sequence[tuple[str, int]], num_running: int, max_num_seqs: in
 
 def schedule_running(running: Sequence[tuple[str, int, int, int]], kv_free_tokens: int,
                      policy: str = "fcfs") -> tuple[list[str], list[str]]:
-    """(scheduled ids, preempted ids) for the running requests of one step.
+    """(scheduled ids, preempted ids) for the running requests of one step: a pair of lists
+    (any two sequences are accepted: the tests compare them as lists).
 
     running: (request id, KV tokens it holds, priority, arrival) in admission order.
     kv_free_tokens: free KV positions before this step. Go through the requests in order; each
@@ -79,7 +81,8 @@ def schedule_running(running: Sequence[tuple[str, int, int, int]], kv_free_token
 # arrivals.
 
 def waiting_order(events: Sequence[tuple], policy: str = "fcfs") -> list[str]:
-    """The waiting queue, head first, after the events, in the order they happened.
+    """The waiting queue after the events (in the order they happened), head first, as a list
+    of ids. A deque or any other sequence is accepted too: the tests compare list(result).
 
     events: ("add", request id, priority): a new request, whose arrival is the number of
     "add" events before it (0, 1, ...); ("admit", request id): the request leaves the queue to

@@ -9,7 +9,8 @@ the resumed request's recomputed tokens equal its prompt length (counted here wi
 tokenizer) plus the tokens it had made (counted from the trace); every request's tokens are
 the same with and without preemption; the sweep measured every capacity under both policies,
 made every token, freed all KV, preempted nobody at the largest capacity and somebody at the
-smallest. Timings are printed, never asserted.
+smallest; the markdown states the prompt and output ranges and the longest context the
+requests really have (printed by the notebook). Timings are printed, never asserted.
 """
 from __future__ import annotations
 
@@ -90,3 +91,21 @@ def test_the_sweep_measured_every_capacity_under_both_policies(executed):
     assert "every run made every token: True" in text
     assert "KV free at the end of every run: True" in text
     assert re.search(r"priority: priority 0 p50\s+[\d.]+ p99\s+[\d.]+; priority 1", text)
+
+
+@pytest.mark.slow
+def test_the_workload_prose_states_the_ranges_the_requests_have(executed):
+    """The markdown gives the realised prompt and output ranges and the longest context, as
+    the code cell prints them from the requests (not the ranges the lengths were drawn from)."""
+    text = stream_text(executed)
+    m = re.search(r"prompts (\d+) to (\d+) tokens, outputs (\d+) to (\d+) tokens \((\d+) in "
+                  r"all\), longest prompt \+ output (\d+) tokens", text)
+    assert m, text[:2000]
+    p_lo, p_hi, o_lo, o_hi, total, longest = m.groups()
+    prose = " ".join("".join(c.source) for c in executed.cells if c.cell_type == "markdown")
+    prose = re.sub(r"\s+", " ", prose)
+    assert f"prompts of {p_lo} to {p_hi} tokens" in prose
+    assert f"outputs of {o_lo} to {o_hi} tokens" in prose
+    assert f"{total} tokens in all" in prose
+    assert f"longest prompt plus its output ({longest} tokens)" in prose
+    assert int(longest) < min(CAPACITIES)           # nobody is ended by the capacity

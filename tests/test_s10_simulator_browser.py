@@ -15,10 +15,16 @@ preemption or a resume, a middle one and the last:
   scheduled requests (and, only in a step that stopped at a preemption, running ones that
   were not scheduled), and the note names the trace's preempted, joined and resumed ids;
 - at the end every request shows the engine's text and finish reason, and its preemption
-  count; the consistency banner stays hidden and there are no console errors.
+  count; the consistency banner stays hidden and there are no console errors;
+- at a page as narrow as the site's text column, the grid scrolls to the current step, the
+  request table fits its box with no completion clipped, and counts of one read singular.
+- the configuration line names each workload's context and budget, and the page shows the
+  command line that makes the same run.
 Skipped when Playwright or Chromium is missing.
 """
 from __future__ import annotations
+
+import re
 
 import pytest
 from sim_browser import load_exporter, open_page, skip_without_browser, write_page
@@ -153,4 +159,58 @@ def test_buttons_move_one_step_and_find_preemptions(page, data):
     page.locator(".ss-next-preempt").click()
     assert page.locator(".ss-step-label").inner_text() == f"step {first} of {last}"
     assert "preempted" in page.locator(".ss-note").inner_text()
+    assert page.problems == []
+
+
+def test_the_grid_follows_the_step_and_nothing_overflows_or_reads_wrong(page, data):
+    """At a page about as wide as the site's text column: the grid scrolls sideways to show
+    the current step's column (at the end too), the request table fits its box and shows
+    every completion whole, and no count reads "1 requests" or "1 tokens"."""
+    page.set_viewport_size({"width": 760, "height": 1200})
+    try:
+        for index, work in enumerate(data["workloads"]):
+            page.select_option(".ss-pick", str(index))
+            last = len(work["trace"]) - 1
+            for step in sorted({0, last // 2, last}):
+                if step == last:
+                    page.locator(".ss-end").click()
+                else:
+                    go_to(page, step)
+                seen = page.evaluate("""() => {
+                    const box = document.querySelector('.ss-grid-box').getBoundingClientRect();
+                    const now = document.querySelectorAll('.ss-grid tr')[0]
+                        .querySelectorAll('th')[%d + 1].getBoundingClientRect();
+                    const req = document.querySelector('.ss-requests');
+                    return {inView: now.left >= box.left - 0.5 && now.right <= box.right + 0.5,
+                            fits: req.scrollWidth <= req.clientWidth,
+                            clipped: Array.from(document.querySelectorAll('.ss-text'))
+                                .filter(t => t.scrollWidth > t.clientWidth).length,
+                            text: document.querySelector('.ss-sim').innerText};
+                }""" % step)
+                assert seen["inView"], (work["id"], step)
+                assert seen["fits"] and seen["clipped"] == 0, (work["id"], step)
+                assert not re.search(r"\b1 (requests|tokens)\b", seen["text"]), (work["id"], step)
+            single = [k for k, rec in enumerate(work["trace"]) if len(rec["running"]) == 1]
+            if single:                                 # a step with one request: singular
+                go_to(page, single[0])
+                note = page.locator(".ss-note").inner_text()
+                n = work["trace"][single[0]]["num_tokens"]
+                assert f"{n} token{'' if n == 1 else 's'} for 1 request;" in note, note
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 720})
+    assert page.problems == []
+
+
+def test_the_page_states_each_workloads_context_and_command(page, data):
+    """The configuration line names the context (a KV slot's positions: 64 in "budget", which
+    no flag's default gives) and the page shows the command that makes the same run."""
+    for index, work in enumerate(data["workloads"]):
+        page.select_option(".ss-pick", str(index))
+        config = page.locator(".ss-config").inner_text()
+        assert f"context {work['max_context']} tokens" in config
+        assert f"{work['max_num_batched_tokens']} tokens per step" in config
+        assert page.locator(".ss-command code").inner_text() == work["command"]
+    budget = next(w for w in data["workloads"] if w["id"] == "budget")
+    assert f"{budget['max_context']}-token context" in budget["title"]
+    assert "--max-context 64" in budget["command"]
     assert page.problems == []

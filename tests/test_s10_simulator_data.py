@@ -16,6 +16,8 @@ and the engine's trace, which the page replays (tests/test_s10_simulator_browser
   one token in each step it is scheduled; every preemption is counted;
 - the workloads show what they are there to show: preemptions in each, and in "budget" steps
   where requests wait by a free seat because the token budget or KV is spent.
+- the command line the page shows for each workload, run through code/s10_engine.py's main,
+  makes the same run (steps, tokens, preemptions, every completion and finish reason).
 """
 from __future__ import annotations
 
@@ -134,3 +136,35 @@ def test_the_workloads_show_preemption_and_the_token_budget(data):
     assert any(rec["waiting"] and not rec["preempted"]
                and len(rec["running"]) < budget["max_num_seqs"] for rec in budget["trace"])
     assert max(rec["num_tokens"] for rec in budget["trace"]) > budget["max_num_batched_tokens"] // 2
+
+
+def test_each_workloads_command_makes_the_same_run(data, capsys):
+    """The command the page shows for a workload, run through code/s10_engine.py's main, makes
+    the exported run: the same number of steps, tokens and preemptions, and every request's
+    prompt length, preemption count, completion text and finish reason."""
+    import re
+    import shlex
+
+    import s10_engine
+
+    for work in data["workloads"]:
+        words = shlex.split(work["command"])
+        assert words[:2] == ["python", "code/s10_engine.py"], work["command"]
+        assert ("--max-context" in words) == (work["max_context"] != 256)
+        capsys.readouterr()
+        s10_engine.main(words[2:])
+        out = capsys.readouterr().out
+        summary = re.search(r"^--- (\d+) tokens in (\d+) steps, [\d.]+ s, (\d+) preemptions? ---$",
+                            out, re.MULTILINE)
+        assert summary, out[-2000:]
+        made = sum(len(r["generated"]) for r in work["requests"])
+        assert tuple(map(int, summary.groups())) == (made, len(work["trace"]),
+                                                     work["num_preemptions"]), work["id"]
+        assert f"context {work['max_context']}," in out.splitlines()[0]
+        for req in work["requests"]:
+            head = re.search(rf"^--- request {req['id']}: prompt \((\d+) tokens?\), preempted "
+                             rf"(\d+) times? ---$", out, re.MULTILINE)
+            assert head and tuple(map(int, head.groups())) == (req["prompt_len"],
+                                                               req["num_preemptions"])
+            assert (f"--- completion (finish_reason={req['finish_reason']}) ---\n"
+                    f"{req['text']}\n") in out[head.end():], (work["id"], req["id"])

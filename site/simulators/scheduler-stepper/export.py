@@ -7,8 +7,11 @@ they decode and the scheduler preempts:
 
 - WORKLOADS: S10's script's default (8 corpus prompts, one added before each step, 4 seats, KV
   for 96 tokens, FCFS); the same requests under the priority policy, the later four more
-  urgent (priority 0 against 1); and all 8 at once in a 64-token context with a 64-token budget
-  per step, where the token budget, not the seats, decides how many prompts join a step;
+  urgent (priority 0 against 1); and all 8 at once in a 64-token context (`max_context`, the
+  positions of one KV slot) with a 64-token budget per step, where the token budget, not the
+  seats, decides how many prompts join a step;
+- per workload, the command line of code/s10_engine.py that makes the same run
+  (`command`, shown on the page; tests/test_s10_simulator_data.py runs each one);
 - per request: prompt length, priority, the step before which it was added, its generated ids
   with the text piece of each and the step that returned it, its text, finish reason and how
   many times it was preempted;
@@ -46,12 +49,37 @@ WORKLOADS = (
      96, "fcfs", None, 1, 40),
     ("priority", "Priority: the same requests, the last four more urgent (0 against 1)", 8, 0,
      256, 4, None, 96, "priority", [1, 1, 1, 1, 0, 0, 0, 0], 1, 40),
-    ("budget", "Token budget: 8 requests at once, 64 tokens per step, KV for 128 tokens", 8, 4,
+    ("budget", "Token budget: 8 requests at once, 64-token context, 64 tokens per step, KV for "
+     "128 tokens", 8, 4,
      64, 4, 64, 128, "fcfs", None, 0, 24),
 )
+CLI = "python code/s10_engine.py"
 TRACE_FIELDS = ("step", "running", "num_scheduled_tokens", "slots", "joined", "resumed",
                 "preempted", "ended", "left", "num_tokens", "prefill_tokens", "waiting",
                 "free_slots", "token_budget", "kv_used_tokens", "kv_free_tokens", "kv_capacity")
+
+
+def command(num: int, seed: int, max_context: int, window: int, max_num_seqs: int,
+            max_num_batched_tokens, kv_capacity: int, policy: str, priorities, every: int,
+            max_tokens: int) -> str:
+    """The command line that serves this workload as run_workload does (greedy, float32 on
+    the CPU). Flags left at the script's defaults (8 prompts, seed 0, the model's window, one
+    arrival per step, 40 tokens, FCFS) are left out, except the seats and the KV capacity."""
+    flags = []
+    if max_context != window:
+        flags += ["--max-context", str(max_context)]
+    if max_num_batched_tokens is not None:
+        flags += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    flags += ["--max-num-seqs", str(max_num_seqs), "--kv-capacity", str(kv_capacity)]
+    if policy != "fcfs":
+        flags += ["--policy", policy]
+    if priorities is not None:
+        flags += ["--priorities", ",".join(str(x) for x in priorities)]
+    for flag, value, default in (("--arrival-every", every, 1), ("--num-prompts", num, 8),
+                                 ("--seed", seed, 0), ("--max-tokens", max_tokens, 40)):
+        if value != default:
+            flags += [flag, str(value)]
+    return " ".join([CLI, *flags, "--device", "cpu"])
 
 
 def run_workload(model, tokenizer, prompts, priorities, max_context: int, max_num_seqs: int,
@@ -107,6 +135,8 @@ def export() -> dict:
     for (key, title, num, seed, max_context, seats, budget, kv, policy, priorities, every,
          max_tokens) in WORKLOADS:
         prompts = s08.corpus_prompts(tokenizer, num, seed, 256)   # 8 to 32 tokens
+        line = command(num, seed, max_context, model.config.max_position_embeddings, seats,
+                       budget, kv, policy, priorities, every, max_tokens)
         priorities = list(priorities or [0] * num)
         run = run_workload(model, tokenizer, prompts, priorities, max_context, seats, budget,
                            kv, policy, every, max_tokens)
@@ -114,7 +144,7 @@ def export() -> dict:
             "id": key, "title": title, "seed": seed, "max_context": max_context,
             "max_num_seqs": seats, "max_num_batched_tokens": run["trace"][0]["token_budget"],
             "kv_capacity": kv, "policy": policy, "arrival_every": every,
-            "max_tokens": max_tokens, "num_preemptions": run["num_preemptions"],
+            "max_tokens": max_tokens, "command": line, "num_preemptions": run["num_preemptions"],
             "requests": run["requests"], "trace": run["trace"]})
     return data
 

@@ -19,7 +19,9 @@
  *     recomputes its prompt and every output it had;
  *   - every scheduled request makes one token; a request that has made its tokens leaves.
  * On load it checks each step against the exported trace (console error and a visible banner
- * if they disagree).
+ * if they disagree). Each workload's settings line names its context (a KV slot's positions)
+ * and shows the command line of code/s10_engine.py that makes the same run; the grid scrolls
+ * sideways to keep the current step's column in view.
  */
 (function () {
   "use strict";
@@ -34,6 +36,9 @@
   function show(piece) { return piece.replace(/\n/g, "\u21b5"); }
 
   function sum(xs) { return xs.reduce(function (a, b) { return a + b; }, 0); }
+
+  // "1 token", "2 tokens": a count and its noun, singular for exactly one.
+  function count(n, noun) { return n + " " + noun + (n === 1 ? "" : "s"); }
 
   // One run of the scheduler's rules; returns one record per step.
   function replay(spec) {
@@ -235,6 +240,8 @@
 
     var config = el("p", "ss-config");
     wrap.appendChild(config);
+    var cmd = el("p", "ss-command");
+    wrap.appendChild(cmd);
     var budgetBox = el("div", "ss-meter ss-meter-budget");
     var kvBox = el("div", "ss-meter ss-meter-kv");
     wrap.appendChild(budgetBox);
@@ -305,22 +312,28 @@
       chips(runBox, "running (admission order):", rec.running,
             function (id) { return "ss-" + (tokensOf[id] ? kindOf(id) : "stall"); },
             function (id) { return id + (tokensOf[id] ? " +" + tokensOf[id] : ""); });
-      var parts = ["Step " + step + ": " + rec.tokens + " tokens for " + rec.scheduled.length + " requests"];
+      var parts = ["Step " + step + ": " + count(rec.tokens, "token") + " for " +
+        count(rec.scheduled.length, "request")];
       if (rec.ids.preempted.length) parts.push("preempted " + rec.ids.preempted.join(", ") +
-        " (their KV freed; no one joins in a step with a preemption)");
+        " (" + (rec.ids.preempted.length === 1 ? "its" : "their") +
+        " KV freed; no one joins in a step with a preemption)");
       if (rec.ids.joined.length) parts.push("joined " + rec.ids.joined.join(", "));
       if (rec.ids.resumed.length) parts.push("resumed " + rec.ids.resumed.map(function (id) {
-        return id + " (recomputes " + tokensOf[id] + " tokens)"; }).join(", "));
+        return id + " (recomputes " + count(tokensOf[id], "token") + ")"; }).join(", "));
       if (rec.ids.ended.length) parts.push("ended by the KV capacity " + rec.ids.ended.join(", "));
       if (rec.ids.left.length) parts.push("left " + rec.ids.left.join(", "));
       parts.push("waiting " + t.waiting);
       note.textContent = parts.join("; ") + ".";
 
+      var keep = gridBox.scrollLeft;                     // the rebuild below resets it
       gridBox.textContent = "";
       var table = el("table", "ss-grid");
       var head = el("tr");
       head.appendChild(el("th", "ss-rid", "req"));
-      for (var s = 0; s < work.steps; s++) head.appendChild(el("th", "ss-col", s % 5 === 0 ? String(s) : ""));
+      for (var s = 0; s < work.steps; s++) {
+        head.appendChild(el("th", s === step ? "ss-col ss-col-now" : "ss-col",
+                            s % 5 === 0 || s === step ? String(s) : ""));
+      }
       table.appendChild(head);
       work.reqs.forEach(function (q, k) {
         var tr = el("tr", "ss-grid-row");
@@ -337,6 +350,8 @@
         table.appendChild(tr);
       });
       gridBox.appendChild(table);
+      gridBox.scrollLeft = keep;
+      showColumn(head.children[step + 1]);
 
       reqBox.textContent = "";
       var rt = el("table", "ss-req-table");
@@ -350,16 +365,27 @@
         for (var s4 = 0; s4 <= step; s4++) if (work.records[s4].ids.preempted.indexOf(r.id) >= 0) pre += 1;
         var tr = el("tr", "ss-req");
         tr.appendChild(el("td", null, r.id));
-        tr.appendChild(el("td", null, r.prompt_len + " tokens"));
+        tr.appendChild(el("td", null, count(r.prompt_len, "token")));
         tr.appendChild(el("td", null, String(r.priority)));
         tr.appendChild(el("td", null, "step " + r.arrival));
         tr.appendChild(el("td", "ss-pre", String(pre)));
-        tr.appendChild(el("td", "ss-status", n + " token" + (n === 1 ? "" : "s") +
+        tr.appendChild(el("td", "ss-status", count(n, "token") +
           (isDone(k) ? ", finished (" + r.finish_reason + ")" : "")));
         tr.appendChild(el("td", "ss-text", show(r.generated.slice(0, n).map(function (g) { return g[2]; }).join(""))));
         rt.appendChild(tr);
       });
       reqBox.appendChild(rt);
+    }
+
+    // Scroll the grid sideways, only as far as needed, so that the current step's column shows.
+    function showColumn(th) {
+      var box = gridBox.getBoundingClientRect(), cell = th.getBoundingClientRect();
+      var left = cell.left - box.left + gridBox.scrollLeft, margin = 3 * cell.width;
+      if (left - margin < gridBox.scrollLeft) {
+        gridBox.scrollLeft = Math.max(0, left - margin);
+      } else if (left + cell.width + margin > gridBox.scrollLeft + gridBox.clientWidth) {
+        gridBox.scrollLeft = left + cell.width + margin - gridBox.clientWidth;
+      }
     }
 
     function isDone(k) {
@@ -380,8 +406,12 @@
       }
       var s = work.spec;
       config.textContent = "policy " + s.policy + "; at most " + s.max_num_seqs + " running; " +
-        s.max_num_batched_tokens + " tokens per step; KV for " + s.kv_capacity + " tokens; " +
-        s.requests.length + " requests, " + s.num_preemptions + " preemptions in the run.";
+        "context " + s.max_context + " tokens (one KV slot); " + s.max_num_batched_tokens +
+        " tokens per step; KV for " + s.kv_capacity + " tokens; " + count(s.requests.length, "request") +
+        ", " + count(s.num_preemptions, "preemption") + " in the run.";
+      cmd.textContent = "";
+      cmd.appendChild(document.createTextNode("The same run on your machine: "));
+      cmd.appendChild(el("code", null, s.command));
       slider.max = String(work.steps - 1);
       step = 0;
       render();
