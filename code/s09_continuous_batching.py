@@ -555,6 +555,12 @@ class LLMEngine(s08.Engine):
                                  [seq.num_computed_tokens for seq in rows],
                                  [seq.slot for seq in rows], self.model.device)
 
+    def rows_to_sample(self, rows: list[s01.Sequence]) -> list[bool]:
+        """Which rows of the step sample a token: here every one (each row's new tokens end
+        its context). S11 overrides it: a prompt chunk that does not reach the end samples
+        nothing."""
+        return [True] * len(rows)
+
     def execute_model(self, batch: RaggedBatch) -> torch.Tensor:
         """The model seam (vLLM's name): raw logits float32 (B, V) on the device."""
         return self.runner.forward(batch)
@@ -569,23 +575,27 @@ class LLMEngine(s08.Engine):
         if self.sync_timing:
             s06.synchronize(self.model.device)
         model_s = time.perf_counter() - start
+        active = self.rows_to_sample(rows)
         try:
-            sampled, _ = self.sample_batch(logits, rows, [True] * len(rows))
+            sampled, _ = self.sample_batch(logits, rows, active)
         except ValueError as err:      # S04 refused a row: say whose, so it can be aborted
-            bad = self._refused_row(logits, rows)
+            bad = self._refused_row(logits, rows, active)
             if bad is None:
                 raise
             raise ValueError(f"request {rows[bad].request_id!r}: {err}") from err
         outputs = []
-        for seq, token in zip(rows, sampled):
+        for seq, token, on in zip(rows, sampled, active):
+            if not on:          # nothing to sample for this row in this step (S11's chunks)
+                continue
             seq.stats.context_lens.append(len(seq.token_ids))
             outputs.append(self.postprocess(seq, token))
             seq.num_computed_tokens = len(seq.token_ids) - 1
             seq.stats.pass_times_s.append(model_s)
         step_s = time.perf_counter() - start
         left = [seq.request_id for seq in rows if seq.finished]
-        for seq in rows:
-            seq.stats.step_times_s.append(step_s)
+        for seq, on in zip(rows, active):
+            if on:
+                seq.stats.step_times_s.append(step_s)
             if seq.finished:
                 self._release(seq)
                 self.requests.pop(seq.request_id)
@@ -598,12 +608,15 @@ class LLMEngine(s08.Engine):
         self._aborted = []
         return outputs
 
-    def _refused_row(self, logits: torch.Tensor, rows: list[s01.Sequence]) -> int | None:
+    def _refused_row(self, logits: torch.Tensor, rows: list[s01.Sequence],
+                     active: list[bool]) -> int | None:
         """After `sample_batch` raised: the row it raised for, the first in its order (plain
-        greedy rows, then the others) whose raw logits, or row after the penalties, have no
-        finite maximum (NaN, +inf, or every entry -inf: each flag S06's sampler raises for)."""
-        plain = [i for i, seq in enumerate(rows) if self.plain_greedy(seq)]
-        for i in plain + [i for i in range(len(rows)) if i not in plain]:
+        greedy rows, then the others; only rows that sampled) whose raw logits, or row after
+        the penalties, have no finite maximum (NaN, +inf, or every entry -inf: each flag S06's
+        sampler raises for)."""
+        sampled = [i for i in range(len(rows)) if active[i]]
+        plain = [i for i in sampled if self.plain_greedy(rows[i])]
+        for i in plain + [i for i in sampled if i not in plain]:
             penalized = None if i in plain else rows[i].sampler.penalized
             for row in (logits[i], penalized):
                 if row is not None and not math.isfinite(float(row.max())):

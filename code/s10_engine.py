@@ -129,13 +129,19 @@ class LLMEngine(s09.LLMEngine):
         if s01.is_int(kv_capacity) and kv_capacity > slots:
             raise ValueError(f"kv_capacity ({kv_capacity}) must be <= max_num_seqs * "
                              f"max_context ({slots}): the KV slots hold no more")
-        self.scheduler = Scheduler(self.max_num_seqs,
-                                   slots if max_num_batched_tokens is None
-                                   else max_num_batched_tokens,
-                                   kv_capacity, self.max_context, policy)
+        self.scheduler = self.make_scheduler(self.max_num_seqs,
+                                             slots if max_num_batched_tokens is None
+                                             else max_num_batched_tokens,
+                                             kv_capacity, self.max_context, policy)
         self.waiting, self.running = self.scheduler.waiting, self.scheduler.running
         self.scheduler_output: SchedulerOutput | None = None
         self._priority = 0                  # of the request add_request is queueing
+
+    def make_scheduler(self, max_num_seqs: int, max_num_batched_tokens: int, kv_capacity: int,
+                       max_model_len: int, policy: str) -> Scheduler:
+        """The scheduler this engine asks every step (the seam S11 overrides)."""
+        return Scheduler(max_num_seqs, max_num_batched_tokens, kv_capacity, max_model_len,
+                         policy)
 
     @property
     def kv_capacity(self) -> int:

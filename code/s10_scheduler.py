@@ -188,11 +188,7 @@ class Scheduler:
                             ("max_num_batched_tokens", max_num_batched_tokens)):
             if not s01.is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
-        if max_num_batched_tokens < max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_model_len "
-                f"({max_model_len}): without chunked prefill (S11) a prompt, or a preempted "
-                "request's recompute, runs whole in one step")
+        self.check_token_budget(max_num_batched_tokens, max_model_len, max_num_seqs)
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES} (got {policy!r})")
         self.kv = self.make_kv_pool(kv_capacity)
@@ -205,6 +201,16 @@ class Scheduler:
         self.num_steps = 0                    # steps planned (not the idle calls)
         self.num_preemptions = 0              # in all, since construction
         self._arrivals = 0
+
+    def check_token_budget(self, max_num_batched_tokens: int, max_model_len: int,
+                           max_num_seqs: int) -> None:
+        """The budget's rule (the seam S11 overrides): a prompt, or a preempted request's
+        recompute, runs whole in one step, so the budget must hold the longest context."""
+        if max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_model_len "
+                f"({max_model_len}): without chunked prefill (S11) a prompt, or a preempted "
+                "request's recompute, runs whole in one step")
 
     def make_kv_pool(self, kv_capacity: int) -> TokenKVPool:
         """The KV accounting (the seam S12 overrides with its block pool)."""
@@ -279,11 +285,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            rid, n = request.request_id, self._num_new_tokens(request)
+            rid, n = request.request_id, self.num_new_tokens(request, budget)
             if n > budget:
                 break
-            if self.kv.num_tokens(rid) + n > self.kv_capacity:   # can never run again
-                self.running.pop(i)
+            if len(request.token_ids) > self.kv_capacity:   # held + all it has not computed:
+                self.running.pop(i)                          # it can never run again
                 self._end(request, ids)
                 continue
             while not self.kv.allocate_slots(rid, n):
@@ -309,12 +315,12 @@ class Scheduler:
             i += 1
         while not ids.preempted and self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            rid, n = request.request_id, self._num_new_tokens(request)
-            if n > self.kv_capacity:          # never: add_request and preemption rule it out
+            rid, n = request.request_id, self.num_new_tokens(request, budget)
+            if len(request.token_ids) > self.kv_capacity:   # a resumed request that outgrew it
                 self.waiting.popleft()
                 self._end(request, ids)
                 continue
-            if n > budget or not self.kv.allocate_slots(rid, n):
+            if n == 0 or n > budget or not self.kv.allocate_slots(rid, n):
                 break                          # strict order: nobody overtakes the head
             self.waiting.popleft()
             (ids.resumed if request.status == PREEMPTED else ids.new).append(rid)
@@ -357,10 +363,11 @@ class Scheduler:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _num_new_tokens(request) -> int:
-        """Tokens the request computes when scheduled: all it has not computed (the prompt,
-        one decode token, or after a preemption prompt + outputs). No chunking (S11)."""
+    def num_new_tokens(self, request, budget: int) -> int:
+        """Tokens the request computes when scheduled with `budget` tokens left in the step:
+        here all it has not computed (the prompt, one decode token, or after a preemption
+        prompt + outputs), whatever the budget (the caller checks it fits). The seam S11
+        overrides to cut a prompt into chunks."""
         return len(request.token_ids) - request.num_computed_tokens
 
     def _key(self, request) -> tuple[int, int]:

@@ -22,6 +22,7 @@ CLIS = [
     "code/s06_torch.py",
     "benchmarks/bench_s06_torch.py",
     "scripts/train_bundled_model.py",
+    "benchmarks/bench_s11_chunked_prefill.py",
 ]
 
 

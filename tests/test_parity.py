@@ -9,7 +9,7 @@ with the first index where the ids differ and both decoded texts.
 Engines: S01 loop (no cache), S04 (sampling engine, still no cache), S05 (NumPy KV cache),
 S06 (PyTorch, manual and SDPA attention), S08 (a static batch of one), S09 (the
 step-based engine, Part I's call as a loop over add_request / step), S10 (S09 driven by the
-scheduler, at its smallest token budget). Every engine is
+scheduler, at its smallest token budget), S11 (prompts chunked 8 tokens a step). Every engine is
 driven through the same public call (S01's `generate(prompt, max_tokens)` and `stream`),
 with no per-engine dispatch: that they can
 all stand where the S01 engine stood is part of what is tested. Models: the tiny random GPT-2 / Qwen3 / Llama of
@@ -28,6 +28,7 @@ import s06_torch as s06
 import s08_static_batching as s08
 import s09_continuous_batching as s09
 import s10_engine as s10
+import s11_chunked_prefill as s11
 from test_s03_transformer import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 
 MAX_CONTEXT = 96
@@ -59,6 +60,9 @@ def engines(model, torch_models, tokenizer, max_context):
         **{f"s10_{name[4:]}": s10.LLMEngine(torch_model, tokenizer, max_context,
                                             max_num_batched_tokens=max_context)
            for name, torch_model in torch_models.items()},   # S09 driven by the scheduler
+        **{f"s11_{name[4:]}": s11.LLMEngine(torch_model, tokenizer, max_context, 4,
+                                            max_num_batched_tokens=8)
+           for name, torch_model in torch_models.items()},   # prompts chunked 8 tokens a step
     }
 
 
