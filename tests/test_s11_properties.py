@@ -92,8 +92,8 @@ class ChunkedMachine(RuleBasedStateMachine):
                    if out.num_computed_tokens[rid] + n < out.request_num_tokens[rid]]
         if not s.long_prefill_token_threshold:   # only the budget cuts: one part-way, last
             assert partial in ([], list(out.scheduled_ids[-1:])), partial
-        # Every request still running after the plan was scheduled in it (one token is kept
-        # for each running request behind a chunk), preemption or not.
+        # Every request still running after the plan was scheduled in it, preemption or not
+        # (a request is admitted only with budget left, and those ahead never take more).
         assert [r.request_id for r in s.running if r.request_id not in out.scheduled_ids] \
             == [], "a running request got no token"
 

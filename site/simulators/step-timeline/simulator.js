@@ -1,0 +1,378 @@
+/* S11 "Try it": the step timeline. Prompt chunks and decodes share each step's token budget;
+ * the same requests run twice, one run above the other, so the stall that chunking removes
+ * (or the wait that a per-request limit removes) shows side by side.
+ *
+ * The runs are real: export.py (beside this file) ran each workload at build time through
+ * code/s11_chunked_prefill.py's LLMEngine, driven by its ChunkedScheduler, on the bundled
+ * model, and recorded every request's tokens and the engine's trace (one StepRecord per step).
+ * The page recomputes every step from the request lengths, arrival steps and output counts
+ * alone, with the chunked scheduler's rule:
+ *   - requests arrive before their step and join the back of the waiting queue;
+ *   - first the running requests, in admission order, while budget is left: each computes
+ *     min(tokens left, budget left, the per-request limit if there is one). Nothing is kept
+ *     back for those after it: a request joins only with budget left, and those ahead of it
+ *     never take more in a later step, so every running request advances in every step;
+ *   - then waiting requests from the head while a seat is free: each computes min(tokens left,
+ *     budget left, the limit); admission stops when that is 0 (the budget is spent);
+ *   - a request samples a token only when its new tokens reach the end of its token ids (its
+ *     prompt is complete); a chunk that stops inside the prompt samples nothing;
+ *   - a request that has made its tokens leaves.
+ * On load it checks each step against the exported trace (console error and a visible banner
+ * if they disagree). Each step's column in the work chart is as tall as the tokens the step
+ * computed, on one scale for both runs: a step with a whole long prompt in it is the tall one,
+ * and every request decoding in it waited for all of it before its next token.
+ */
+(function () {
+  "use strict";
+
+  function el(tag, cls, text) {
+    var node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function sum(xs) { return xs.reduce(function (a, b) { return a + b; }, 0); }
+
+  // "1 token", "2 tokens": a count and its noun, singular for exactly one.
+  function count(n, noun) { return n + " " + noun + (n === 1 ? "" : "s"); }
+
+  function show(piece) { return piece.replace(/\n/g, "\u21b5"); }
+
+  // One run of the chunked scheduler's rule; returns one record per step.
+  function replay(run, seats) {
+    var budgetMax = run.max_num_batched_tokens, cap = run.long_prefill_token_threshold || Infinity;
+    var reqs = run.requests.map(function (r) {
+      return {id: r.id, at: r.arrival, promptLen: r.prompt_len, target: r.generated.length,
+              tokens: r.prompt_len, computed: 0, made: 0, madeAt: [], leftAt: null};
+    });
+    var waiting = [], running = [], records = [], finished = 0;
+    for (var step = 0; finished < reqs.length; step++) {
+      if (step > 10000) throw new Error("the replay does not end");
+      reqs.forEach(function (r) { if (r.at === step) waiting.push(r); });
+      var budget = budgetMax, sched = [], joined = [];
+      for (var i = 0; i < running.length && budget > 0; i++) {
+        var r = running[i], n = Math.min(r.tokens - r.computed, budget, cap);
+        sched.push({req: r, n: n, start: r.computed, total: r.tokens});
+        budget -= n;
+      }
+      while (waiting.length && running.length < seats) {
+        var w = waiting[0], m = Math.min(w.tokens - w.computed, budget, cap);
+        if (m <= 0) break;                                 // the budget is spent
+        waiting.shift();
+        running.push(w);
+        joined.push(w.id);
+        sched.push({req: w, n: m, start: w.computed, total: w.tokens});
+        budget -= m;
+      }
+      var sampled = [], left = [];
+      sched.forEach(function (s) {                         // the model step
+        var q = s.req;
+        s.kind = s.total - s.start === 1 && s.start >= q.promptLen ? "decode" : "prefill";
+        q.computed = s.start + s.n;
+        if (q.computed === q.tokens) {                     // its new tokens reach its end
+          s.sampled = true;
+          sampled.push(q.id);
+          q.made += 1;
+          q.tokens += 1;
+          q.madeAt.push(step);
+          if (q.made >= q.target) {
+            running.splice(running.indexOf(q), 1);
+            q.leftAt = step;
+            left.push(q.id);
+            finished += 1;
+          }
+        }
+      });
+      records.push({step: step, scheduled: sched, joined: joined, sampled: sampled, left: left,
+                    waiting: waiting.map(function (q) { return q.id; }),
+                    tokens: sum(sched.map(function (s) { return s.n; }))});
+    }
+    return {records: records, reqs: reqs};
+  }
+
+  // The worst gap (tokens computed between two consecutive tokens of one request) and each
+  // request's first-token step, from the page's own replay.
+  function summarize(run) {
+    var work = run.records.map(function (r) { return r.tokens; });
+    var first = {}, worst = {tokens: 0, step: null, request: null};
+    run.reqs.forEach(function (q) {
+      first[q.id] = q.madeAt[0];
+      for (var k = 1; k < q.madeAt.length; k++) {
+        var gap = sum(work.slice(q.madeAt[k - 1] + 1, q.madeAt[k] + 1));
+        if (gap > worst.tokens) worst = {tokens: gap, step: q.madeAt[k], request: q.id};
+      }
+    });
+    return {first_token_step: first, worst_gap: worst, steps: work.length, tokens_computed: sum(work)};
+  }
+
+  function Run(spec, seats) {
+    this.spec = spec;
+    var run = replay(spec, seats);
+    this.records = run.records;
+    this.reqs = run.reqs;
+    this.steps = run.records.length;
+    this.summary = summarize(this);
+  }
+
+  Run.prototype.check = function () {
+    var problems = [], self = this, label = this.spec.label.split(":")[0];
+    var same = function (a, b) { return JSON.stringify(a) === JSON.stringify(b); };
+    if (this.spec.trace.length !== this.steps) problems.push(label + ": step count " + this.steps + " != " + this.spec.trace.length);
+    this.spec.trace.forEach(function (t, i) {
+      var mine = self.records[i];
+      if (!mine) return;
+      var want = {}, got = {};
+      t.running.forEach(function (rid, k) { want[rid] = [t.num_scheduled_tokens[k], t.kinds[k], t.num_computed_tokens[k]]; });
+      mine.scheduled.forEach(function (s) { got[s.req.id] = [s.n, s.kind, s.start]; });
+      var keys = function (o) { return Object.keys(o).sort().map(function (k) { return [k, o[k]]; }); };
+      if (!same(keys(want), keys(got))) problems.push(label + " step " + i + " scheduled tokens");
+      if (!same(mine.scheduled.map(function (s) { return s.req.id; }), t.schedule_order)) problems.push(label + " step " + i + " order");
+      if (!same(mine.sampled.slice().sort(), t.sampled.slice().sort())) problems.push(label + " step " + i + " sampled");
+      if (!same(mine.joined, t.joined)) problems.push(label + " step " + i + " joined");
+      if (!same(mine.left.slice().sort(), t.left.slice().sort())) problems.push(label + " step " + i + " left");
+      if (mine.tokens !== t.num_tokens) problems.push(label + " step " + i + " tokens");
+      if (mine.waiting.length !== t.waiting) problems.push(label + " step " + i + " waiting");
+    });
+    this.spec.requests.forEach(function (r, k) {
+      if (!same(self.reqs[k].madeAt, r.generated.map(function (g) { return g[0]; }))) problems.push(label + " request " + r.id + " token steps");
+    });
+    if (!same(this.summary, this.spec.summary)) problems.push(label + " summary");
+    return problems;
+  };
+
+  // What request k shows at step s: its kind, and the text of the cell.
+  Run.prototype.cell = function (k, s) {
+    var q = this.reqs[k], rec = this.records[s];
+    if (s >= this.steps) return ["after", ""];
+    if (s < q.at) return ["absent", ""];
+    var mine = rec.scheduled.find(function (x) { return x.req === q; });
+    if (mine) {
+      if (mine.kind === "decode") return ["decode", ""];
+      return [mine.sampled ? "last-chunk" : "chunk", String(mine.n)];
+    }
+    return [q.leftAt !== null && q.leftAt < s ? "done" : "wait", ""];
+  };
+
+  function mount(root, data) {
+    var wrap = el("div", "st-sim");
+    root.appendChild(wrap);
+    var banner = el("p", "st-banner");
+    banner.hidden = true;
+    wrap.appendChild(banner);
+
+    var controls = el("div", "st-row");
+    var pick = el("select", "st-pick");
+    data.workloads.forEach(function (w, i) {
+      var opt = el("option", null, w.title);
+      opt.value = String(i);
+      pick.appendChild(opt);
+    });
+    controls.appendChild(pick);
+    var reset = el("button", "st-reset", "back to step 0");
+    var back = el("button", "st-back", "\u25c0 step");
+    var next = el("button", "st-next", "step \u25b6");
+    var end = el("button", "st-end", "to the end");
+    [reset, back, next, end].forEach(function (b) { b.type = "button"; controls.appendChild(b); });
+    var slider = el("input", "st-slider");
+    slider.type = "range";
+    slider.min = "0";
+    controls.appendChild(slider);
+    var stepLabel = el("span", "st-step-label");
+    controls.appendChild(stepLabel);
+    wrap.appendChild(controls);
+
+    var config = el("p", "st-config");
+    wrap.appendChild(config);
+    var legend = el("p", "st-legend");
+    [["st-decode", "decodes one token"], ["st-chunk", "prompt chunk (its tokens), nothing sampled"],
+     ["st-last-chunk", "last chunk: samples the first token"], ["st-wait", "waiting"],
+     ["st-done", "finished"], ["st-future", "not yet"]].forEach(function (pair) {
+      var item = el("span", "st-legend-item");
+      item.appendChild(el("span", "st-swatch " + pair[0]));
+      item.appendChild(document.createTextNode(pair[1]));
+      legend.appendChild(item);
+    });
+    wrap.appendChild(legend);
+    var panels = el("div", "st-panels");
+    wrap.appendChild(panels);
+
+    var work = null, step = 0, maxSteps = 1, maxTokens = 1;
+
+    function panel(run, index) {
+      var box = el("div", "st-panel st-panel-" + index);
+      var spec = run.spec, sm = run.summary, longId = work.long_id;
+      box.appendChild(el("h4", "st-title", spec.label));
+      box.appendChild(el("p", "st-settings", spec.max_num_batched_tokens + " tokens per step; " +
+        (spec.long_prefill_token_threshold ? "at most " + count(spec.long_prefill_token_threshold, "token") +
+         " per request" : "no per-request limit") + "; " + count(run.steps, "step") + ", " +
+        count(sm.tokens_computed, "token") + " computed in all."));
+      var longReq = spec.requests.find(function (r) { return r.id === longId; });
+      var stats = el("p", "st-summary");
+      stats.appendChild(el("span", "st-worst", "Worst gap between two tokens of one request: " +
+        count(sm.worst_gap.tokens, "token") + " computed (request " + sm.worst_gap.request +
+        ", step " + sm.worst_gap.step + ")."));
+      stats.appendChild(document.createTextNode(" "));
+      stats.appendChild(el("span", "st-long", "Long prompt (request " + longId + ", " +
+        count(longReq.prompt_len, "token") + "): first token in step " + sm.first_token_step[longId] +
+        ", " + count(sm.first_token_step[longId] - longReq.arrival, "step") + " after it arrived."));
+      box.appendChild(stats);
+
+      var gridBox = el("div", "st-grid-box");
+      var table = el("table", "st-grid");
+      var head = el("tr");
+      head.appendChild(el("th", "st-rid", "req"));
+      for (var c = 0; c < maxSteps; c++) {
+        head.appendChild(el("th", c === step ? "st-colh st-col-now" : "st-colh",
+                            c % 5 === 0 || c === step ? String(c) : ""));
+      }
+      table.appendChild(head);
+      // The work chart, the grid's first row: one column per step, as tall as the tokens it
+      // computed (prompt tokens below, decodes above), with the budget dashed.
+      var chart = el("tr", "st-chart");
+      chart.appendChild(el("th", "st-rid st-chart-label", "work"));
+      var budgetAt = (100 * Math.min(spec.max_num_batched_tokens, maxTokens) / maxTokens).toFixed(3) + "%";
+      for (var s = 0; s < maxSteps; s++) {
+        var col = el("td", "st-col" + (s === step ? " st-col-now" : ""));
+        var barBox = el("div", "st-bar");
+        col.appendChild(barBox);
+        if (spec.max_num_batched_tokens <= maxTokens && s < run.steps) {
+          var mark = el("span", "st-budget-mark");
+          mark.style.bottom = budgetAt;
+          barBox.appendChild(mark);
+        }
+        if (s < run.steps && s <= step) {
+          var rec = run.records[s];
+          var dec = sum(rec.scheduled.filter(function (x) { return x.kind === "decode"; }).map(function (x) { return x.n; }));
+          var pre = rec.tokens - dec;
+          col.title = "step " + s + ": " + count(rec.tokens, "token") + " (" + dec + " decode, " + pre + " prompt)";
+          col.dataset.tokens = String(rec.tokens);
+          var decSeg = el("span", "st-seg st-seg-decode");
+          decSeg.style.height = (100 * dec / maxTokens).toFixed(3) + "%";
+          var preSeg = el("span", "st-seg st-seg-prefill");
+          preSeg.style.height = (100 * pre / maxTokens).toFixed(3) + "%";
+          barBox.appendChild(decSeg);
+          barBox.appendChild(preSeg);
+        }
+        chart.appendChild(col);
+      }
+      table.appendChild(chart);
+      run.reqs.forEach(function (q, k) {
+        var tr = el("tr", "st-grid-row");
+        tr.appendChild(el("th", "st-rid", q.id));
+        for (var s2 = 0; s2 < maxSteps; s2++) {
+          var kind = s2 <= step ? run.cell(k, s2) : ["future", ""];
+          tr.appendChild(el("td", "st-cell st-" + kind[0], kind[1]));
+        }
+        table.appendChild(tr);
+      });
+      gridBox.appendChild(table);
+      box.appendChild(el("p", "st-chart-caption", "work: the tokens each step computed, on one scale for both runs (tallest " +
+        count(maxTokens, "token") + "; dashed: the budget, " + count(spec.max_num_batched_tokens, "token") + ")."));
+      box.appendChild(gridBox);
+
+      var note = el("p", "st-note");
+      if (step < run.steps) {
+        var r = run.records[step];
+        var decs = r.scheduled.filter(function (x) { return x.kind === "decode"; });
+        var chunks = r.scheduled.filter(function (x) { return x.kind === "prefill"; });
+        var parts = ["Step " + step + ": " + r.tokens + " of " + spec.max_num_batched_tokens + " tokens"];
+        if (decs.length) parts.push(count(decs.length, "decode") + " (" + decs.map(function (x) { return x.req.id; }).join(", ") + ")");
+        chunks.forEach(function (x) {
+          parts.push("request " + x.req.id + " computes " + count(x.n, "prompt token") + ", " +
+            (x.start + x.n) + " of " + x.total + (x.sampled ? ", complete: samples its first token" : ", samples nothing"));
+        });
+        if (r.joined.length) parts.push("joined " + r.joined.join(", "));
+        if (r.left.length) parts.push("left " + r.left.join(", "));
+        parts.push("waiting " + r.waiting.length);
+        note.textContent = parts.join("; ") + ".";
+      } else {
+        note.textContent = "This run ended after step " + (run.steps - 1) + ".";
+      }
+      box.appendChild(note);
+
+      var rt = el("table", "st-req-table");
+      var rh = el("tr");
+      ["request", "prompt", "arrives", "first token", "made", "completion so far"].forEach(function (h) {
+        rh.appendChild(el("th", null, h)); });
+      rt.appendChild(rh);
+      spec.requests.forEach(function (rq, k) {
+        var q = run.reqs[k];
+        var n = q.madeAt.filter(function (s3) { return s3 <= step; }).length;
+        var doneNow = n === q.target;
+        var tr = el("tr", "st-req");
+        tr.appendChild(el("td", null, rq.id));
+        tr.appendChild(el("td", null, count(rq.prompt_len, "token")));
+        tr.appendChild(el("td", null, "step " + rq.arrival));
+        tr.appendChild(el("td", "st-first", n ? "step " + q.madeAt[0] : "not yet"));
+        tr.appendChild(el("td", "st-status", count(n, "token") + (doneNow ? ", finished (" + rq.finish_reason + ")" : "")));
+        tr.appendChild(el("td", "st-text", show(rq.generated.slice(0, n).map(function (g) { return g[2]; }).join(""))));
+        rt.appendChild(tr);
+      });
+      var reqBox = el("div", "st-requests");
+      reqBox.appendChild(rt);
+      box.appendChild(reqBox);
+      return {box: box, gridBox: gridBox, head: head};
+    }
+
+    function render() {
+      slider.value = String(step);
+      stepLabel.textContent = "step " + step + " of " + (maxSteps - 1);
+      back.disabled = reset.disabled = step <= 0;
+      next.disabled = end.disabled = step >= maxSteps - 1;
+      var keep = Array.prototype.map.call(panels.querySelectorAll(".st-grid-box"), function (g) { return g.scrollLeft; });
+      panels.textContent = "";
+      work.runs.forEach(function (run, i) {
+        var p = panel(run, i);
+        panels.appendChild(p.box);
+        if (keep[i] !== undefined) p.gridBox.scrollLeft = keep[i];
+        showColumn(p.gridBox, p.head.children[step + 1]);
+      });
+    }
+
+    // Scroll a grid sideways, only as far as needed, so that the current step's column shows.
+    function showColumn(gridBox, th) {
+      var box = gridBox.getBoundingClientRect(), cell = th.getBoundingClientRect();
+      var left = cell.left - box.left + gridBox.scrollLeft, margin = 3 * cell.width;
+      if (left - margin < gridBox.scrollLeft) {
+        gridBox.scrollLeft = Math.max(0, left - margin);
+      } else if (left + cell.width + margin > gridBox.scrollLeft + gridBox.clientWidth) {
+        gridBox.scrollLeft = left + cell.width + margin - gridBox.clientWidth;
+      }
+    }
+
+    function choose(index) {
+      var spec = data.workloads[index];
+      work = {long_id: spec.long_id, runs: spec.runs.map(function (r) { return new Run(r, data.max_num_seqs); })};
+      var problems = [];
+      work.runs.forEach(function (run) { problems = problems.concat(run.check()); });
+      if (problems.length) {
+        banner.hidden = false;
+        banner.textContent = "The page's schedule disagrees with the engine's trace: " + problems.join("; ");
+        console.error("step-timeline: " + problems.join("; "));
+      } else {
+        banner.hidden = true;
+      }
+      maxSteps = Math.max.apply(null, work.runs.map(function (r) { return r.steps; }));
+      maxTokens = Math.max.apply(null, work.runs.map(function (r) {
+        return Math.max.apply(null, r.records.map(function (x) { return x.tokens; })); }));
+      config.textContent = "The same " + count(spec.runs[0].requests.length, "request") +
+        " in both runs, greedy on the bundled model; at most " + data.max_num_seqs +
+        " running; context " + data.max_context + " tokens. Every running request makes a token in every step once its prompt is in.";
+      slider.max = String(maxSteps - 1);
+      step = 0;
+      render();
+    }
+
+    function go(s) { step = Math.max(0, Math.min(maxSteps - 1, s)); render(); }
+    pick.addEventListener("change", function () { choose(Number(pick.value)); });
+    reset.addEventListener("click", function () { go(0); });
+    back.addEventListener("click", function () { go(step - 1); });
+    next.addEventListener("click", function () { go(step + 1); });
+    end.addEventListener("click", function () { go(maxSteps - 1); });
+    slider.addEventListener("input", function () { go(Number(slider.value)); });
+    choose(0);
+  }
+
+  window.CourseSim.register("step-timeline", mount);
+})();
