@@ -44,8 +44,10 @@ What is new since S10
       reference for the scheduling logic, not a model of chunked cost; the fast mode computes
       the real chunks and is held to S08's `follows_batch_rule` against it.
     - `engine.trace`: S10's `StepRecord` plus, per scheduled request, its kind ("prefill": a
-      piece of a prompt or of a recompute; "decode"), where its tokens start, how many
-      tokens it has in all, and which rows sampled.
+      piece of a prompt or of a recompute, from the step it is admitted or resumed up to and
+      including the step it samples, as the last chunk of a prompt does; "decode": a request
+      that sampled in its last step computes that one token), where its tokens start, how
+      many tokens it has in all, and which rows sampled.
 
 What it does not handle yet
     KV is still counted in tokens over one slot per request (S12 pages it in blocks). No
@@ -62,8 +64,9 @@ Tests
     prefill at chunk sizes 1, P - 1, P, P + 1; greedy equal to S05 and HF alone on tiny random
     GPT-2, Qwen3, Llama and the bundled model; seeded and whole completions against S06 alone
     (bitwise in batch-invariant mode); decodes advance in every step while a long prompt is
-    chunked; a long prompt keeps advancing under a steady stream of short requests; the
-    public bugs G1, G2 (chunked recompute), G5 (aborts mid-chunk). tests/test_s11_properties.py:
+    chunked; a long prompt keeps advancing under a steady stream of short requests; S09's
+    "loop" attention and `stream` under chunking; the public bugs G1, G2 (chunked
+    recompute), G4 (a stream closed mid-chunk), G5 (aborts mid-chunk). tests/test_s11_properties.py:
     hypothesis over budgets, chunk limits and arrivals.
 
 References
@@ -104,7 +107,8 @@ class ChunkedSchedulerOutput(SchedulerOutput):
     """S10's `SchedulerOutput`, and: sample_ids, the scheduled requests whose new tokens reach
     the end of their token_ids (their next token is sampled in this step; the others computed
     a chunk), in schedule order; prefill_ids, the scheduled requests computing a piece of a
-    prompt or of a recompute (the others decode: one token, the output sampled last);
+    prompt or of a recompute: admitted or resumed and not yet sampled since, the piece that
+    samples included (the others decode: one token, the output they sampled last);
     request_num_tokens, {id: len(token_ids) when scheduled}; long_prefill_token_threshold.
     scheduled_new_ids / scheduled_resumed_ids hold a request in the step of its first chunk;
     its later chunks are among scheduled_running_ids."""
@@ -131,6 +135,7 @@ class ChunkedScheduler(Scheduler):
             raise ValueError(f"long_prefill_token_threshold must be an integer >= 0, 0 for no "
                              f"limit (got {long_prefill_token_threshold!r})")
         self.long_prefill_token_threshold = int(long_prefill_token_threshold)
+        self._catching_up: set[str] = set()   # admitted or resumed, not sampled since
         super().__init__(max_num_seqs, max_num_batched_tokens, kv_capacity, max_model_len,
                          policy)
 
@@ -152,22 +157,31 @@ class ChunkedScheduler(Scheduler):
         return n
 
     def schedule(self) -> ChunkedSchedulerOutput:
-        """S10's plan, with the chunk sizes of `num_new_tokens`, and which rows sample."""
+        """S10's plan, with the chunk sizes of `num_new_tokens`, which rows sample, and which
+        are prefill pieces: a request is catching up from the step it is admitted or resumed
+        until the step it samples, that step included."""
         out = super().schedule()
         by_id = {r.request_id: r for r in self.running}
+        self._catching_up = {rid for rid in self._catching_up if rid in by_id}
+        self._catching_up.update(out.scheduled_new_ids + out.scheduled_resumed_ids)
         lens, sample, prefill = {}, [], []
         for rid, n in out.num_scheduled_tokens.items():
-            request, start = by_id[rid], out.num_computed_tokens[rid]
-            lens[rid] = len(request.token_ids)
-            if start + n == lens[rid]:
+            lens[rid] = len(by_id[rid].token_ids)
+            if out.num_computed_tokens[rid] + n == lens[rid]:
                 sample.append(rid)
-            if not (lens[rid] - start == 1 and start >= len(request.prompt_ids)):
-                prefill.append(rid)      # more than the one output sampled last: catching up
+            if rid in self._catching_up:
+                prefill.append(rid)
         values = {f.name: getattr(out, f.name) for f in fields(SchedulerOutput)}
         return ChunkedSchedulerOutput(
             **values, sample_ids=tuple(sample), prefill_ids=tuple(prefill),
             request_num_tokens=lens,
             long_prefill_token_threshold=self.long_prefill_token_threshold)
+
+    def update_from_output(self, scheduler_output, finished_ids=()) -> None:
+        """S10's update; the requests that sampled in the step have caught up (so a failed
+        step, `revert`, leaves them catching up, and their retry is a prefill piece again)."""
+        self._catching_up.difference_update(scheduler_output.sample_ids)
+        super().update_from_output(scheduler_output, finished_ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +191,8 @@ class ChunkedScheduler(Scheduler):
 @dataclass(frozen=True)
 class StepRecord(s10.StepRecord):
     """S10's record of one step, and per running id (aligned with `running`): kinds
-    ("prefill": a piece of a prompt or of a recompute; "decode"), num_computed_tokens (where
+    ("prefill": a piece of a prompt or of a recompute, the one that samples included;
+    "decode": one token after a step that sampled), num_computed_tokens (where
     its new tokens start), request_num_tokens (its len(token_ids) when scheduled: a request
     samples when start + its scheduled tokens reach it); sampled (the ids that sampled a token
     in this step); long_prefill_token_threshold. prefill_tokens counts every prefill piece's
@@ -321,9 +336,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-context", type=int, default=None,
                         help="positions per KV slot, at most the model's window (default: "
                              "that window, at most 4096)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=16,
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="most tokens per step, from max-num-seqs up; a longer prompt is "
-                             "chunked (default: %(default)s)")
+                             "chunked (default: max(16, max-num-seqs))")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=0,
                         help="most tokens one request computes in a step, 0 = only the "
                              "budget limits it (default: %(default)s)")
@@ -332,6 +347,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "(default: max-num-seqs x the context, none)")
     parser.add_argument("--policy", default="fcfs", choices=POLICIES,
                         help="scheduling policy (default: %(default)s)")
+    parser.add_argument("--priorities", type=s10.priority_list, default=None,
+                        help="comma-separated integer priority of each request, lower first; "
+                             "only with --policy priority (fcfs ignores priorities, so it "
+                             "refuses them) (default: all 0)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="compute every request alone, a chunked prompt again whole at "
                              "its last chunk: slow, bitwise equal to each request run alone")
@@ -341,6 +360,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--max-num-seqs must be >= 1 and --arrival-every >= 0")
     if args.max_context is not None and args.max_context < 1:
         parser.error(f"--max-context must be >= 1 (got {args.max_context})")
+    if args.priorities is not None and args.policy != "priority":
+        parser.error("--priorities needs --policy priority (fcfs ignores priorities)")
+    budget = (max(16, args.max_num_seqs) if args.max_num_batched_tokens is None
+              else args.max_num_batched_tokens)
     try:
         model, tokenizer = s06.load(args.model, args.device, args.dtype)
         window = model.config.max_position_embeddings
@@ -350,9 +373,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_context = min(window, 4096) if args.max_context is None else args.max_context
         prompts = args.prompt or s08.corpus_prompts(tokenizer, args.num_prompts, args.seed,
                                                     min(window, 4096))
+        priorities = args.priorities or [0] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"--priorities needs one value per request ({len(prompts)})")
         engine = LLMEngine(model, tokenizer, max_context, args.max_num_seqs,
                            args.batch_invariant,
-                           max_num_batched_tokens=args.max_num_batched_tokens,
+                           max_num_batched_tokens=budget,
                            kv_capacity=args.kv_capacity, policy=args.policy,
                            long_prefill_token_threshold=args.long_prefill_token_threshold)
         for prompt in prompts:   # every prompt checked before the first step
@@ -361,7 +387,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         start = time.perf_counter()
         while len(ids) < len(prompts) or engine.has_unfinished_requests():
             if len(ids) < len(prompts) and calls >= len(ids) * args.arrival_every:
-                ids.append(engine.add_request(prompts[len(ids)], params))
+                ids.append(engine.add_request(prompts[len(ids)], params,
+                                              priority=priorities[len(ids)]))
                 continue
             calls += 1
             for out in engine.step():
@@ -384,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"at most {args.max_num_seqs} running, context {max_context}, "
           f"{engine.scheduler.max_num_batched_tokens} tokens per step, "
           f"{f'at most {threshold} per request' if threshold else 'no per-request limit'}, "
-          f"KV capacity {engine.kv_capacity} tokens")
+          f"KV capacity {engine.kv_capacity} tokens, policy {args.policy}")
     joined = {rid: r.step for r in engine.trace for rid in r.joined}
     for rid, prompt in zip(ids, prompts):
         when = (f"first token in step {first[rid]} (joined in step {joined[rid]})"

@@ -17,13 +17,16 @@ so its logits and completions are compared bitwise with the request alone.
 
 Public bug reports (../shared/cases/public-bugs.md, section (g)), each a test below: G1 vllm
 PR #1534 (a prompt that can never fit must not block the queue, chunking or not), G2 vllm
-#16832 (output incomplete after recompute preemption: here the recompute is chunked), G5 sglang
-PR #2238 / PR #1674 / #6778 (aborted requests leaked KV: here aborted mid-chunk). Section (h)'s
+#16832 (output incomplete after recompute preemption: here the recompute is chunked), G4 vllm
+#24584 / PR #24586 (a client that goes away mid-stream kept its request and KV: here its stream
+is closed while its prompt is part-way in), G5 sglang PR #2238 / PR #1674 / #6778 (aborted
+requests leaked KV: here aborted mid-chunk). Section (h)'s
 H3 (tenstorrent/vllm #415: a prefill resuming at num_computed_tokens = k > 0 must use the
 right positions, attend to the cached prefix and write its KV from k on) is the chunk-size
 test: every chunk after the first is such a prefill.
 """
 import math
+import re
 from dataclasses import fields
 
 import numpy as np
@@ -39,6 +42,7 @@ import s10_engine as s10
 from s11_chunked_prefill import (DECODE, PREFILL, ChunkedScheduler, LLMEngine, StepRecord,
                                  format_chunk_table, main)
 from test_s03_transformer import EOS_UNUSED, PAD, V, IdTokenizer, build_tiny
+from test_s10_scheduler import FakeModel, Req
 
 CONTEXT = 96
 NEW = 8
@@ -258,6 +262,41 @@ def test_the_default_engine_schedules_exactly_as_s10(tiny):
     assert theirs.scheduler.num_preemptions > 0
 
 
+def test_the_loop_attention_gives_s05s_greedy_tokens_under_chunking(tiny):
+    """S09's attention="loop" (each row attends on its own, from its first new position)
+    under chunks of at most 5 tokens in a budget of 7, prompts arriving staggered: every
+    request's greedy ids equal S05's alone."""
+    name, hf, model, references = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, attention="loop",
+                       max_num_batched_tokens=7, long_prefill_token_threshold=5)
+    outs, _ = drive(engine, [(text(p), greedy()) for p in PROMPTS], [0, 0, 1, 2, 4, 5, 9, 10])
+    assert any(len(r.sampled) < len(r.running) for r in engine.trace), "nothing was chunked"
+    for i in range(len(PROMPTS)):
+        assert tokens_of(outs[i]) == references[i][0].token_ids, (name, i)
+
+
+def test_a_stream_under_chunking_joins_to_generates_text(tiny):
+    """engine.stream with prompts chunked (budget 6, at most 4 tokens a request, 3 seats):
+    each request's text deltas, joined, are generate's text for it on a fresh engine of the
+    same settings, and its token ids are generate's too."""
+    name, hf, model, _ = tiny
+    prompts = [text(p) for p in PROMPTS]
+
+    def engine():
+        return LLMEngine(model, IdTokenizer(), CONTEXT, 3, max_num_batched_tokens=6,
+                         long_prefill_token_threshold=4)
+
+    streamed = engine()
+    deltas, ids = {}, {}
+    for step_outputs in streamed.stream(prompts, greedy()):
+        for o in step_outputs:
+            deltas.setdefault(o.request_id, []).append(o.text_delta)
+            ids.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert any(len(r.sampled) < len(r.running) for r in streamed.trace), "nothing was chunked"
+    for i, c in enumerate(engine().generate(prompts, greedy())):
+        assert "".join(deltas[str(i)]) == c.text and ids[str(i)] == c.token_ids, (name, i)
+
+
 # --- neither side starves ----------------------------------------------------------------------
 
 def test_decodes_advance_in_every_step_while_a_long_prompt_is_chunked(tiny):
@@ -368,6 +407,32 @@ def test_g2_a_chunked_recompute_after_preemption_loses_no_token(tiny):
     for i, k in enumerate(order):
         assert tokens_of(outs_tight[i]) == tokens_of(outs_free[i]) == references[k][0].token_ids
         assert outs_tight[i][-1].finish_reason == references[k][0].finish_reason
+
+
+def test_g4_closing_a_stream_mid_chunk_frees_its_kv_and_slot_within_the_step(tiny):
+    """vllm #24584 / PR #24586 (G4): a client that disconnects mid-stream kept its request
+    running and its KV held. Budget 8: in the first step the 3-token prompt runs whole and
+    samples, the 80-token one gets a chunk of 5. The stream is closed there, its second
+    request part-way through its prompt: before close returns (no step in between) both
+    requests are gone, every slot and KV token is free, and the engine serves the next
+    request (chunked) as it would alone."""
+    name, hf, model, references = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, max_num_batched_tokens=8,
+                       kv_capacity=TIGHT)
+    stream = engine.stream([text(PROMPTS[1]), text(PROMPTS[6])], 30)
+    first = next(stream)
+    assert [o.request_id for o in first if o.new_token_ids] == ["0"]
+    long = engine.requests["1"]
+    assert 0 < long.num_computed_tokens == 5 < len(long.prompt_ids)       # mid-chunk
+    assert engine.kv_free_tokens == TIGHT - 5 - 3
+    steps = len(engine.trace)
+    stream.close()
+    assert len(engine.trace) == steps
+    assert engine.kv_free_tokens == TIGHT and engine.num_free_slots == 2
+    assert not engine.scheduler.kv.held and not engine.requests
+    assert not engine.scheduler.has_unfinished_requests()
+    assert engine.generate(text(PROMPTS[5]), NEW).token_ids == references[5][0].token_ids
+    assert engine.kv_free_tokens == TIGHT and engine.num_free_slots == 2
 
 
 def test_g5_idle_means_every_kv_token_is_free_after_aborts_mid_chunk(tiny):
@@ -501,6 +566,31 @@ def test_table_marks_prefill_pieces_their_progress_and_the_rows_that_sampled(tin
         format_chunk_table(engine.trace, max_rows=1)
 
 
+def test_the_piece_that_completes_a_chunked_recompute_is_a_prefill_piece():
+    """A request stays a prefill piece from its admission (or resumption) until the step it
+    samples, whatever the piece's size. Two seats, budget 4, KV capacity 7 (S10's fake model):
+    a (2 prompt tokens, 6 outputs) and b (4) take 2 + 2 in step 0 (a samples), 1 + 2 in
+    step 1 (b samples): 3 + 4 = 7 tokens held, so in step 2 a's next token preempts b (the
+    latest admitted). b waits until a ends (step 5), then recomputes its 4 prompt tokens and
+    1 output in pieces of 4 (step 6) and 1 (step 7): that last 1-token piece is an output, as
+    a decode's is, but it completes the recompute and samples, as a prompt's last chunk
+    does: "prefill". a's pieces after its first are decodes."""
+    s = ChunkedScheduler(2, 4, 7, 40)
+    model = FakeModel(s)
+    model.add(Req("a", 2, 6))
+    model.add(Req("b", 4, 6))
+    outs = [model.step() for _ in range(8)]
+    assert [dict(o.num_scheduled_tokens) for o in outs] == [
+        {"a": 2, "b": 2}, {"a": 1, "b": 2}, {"a": 1}, {"a": 1}, {"a": 1}, {"a": 1},
+        {"b": 4}, {"b": 1}]
+    assert outs[2].preempted_ids == ("b",) and outs[6].scheduled_resumed_ids == ("b",)
+    assert (outs[7].num_computed_tokens["b"], outs[7].request_num_tokens["b"]) == (4, 5)
+    assert [o.prefill_ids for o in outs] == [("a", "b"), ("b",), (), (), (), (), ("b",),
+                                             ("b",)]
+    assert [o.sample_ids for o in outs] == [("a",), ("a", "b"), ("a",), ("a",), ("a",),
+                                            ("a",), (), ("b",)]
+
+
 # --- the bundled model -------------------------------------------------------------------------
 
 bundled = pytest.mark.skipif(not (s03.BUNDLED_MODEL_DIR / "model.safetensors").exists(),
@@ -556,11 +646,27 @@ def test_main_prints_the_chunks_and_refuses_bad_flags(capsys):
                         ">= max_num_seqs (4)"),
                        (["--long-prefill-token-threshold", "-1"],
                         "long_prefill_token_threshold must be an integer >= 0"),
-                       (["--max-context", "0"], "--max-context must be >= 1 (got 0)")):
+                       (["--max-context", "0"], "--max-context must be >= 1 (got 0)"),
+                       (["--priorities", "1,0"], "--priorities needs --policy priority"),
+                       (["--policy", "priority", "--priorities", "1,0", "--num-prompts", "3"],
+                        "--priorities needs one value per request (3)"),
+                       (["--priorities", "a"], "--priorities needs comma-separated integers")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv + ["--device", "cpu"])
         assert exit_info.value.code == 2, argv
         assert rule in capsys.readouterr().err, argv
+    # the default budget follows the seats: max(16, max_num_seqs), never below the rule
+    main(["--num-prompts", "3", "--max-tokens", "2", "--max-num-seqs", "20", "--device", "cpu"])
+    assert "at most 20 running, context 256, 20 tokens per step" in capsys.readouterr().out
+    # priorities: with all three queued at once and one seat, the lowest value runs first
+    main(["--num-prompts", "3", "--max-tokens", "2", "--max-num-seqs", "1", "--arrival-every",
+          "0", "--policy", "priority", "--priorities", "2,0,1", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "policy priority" in out
+    first = {rid: int(step) for rid, step in
+             re.findall(r"--- request (\d+): prompt \(\d+ tokens\), first token in step (\d+)",
+                        out)}
+    assert first["1"] < first["2"] < first["0"], first
 
 
 # --- the chapter's figure ---------------------------------------------------------------------

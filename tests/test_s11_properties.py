@@ -7,7 +7,10 @@
    request is sent exactly the tokens after those it holds). After every rule: the budget and
    max_num_seqs hold, KV accounting is exact, no chunk exceeds the threshold, a request samples
    only in the step its new tokens reach the end of its token_ids (`sample_ids`; never before
-   its prompt or recompute is complete), every running request is scheduled in every step,
+   its prompt or recompute is complete), a request is a prefill piece (`prefill_ids`) exactly
+   when it has not sampled since it was last admitted (the fake model's outputs and the
+   preemptions say when: a 1-token piece that ends a chunked recompute is still a prefill),
+   every running request is scheduled in every step,
    and without a threshold at most one request is part-way through its prefill, the last.
    At teardown everything drains within a bounded number of steps, every KV token is free,
    and every request not aborted has exactly the fake model's tokens for it alone (closed forms
@@ -44,6 +47,7 @@ class ChunkedMachine(RuleBasedStateMachine):
         self.model = FakeModel(ChunkedScheduler(max_num_seqs, max_num_seqs + extra_budget,
                                                 capacity, MAX_MODEL_LEN, policy, threshold))
         self.aborted: set[str] = set()
+        self.decoding: set[str] = set()   # sampled in its last step, not preempted since
         self.count = 0
 
     @property
@@ -85,9 +89,12 @@ class ChunkedMachine(RuleBasedStateMachine):
             assert (rid in out.sample_ids) is reached
             made = len(req.output_ids) - before[rid]
             assert made == (1 if reached else 0), "sampled before the prompt was complete"
-            catching_up = not (out.request_num_tokens[rid] - start == 1
-                               and start >= len(req.prompt_ids))
-            assert (rid in out.prefill_ids) is catching_up
+            assert (rid in out.prefill_ids) is (rid not in self.decoding), rid
+            if rid in self.decoding:        # a decode: the one output it sampled last
+                assert n == 1 and start == len(req.token_ids) - 2 >= len(req.prompt_ids)
+        self.decoding -= set(out.preempted_ids)
+        self.decoding |= {rid for rid in out.num_scheduled_tokens
+                          if len(self.model.by_id[rid].output_ids) > before[rid]}
         partial = [rid for rid, n in out.num_scheduled_tokens.items()
                    if out.num_computed_tokens[rid] + n < out.request_num_tokens[rid]]
         if not s.long_prefill_token_threshold:   # only the budget cuts: one part-way, last
