@@ -68,7 +68,9 @@
       var sampled = [], left = [];
       sched.forEach(function (s) {                         // the model step
         var q = s.req;
-        s.kind = s.total - s.start === 1 && s.start >= q.promptLen ? "decode" : "prefill";
+        // "decode": one token after a step in which the request sampled (S11's rule; these
+        // runs have no preemption, so a request's only prefill is its prompt)
+        s.kind = q.made > 0 && s.total - s.start === 1 ? "decode" : "prefill";
         q.computed = s.start + s.n;
         if (q.computed === q.tokens) {                     // its new tokens reach its end
           s.sampled = true;
