@@ -42,8 +42,8 @@ def plan_step(running: Sequence[tuple[str, int]], waiting: Sequence[tuple[str, i
     the head first. KV is never short in this exercise (nobody is preempted).
     Each running request in turn, with b tokens of the budget left, computes
     n = min(tokens left, b, the threshold if it is > 0); when b is 0 the running requests
-    still to come are not scheduled in this step (as in S11's scheduler, which never reaches
-    such a state). Then, while len(running) + (admitted so far) < max_num_seqs and the queue
+    still to come are not scheduled in this step (S11's scheduler stops its loop there too;
+    with the admission rule below it never actually runs out before the last running request). Then, while len(running) + (admitted so far) < max_num_seqs and the queue
     is not empty: the head computes n = min(tokens left, b, the threshold if > 0); stop when
     n is 0 (the budget is spent). Each scheduled request's n comes off b.
     Example: plan_step([("a", 1), ("b", 1), ("p", 26)], [("q", 9)], 16, 4) ->

@@ -270,7 +270,8 @@
       });
       gridBox.appendChild(table);
       box.appendChild(el("p", "st-chart-caption", "work: the tokens each step computed, on one scale for both runs (tallest " +
-        count(maxTokens, "token") + "; dashed: the budget, " + count(spec.max_num_batched_tokens, "token") + ")."));
+        count(maxTokens, "token") + "; dashed: the budget, " + count(spec.max_num_batched_tokens, "token") +
+        (spec.max_num_batched_tokens > maxTokens ? ", above the top of the chart" : "") + ")."));
       box.appendChild(gridBox);
 
       var note = el("p", "st-note");
@@ -284,9 +285,10 @@
           parts.push("request " + x.req.id + " computes " + count(x.n, "prompt token") + ", " +
             (x.start + x.n) + " of " + x.total + (x.sampled ? ", complete: samples its first token" : ", samples nothing"));
         });
-        if (r.joined.length) parts.push("joined " + r.joined.join(", "));
-        if (r.left.length) parts.push("left " + r.left.join(", "));
-        parts.push("waiting " + r.waiting.length);
+        var who = function (ids) { return (ids.length === 1 ? "request " : "requests ") + ids.join(", "); };
+        if (r.joined.length) parts.push("joined: " + who(r.joined));
+        if (r.left.length) parts.push("finished: " + who(r.left));
+        parts.push(count(r.waiting.length, "request") + " waiting");
         note.textContent = parts.join("; ") + ".";
       } else {
         note.textContent = "This run ended after step " + (run.steps - 1) + ".";
