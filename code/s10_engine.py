@@ -348,17 +348,20 @@ def priority_list(text: str) -> list[int]:
         ) from None
 
 
-def _every(n: int) -> str:
-    return "one before each step" if n == 1 else f"one every {n} steps"
+def describe_arrivals(every: int) -> str:
+    """The arrival schedule of `run_arrivals` in words, for the command lines' header."""
+    return {0: "all at once", 1: "one before each step"}.get(every, f"one every {every} steps")
 
 
 def _preempted(n: int) -> str:
     return {0: "not preempted", 1: "preempted once"}.get(n, f"preempted {n} times")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description="Chapter 10: the scheduler, token budgets, KV capacity and preemption.")
+def add_scheduler_arguments(parser: argparse.ArgumentParser, budget_help: str,
+                            invariant_help: str) -> None:
+    """S08's request flags and the scheduler's (arrivals, seats, context, token budget, KV
+    capacity, policy, priorities, batch-invariant mode), shared by S10's and S11's scripts;
+    budget_help / invariant_help: each chapter's own words for its budget and its exact mode."""
     s08.add_request_arguments(parser)
     parser.add_argument("--arrival-every", type=int, default=1,
                         help="steps between two arrivals; 0 = all at once (default: "
@@ -368,9 +371,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-context", type=int, default=None,
                         help="positions per KV slot, the longest context a request may reach, "
                              "at most the model's window (default: that window, at most 4096)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="most tokens per step, >= the context (default: max-num-seqs x "
-                             "the context, no limit)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help=budget_help)
     parser.add_argument("--kv-capacity", type=int, default=None,
                         help="KV token positions in all; small values force preemptions "
                              "(default: max-num-seqs x the context, none)")
@@ -380,10 +381,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="comma-separated integer priority of each request, lower first; "
                              "only with --policy priority (fcfs ignores priorities, so it "
                              "refuses them) (default: all 0)")
-    parser.add_argument("--batch-invariant", action="store_true",
-                        help="compute every request alone: slow, bitwise equal to each request "
-                             "run alone")
-    args = parser.parse_args(argv)
+    parser.add_argument("--batch-invariant", action="store_true", help=invariant_help)
+
+
+def check_scheduler_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """S08's checks, then the scheduler flags' (exit 2 naming the rule, before the model
+    loads). Returns S08's SamplingParams."""
     params = s08.check_request_arguments(parser, args)
     if args.max_num_seqs < 1 or args.arrival_every < 0:
         parser.error("--max-num-seqs must be >= 1 and --arrival-every >= 0")
@@ -391,55 +394,97 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--max-context must be >= 1 (got {args.max_context})")
     if args.priorities is not None and args.policy != "priority":
         parser.error("--priorities needs --policy priority (fcfs ignores priorities)")
+    return params
+
+
+def load_workload(args: argparse.Namespace):
+    """The model, tokenizer, context, prompts and priorities the flags ask for: (model,
+    tokenizer, max_context, prompts, priorities). Raises ValueError naming the rule."""
+    model, tokenizer = s06.load(args.model, args.device, args.dtype)
+    window = model.config.max_position_embeddings
+    if args.max_context is not None and args.max_context > window:
+        raise ValueError(f"--max-context must be at most the model's context window, "
+                         f"max_position_embeddings = {window} (got {args.max_context})")
+    max_context = min(window, 4096) if args.max_context is None else args.max_context
+    prompts = args.prompt or s08.corpus_prompts(   # drawn as without --max-context
+        tokenizer, args.num_prompts, args.seed, min(window, 4096))
+    priorities = args.priorities or [0] * len(prompts)
+    if len(priorities) != len(prompts):
+        raise ValueError(f"--priorities needs one value per request ({len(prompts)})")
+    return model, tokenizer, max_context, prompts, priorities
+
+
+@dataclass
+class ArrivalRun:
+    """What `run_arrivals` saw: ids in arrival order; texts (deltas), finish reasons, the
+    Sequences and first-token steps by id; tokens made; wall seconds."""
+
+    ids: list[str]
+    texts: dict[str, list[str]]
+    reasons: dict[str, str]
+    seqs: dict[str, s01.Sequence]
+    first_token_step: dict[str, int]
+    made: int
+    wall_s: float
+
+
+def run_arrivals(engine: LLMEngine, prompts: Sequence[str], params, priorities: Sequence[int],
+                 arrival_every: int) -> ArrivalRun:
+    """Add one prompt every arrival_every calls of `step` (0: all before the first step) and
+    step until everything has finished. Every prompt is checked before the first step."""
+    for prompt in prompts:
+        engine.check_prompt(prompt)
+    run = ArrivalRun([], {}, {}, {}, {}, 0, 0.0)
+    calls, start = 0, time.perf_counter()
+    while len(run.ids) < len(prompts) or engine.has_unfinished_requests():
+        if len(run.ids) < len(prompts) and calls >= len(run.ids) * arrival_every:
+            k = len(run.ids)
+            rid = engine.add_request(prompts[k], params, priority=priorities[k])
+            run.ids.append(rid)
+            run.seqs[rid] = engine.requests.get(rid)
+            continue
+        calls += 1
+        for out in engine.step():
+            run.texts.setdefault(out.request_id, []).append(out.text_delta)
+            run.made += len(out.new_token_ids)
+            if out.new_token_ids:
+                run.first_token_step.setdefault(out.request_id, len(engine.trace) - 1)
+            if out.finished:
+                run.reasons[out.request_id] = out.finish_reason
+    run.wall_s = time.perf_counter() - start
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Chapter 10: the scheduler, token budgets, KV capacity and preemption.")
+    add_scheduler_arguments(
+        parser, "most tokens per step, >= the context (default: max-num-seqs x the context, "
+                "no limit)",
+        "compute every request alone: slow, bitwise equal to each request run alone")
+    args = parser.parse_args(argv)
+    params = check_scheduler_arguments(parser, args)
     try:
-        model, tokenizer = s06.load(args.model, args.device, args.dtype)
-        window = model.config.max_position_embeddings
-        if args.max_context is not None and args.max_context > window:
-            raise ValueError(f"--max-context must be at most the model's context window, "
-                             f"max_position_embeddings = {window} (got {args.max_context})")
-        max_context = min(window, 4096) if args.max_context is None else args.max_context
-        prompts = args.prompt or s08.corpus_prompts(   # drawn as without --max-context
-            tokenizer, args.num_prompts, args.seed, min(window, 4096))
-        priorities = args.priorities or [0] * len(prompts)
-        if len(priorities) != len(prompts):
-            raise ValueError(f"--priorities needs one value per request ({len(prompts)})")
+        model, tokenizer, max_context, prompts, priorities = load_workload(args)
         engine = LLMEngine(model, tokenizer, max_context, args.max_num_seqs,
                            args.batch_invariant, max_num_batched_tokens=args.max_num_batched_tokens,
                            kv_capacity=args.kv_capacity, policy=args.policy)
-        for prompt in prompts:   # every prompt checked before the first step
-            engine.check_prompt(prompt)
-        ids, texts, reasons, seqs, made, calls = [], {}, {}, {}, 0, 0
-        start = time.perf_counter()
-        while len(ids) < len(prompts) or engine.has_unfinished_requests():
-            if len(ids) < len(prompts) and calls >= len(ids) * args.arrival_every:
-                rid = engine.add_request(prompts[len(ids)], params,
-                                         priority=priorities[len(ids)])
-                ids.append(rid)
-                seqs[rid] = engine.requests.get(rid)
-                continue
-            calls += 1
-            for out in engine.step():
-                texts.setdefault(out.request_id, []).append(out.text_delta)
-                made += len(out.new_token_ids)
-                if out.finished:
-                    reasons[out.request_id] = out.finish_reason
-        wall_s = time.perf_counter() - start
+        run = run_arrivals(engine, prompts, params, priorities, args.arrival_every)
     except ValueError as err:
         parser.error(str(err))
     cfg = model.config
     print(f"{cfg.model_type}, {s03.parameter_count(cfg):,} parameters on {model.device}; "
-          f"{len(prompts)} requests, "
-          f"{'all at once' if args.arrival_every == 0 else _every(args.arrival_every)}, at most "
+          f"{len(prompts)} requests, {describe_arrivals(args.arrival_every)}, at most "
           f"{args.max_num_seqs} running, context {max_context}, "
           f"{engine.scheduler.max_num_batched_tokens} tokens per step, KV capacity "
           f"{engine.kv_capacity} tokens, policy {args.policy}")
-    for rid, prompt in zip(ids, prompts):
-        seq = seqs[rid]
+    for rid, prompt in zip(run.ids, prompts):
+        seq = run.seqs[rid]
         print(f"\n--- request {rid}: prompt ({len(tokenizer.encode(prompt))} tokens), "
               f"{_preempted(getattr(seq, 'num_preemptions', 0))} ---\n{prompt}\n"
-              f"--- completion (finish_reason={reasons[rid]}) ---\n"
-              f"{''.join(texts.get(rid, []))}")
-    print(f"\n--- {made} tokens in {len(engine.trace)} steps, {wall_s:.2f} s, "
+              f"--- completion (finish_reason={run.reasons[rid]}) ---\n"
+              f"{''.join(run.texts.get(rid, []))}")
+    print(f"\n--- {run.made} tokens in {len(engine.trace)} steps, {run.wall_s:.2f} s, "
           f"{engine.scheduler.num_preemptions} preemptions ---")
     print(format_schedule_table(engine.trace))
 

@@ -83,17 +83,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy load
 
 import argparse
 import sys
-import time
 from dataclasses import dataclass, fields
 from typing import Sequence
 
 import s01_generation_loop as s01
 import s03_transformer as s03
 import s06_torch as s06
-import s08_static_batching as s08
 import s09_continuous_batching as s09
 import s10_engine as s10
-from s10_scheduler import POLICIES, Scheduler, SchedulerOutput
+from s10_scheduler import Scheduler, SchedulerOutput
 
 PREFILL, DECODE = "prefill", "decode"
 
@@ -327,99 +325,45 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 11: chunked prefill, prompt chunks and decodes share each step's "
                     "token budget.")
-    s08.add_request_arguments(parser)
-    parser.add_argument("--arrival-every", type=int, default=1,
-                        help="steps between two arrivals; 0 = all at once (default: "
-                             "%(default)s)")
-    parser.add_argument("--max-num-seqs", type=int, default=4,
-                        help="most requests running at once (KV slots) (default: %(default)s)")
-    parser.add_argument("--max-context", type=int, default=None,
-                        help="positions per KV slot, at most the model's window (default: "
-                             "that window, at most 4096)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="most tokens per step, from max-num-seqs up; a longer prompt is "
-                             "chunked (default: max(16, max-num-seqs))")
+    s10.add_scheduler_arguments(
+        parser, "most tokens per step, from max-num-seqs up; a longer prompt is chunked "
+                "(default: max(16, max-num-seqs))",
+        "compute every request alone, a chunked prompt again whole at its last chunk: slow, "
+        "bitwise equal to each request run alone")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=0,
                         help="most tokens one request computes in a step, 0 = only the "
                              "budget limits it (default: %(default)s)")
-    parser.add_argument("--kv-capacity", type=int, default=None,
-                        help="KV token positions in all; small values force preemptions "
-                             "(default: max-num-seqs x the context, none)")
-    parser.add_argument("--policy", default="fcfs", choices=POLICIES,
-                        help="scheduling policy (default: %(default)s)")
-    parser.add_argument("--priorities", type=s10.priority_list, default=None,
-                        help="comma-separated integer priority of each request, lower first; "
-                             "only with --policy priority (fcfs ignores priorities, so it "
-                             "refuses them) (default: all 0)")
-    parser.add_argument("--batch-invariant", action="store_true",
-                        help="compute every request alone, a chunked prompt again whole at "
-                             "its last chunk: slow, bitwise equal to each request run alone")
     args = parser.parse_args(argv)
-    params = s08.check_request_arguments(parser, args)
-    if args.max_num_seqs < 1 or args.arrival_every < 0:
-        parser.error("--max-num-seqs must be >= 1 and --arrival-every >= 0")
-    if args.max_context is not None and args.max_context < 1:
-        parser.error(f"--max-context must be >= 1 (got {args.max_context})")
-    if args.priorities is not None and args.policy != "priority":
-        parser.error("--priorities needs --policy priority (fcfs ignores priorities)")
+    params = s10.check_scheduler_arguments(parser, args)
     budget = (max(16, args.max_num_seqs) if args.max_num_batched_tokens is None
               else args.max_num_batched_tokens)
     try:
-        model, tokenizer = s06.load(args.model, args.device, args.dtype)
-        window = model.config.max_position_embeddings
-        if args.max_context is not None and args.max_context > window:
-            raise ValueError(f"--max-context must be at most the model's context window, "
-                             f"max_position_embeddings = {window} (got {args.max_context})")
-        max_context = min(window, 4096) if args.max_context is None else args.max_context
-        prompts = args.prompt or s08.corpus_prompts(tokenizer, args.num_prompts, args.seed,
-                                                    min(window, 4096))
-        priorities = args.priorities or [0] * len(prompts)
-        if len(priorities) != len(prompts):
-            raise ValueError(f"--priorities needs one value per request ({len(prompts)})")
+        model, tokenizer, max_context, prompts, priorities = s10.load_workload(args)
         engine = LLMEngine(model, tokenizer, max_context, args.max_num_seqs,
                            args.batch_invariant,
                            max_num_batched_tokens=budget,
                            kv_capacity=args.kv_capacity, policy=args.policy,
                            long_prefill_token_threshold=args.long_prefill_token_threshold)
-        for prompt in prompts:   # every prompt checked before the first step
-            engine.check_prompt(prompt)
-        ids, texts, reasons, first, made, calls = [], {}, {}, {}, 0, 0
-        start = time.perf_counter()
-        while len(ids) < len(prompts) or engine.has_unfinished_requests():
-            if len(ids) < len(prompts) and calls >= len(ids) * args.arrival_every:
-                ids.append(engine.add_request(prompts[len(ids)], params,
-                                              priority=priorities[len(ids)]))
-                continue
-            calls += 1
-            for out in engine.step():
-                texts.setdefault(out.request_id, []).append(out.text_delta)
-                made += len(out.new_token_ids)
-                if out.new_token_ids:
-                    first.setdefault(out.request_id, len(engine.trace) - 1)
-                if out.finished:
-                    reasons[out.request_id] = out.finish_reason
-        wall_s = time.perf_counter() - start
+        run = s10.run_arrivals(engine, prompts, params, priorities, args.arrival_every)
     except ValueError as err:
         parser.error(str(err))
     cfg = model.config
     threshold = engine.long_prefill_token_threshold
-    every = ("one before each step" if args.arrival_every == 1 else
-             f"one every {args.arrival_every} steps")
     print(f"{cfg.model_type}, {s03.parameter_count(cfg):,} parameters on {model.device}; "
-          f"{len(prompts)} requests, "
-          f"{'all at once' if args.arrival_every == 0 else every}, "
+          f"{len(prompts)} requests, {s10.describe_arrivals(args.arrival_every)}, "
           f"at most {args.max_num_seqs} running, context {max_context}, "
           f"{engine.scheduler.max_num_batched_tokens} tokens per step, "
           f"{f'at most {threshold} per request' if threshold else 'no per-request limit'}, "
           f"KV capacity {engine.kv_capacity} tokens, policy {args.policy}")
     joined = {rid: r.step for r in engine.trace for rid in r.joined}
-    for rid, prompt in zip(ids, prompts):
+    first = run.first_token_step
+    for rid, prompt in zip(run.ids, prompts):
         when = (f"first token in step {first[rid]} (joined in step {joined[rid]})"
                 if rid in first else "no token")
         print(f"\n--- request {rid}: prompt ({len(tokenizer.encode(prompt))} tokens), "
-              f"{when} ---\n{prompt}\n--- completion (finish_reason={reasons[rid]}) ---\n"
-              f"{''.join(texts.get(rid, []))}")
-    print(f"\n--- {made} tokens in {len(engine.trace)} steps, {wall_s:.2f} s, "
+              f"{when} ---\n{prompt}\n--- completion (finish_reason={run.reasons[rid]}) ---\n"
+              f"{''.join(run.texts.get(rid, []))}")
+    print(f"\n--- {run.made} tokens in {len(engine.trace)} steps, {run.wall_s:.2f} s, "
           f"{engine.scheduler.num_preemptions} preemptions ---")
     print(format_chunk_table(engine.trace))
 
