@@ -1,6 +1,6 @@
-"""Test helpers shared by the engine tests of S05 and S06: a runner that records what the
-engine asked of it, plugged in through the engine's `runner_class` seam, and a way to drive
-several streams of one engine in turn."""
+"""Test helpers shared by the engine tests: a runner that records what the engine asked of it,
+plugged in through the engine's `runner_class` seam (S05, S06), a way to drive several streams
+of one engine in turn, and the per-prompt oracles of a tiny random model (S09-S11)."""
 
 
 def counting_engine(engine_class):
@@ -33,3 +33,35 @@ def run_in_turns(streams):
             if next(stream, None) is None:
                 del pending[i]
     return [stream.result for stream in streams]
+
+
+def id_text(ids) -> str:
+    """Token ids as the text IdTokenizer (tests/test_s03_transformer.py) encodes back to them."""
+    return " ".join(map(str, ids))
+
+
+def tiny_references(name: str, directory, prompts, context: int, max_new_tokens: int):
+    """Build the tiny random HF model `name` in directory and return (HF model, S06 model,
+    {prompt index: (S05's greedy completion alone, HF generate's greedy ids alone)}): the two
+    independent oracles every Part II engine test compares each request with."""
+    import torch
+
+    import s03_transformer as s03
+    import s04_sampling as s04
+    import s05_kv_cache as s05
+    import s06_torch as s06
+    from test_s03_transformer import EOS_UNUSED, PAD, IdTokenizer, build_tiny
+
+    hf = build_tiny(name, directory)
+    model = s06.TorchTransformer.from_pretrained(directory)
+    s05_engine = s05.Engine(s03.Transformer.from_pretrained(directory), IdTokenizer(), context)
+    params = s04.SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+    references = {}
+    for i, ids in enumerate(prompts):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
+                              dtype=torch.long), max_new_tokens=min(max_new_tokens,
+                                                                    context - len(ids)),
+                              do_sample=False, eos_token_id=EOS_UNUSED, pad_token_id=PAD)
+        references[i] = (s05_engine.generate(id_text(ids), params), out[0, len(ids):].tolist())
+    return hf, model, references

@@ -23,14 +23,14 @@ import torch
 
 import s03_transformer as s03
 import s04_sampling as s04
-import s05_kv_cache as s05
 import s06_torch as s06
 import s08_static_batching as s08
 import s09_continuous_batching as s09
 from s01_generation_loop import RequestOutput
 from s10_engine import TABLE_ID_COLUMNS, LLMEngine, StepRecord, format_schedule_table, main
 from s10_scheduler import PREEMPTED
-from test_s03_transformer import EOS_UNUSED, PAD, V, IdTokenizer, build_tiny
+from engine_testing import id_text, tiny_references
+from test_s03_transformer import V, IdTokenizer
 
 CONTEXT = 96
 NEW = 8
@@ -44,8 +44,7 @@ def greedy(max_tokens=NEW, **kwargs) -> s04.SamplingParams:
     return s04.SamplingParams(temperature=0.0, max_tokens=max_tokens, **kwargs)
 
 
-def text(ids) -> str:
-    return " ".join(map(str, ids))
+text = id_text
 
 
 def mixed_params() -> list[s04.SamplingParams]:
@@ -67,16 +66,7 @@ def one_thread():
 def tiny(request, tmp_path_factory):
     """(name, S06 model, {prompt index: (S05 alone, HF alone)}) for one tiny random model."""
     directory = tmp_path_factory.mktemp(f"s10_{request.param}")
-    hf = build_tiny(request.param, directory)
-    model = s06.TorchTransformer.from_pretrained(directory)
-    s05_engine = s05.Engine(s03.Transformer.from_pretrained(directory), IdTokenizer(), CONTEXT)
-    references = {}
-    for i, ids in enumerate(PROMPTS):
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
-                              dtype=torch.long), max_new_tokens=min(NEW, CONTEXT - len(ids)),
-                              do_sample=False, eos_token_id=EOS_UNUSED, pad_token_id=PAD)
-        references[i] = (s05_engine.generate(text(ids), greedy()), out[0, len(ids):].tolist())
+    hf, model, references = tiny_references(request.param, directory, PROMPTS, CONTEXT, NEW)
     return request.param, model, references
 
 
