@@ -249,10 +249,14 @@ class RaggedRunner:
                              f"{limit}] (got {max_seq_len!r})")
         if attention not in RAGGED_ATTENTION:
             raise ValueError(f"attention must be one of {RAGGED_ATTENTION} (got {attention!r})")
-        cfg = model.config
         self.model, self.batch_invariant, self.attention = model, bool(batch_invariant), attention
-        self.cache = SlotKVCache(cfg.num_hidden_layers, max_num_seqs, cfg.num_key_value_heads,
-                                 max_seq_len, cfg.head_dim, model.dtype, model.device)
+        self.cache = self.make_cache(max_num_seqs, max_seq_len)
+
+    def make_cache(self, max_num_seqs: int, max_seq_len: int) -> SlotKVCache:
+        """The KV storage (the seam S12 overrides with its block pool's)."""
+        cfg, model = self.model.config, self.model
+        return SlotKVCache(cfg.num_hidden_layers, max_num_seqs, cfg.num_key_value_heads,
+                           max_seq_len, cfg.head_dim, model.dtype, model.device)
 
     @property
     def vocab_size(self) -> int:
@@ -268,18 +272,13 @@ class RaggedRunner:
         return self._batched(batch)
 
     def _batched(self, batch: RaggedBatch) -> torch.Tensor:
-        model, cache = self.model, self.cache
+        model = self.model
         device = model.device
         seq_of_token = torch.repeat_interleave(
             torch.arange(batch.num_seqs, device=device),
             torch.tensor(batch.query_lens(), device=device))
         slot_of_token = torch.tensor(batch.slots, device=device)[seq_of_token]      # (N,)
-        # Where each (key head, token) row goes in a layer's cache seen as (slots Hkv S_max, D):
-        # slot, head and position of the token, so one index_copy_ writes the whole step.
-        n_kv, s_max = cache.k.shape[2], cache.max_seq_len
-        heads = torch.arange(n_kv, device=device)[:, None]                          # (Hkv, 1)
-        rows = ((slot_of_token[None, :] * n_kv + heads) * s_max
-                + batch.positions[None, :]).reshape(-1)                             # (Hkv N,)
+        where = self.kv_index(slot_of_token, batch.positions)
         requests = list(zip(batch.query_start_loc, batch.query_start_loc[1:], batch.slots,
                             batch.context_lens))
         meta = self._decode_meta(batch) if self.attention == "masked" else None
@@ -287,9 +286,7 @@ class RaggedRunner:
         x, cos, sin = self.embed(batch.input_ids, batch.positions)                # (N, C)
         for layer, block in enumerate(model.blocks):
             q, k, v = block.qkv(x, cos, sin)         # q (H, N, D); k, v (Hkv, N, D)
-            d = k.shape[-1]
-            cache.k[layer].view(-1, d).index_copy_(0, rows, k.reshape(-1, d))    # (Hkv N, D)
-            cache.v[layer].view(-1, d).index_copy_(0, rows, v.reshape(-1, d))
+            self.write_kv(layer, k, v, where)
             if meta is not None and meta["rows"] is None:    # every request decodes
                 attn = self._decode_attention(layer, q, block.scale, meta)          # (H, N, D)
             else:
@@ -298,11 +295,35 @@ class RaggedRunner:
                     attn[:, meta["rows"]] = self._decode_attention(
                         layer, q[:, meta["rows"]], block.scale, meta)
                 for a, e, slot, ctx in alone:
-                    attn[:, a:e] = s06.attention(q[:, a:e], cache.k[layer, slot, :, :ctx],
-                                                 cache.v[layer, slot, :, :ctx], ctx - (e - a),
-                                                 block.scale, model.attention_impl)
+                    attn[:, a:e] = s06.attention(q[:, a:e], *self.read_kv(layer, slot, ctx),
+                                                 ctx - (e - a), block.scale,
+                                                 model.attention_impl)
             x = block.finish(x, attn)                                              # (N, C)
         return model.head(x[batch.sample_rows])                                   # (B, V)
+
+    # The KV seams (S12 overrides them with block tables and a slot mapping).
+
+    def kv_index(self, slot_of_token: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Where each new token's keys and values go, worked out once per step for every
+        layer: slot_of_token, positions int64 (N,) -> int64 (Hkv N,), the row of each (key
+        head, token) in a layer's cache seen as (slots Hkv S_max, D), so one index_copy_
+        writes the whole step."""
+        n_kv, s_max = self.cache.k.shape[2], self.cache.max_seq_len
+        heads = torch.arange(n_kv, device=positions.device)[:, None]               # (Hkv, 1)
+        return ((slot_of_token[None, :] * n_kv + heads) * s_max
+                + positions[None, :]).reshape(-1)                                 # (Hkv N,)
+
+    def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+                 where: torch.Tensor) -> None:
+        """k, v (Hkv, N, D) of the new tokens into the layer's cache at `kv_index`'s rows."""
+        d = k.shape[-1]
+        self.cache.k[layer].view(-1, d).index_copy_(0, where, k.reshape(-1, d))  # (Hkv N, D)
+        self.cache.v[layer].view(-1, d).index_copy_(0, where, v.reshape(-1, d))
+
+    def read_kv(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's keys and values of one request, positions 0 .. length - 1: two
+        (Hkv, length, D) views of its slot."""
+        return self.cache.k[layer, slot, :, :length], self.cache.v[layer, slot, :, :length]
 
     def _decode_meta(self, batch: RaggedBatch) -> dict | None:
         """The masked formulation's index work, done once per step for every layer. The
@@ -352,19 +373,19 @@ class RaggedRunner:
         return out[:, :, 0].transpose(0, 1)                               # (H, B_d, D)
 
     def _seqs_alone(self, batch: RaggedBatch) -> torch.Tensor:
-        model, cache = self.model, self.cache
+        model = self.model
         logits = torch.empty((batch.num_seqs, self.vocab_size), dtype=torch.float32,
                              device=model.device)
         for b, (a, e) in enumerate(zip(batch.query_start_loc, batch.query_start_loc[1:])):
             slot, end = batch.slots[b], batch.context_lens[b]
             start = end - (e - a)
             x, cos, sin = self.embed(batch.input_ids[a:e], batch.positions[a:e])   # (T_b, C)
+            where = self.kv_index(torch.full((e - a,), slot, device=model.device),
+                                  batch.positions[a:e])
             for layer, block in enumerate(model.blocks):
                 q, k, v = block.qkv(x, cos, sin)
-                cache.k[layer, slot, :, start:end] = k
-                cache.v[layer, slot, :, start:end] = v
-                x = block.finish(x, s06.attention(q, cache.k[layer, slot, :, :end],
-                                                  cache.v[layer, slot, :, :end], start,
+                self.write_kv(layer, k, v, where)
+                x = block.finish(x, s06.attention(q, *self.read_kv(layer, slot, end), start,
                                                   block.scale, model.attention_impl))
             logits[b] = model.head(x[-1:])[0]
         return logits
@@ -429,8 +450,7 @@ class LLMEngine(s08.Engine):
         super().__init__(model, tokenizer, max_context, MAX_REQUESTS_PER_CALL, batch_invariant,
                          logprobs_mode, sync_timing, pad_id)
         self.max_num_seqs = int(max_num_seqs)
-        self.runner = RaggedRunner(model, self.max_num_seqs, self.max_context, batch_invariant,
-                                   attention)
+        self.runner = self.make_ragged_runner(model, batch_invariant, attention)
         self.waiting: deque[s01.Sequence] = deque()
         self.running: list[s01.Sequence] = []
         self.requests: dict[str, s01.Sequence] = {}
@@ -439,6 +459,12 @@ class LLMEngine(s08.Engine):
         self._aborted: list[str] = []               # aborted since the last forward step
         self._inboxes: dict[str, deque] = {}        # outputs kept for generate / stream
         self._stream_ids: dict[str, s01.Sequence] = {}   # ids held by streams -> requests
+
+    def make_ragged_runner(self, model: s06.TorchTransformer, batch_invariant: bool,
+                           attention: str) -> RaggedRunner:
+        """The runner and its KV storage (the seam S12 overrides with its paged one)."""
+        return RaggedRunner(model, self.max_num_seqs, self.max_context, batch_invariant,
+                            attention)
 
     @property
     def num_free_slots(self) -> int:

@@ -111,6 +111,12 @@ class TokenKVPool:
         """Give back everything the request holds; returns how many tokens that was."""
         return self.held.pop(request_id, 0)
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """The request holds num_tokens (its computed ones) again: `Scheduler.revert`'s
+        seam, which S12's block manager overrides to keep the blocks those tokens are in."""
+        self.free(request_id)
+        self.allocate_slots(request_id, num_tokens)
+
 
 @dataclass(frozen=True)
 class SchedulerOutput:
@@ -358,8 +364,7 @@ class Scheduler:
         for request in self.running:
             rid = request.request_id
             if rid in scheduler_output.num_scheduled_tokens:
-                self.kv.free(rid)
-                self.kv.allocate_slots(rid, request.num_computed_tokens)
+                self.kv.trim(rid, request.num_computed_tokens)
 
     # --- helpers ---------------------------------------------------------------------------
 

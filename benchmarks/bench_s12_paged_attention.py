@@ -1,0 +1,285 @@
+"""S12's measurement: what paging the KV cache buys (memory) and what it costs (the gather).
+
+    python benchmarks/bench_s12_paged_attention.py --quick   # about 30 s on 2 shared cores
+    python benchmarks/bench_s12_paged_attention.py           # the chapter's figure's data
+    python benchmarks/bench_s12_paged_attention.py --out     # ... and replace the committed JSON
+
+A benchmark, not a test: it prints, never asserts speed. Float32, the CPU unless --device cuda,
+torch threads pinned by --threads (default 1). One workload for parts 1 and 3: --requests
+requests, all arriving at once, prompts and outputs drawn uniformly from
+[--min-tokens, --max-tokens] each (seeded), within a context of --context tokens (the longest
+a request may reach, what a contiguous slot reserves); greedy on random ids, EOS ignored.
+
+1. KV memory at a fixed budget of --kv-slots x --context token positions. Contiguous: S11's
+   engine with --kv-slots slots of --context positions (each running request reserves a whole
+   one). Paged: S12's engine with the same positions in blocks of --block-size (plus the null
+   block), up to --max-num-seqs running: KV is the only limit. Both with the same token budget
+   per step (--budget, chunked prefill). Per step (from `engine.trace`): requests running, KV
+   token positions reserved (contiguous: slots in use x context; paged: blocks in use x
+   block_size) and used (tokens held, `kv_used_tokens`). Reported: the most requests running,
+   the mean while the waiting queue is not empty (the engine full) and over the whole run,
+   the utilisation (used / reserved, summed over steps), the steps, the preemptions (the paged
+   engine admits while blocks are free and preempts when the running requests outgrow them). The model is tiny (TINY_SHAPE) because only the schedule matters here.
+2. Decode step time, paged against contiguous, on the same batch: --decode-batch requests of
+   --decode-context-token prompts (varied +-25 %) in each engine, prefilled, then decode steps
+   timed alternately, paged, contiguous, paged, ... (--decode-steps each, per --repeats);
+   the model is S11's mid-size Qwen3 layout (MID_SHAPE of bench_s11_chunked_prefill), SDPA.
+   Reported: the median forward time (StepRecord.model_s) and step time of each, and their
+   ratio (the gather's overhead: the paged engine copies each decoding request's blocks into a
+   contiguous tensor in every layer).
+3. Internal waste against block size (1, 4, 8, 16, 32, 64): over the workload's requests and
+   every context length each passes through (prompt, then one more token per output), the
+   unused positions of its last block, ceil(t / b) * b - t, as a share of the positions
+   allocated (computed from the workload, a closed form; the paged run of part 1 measures it
+   at --block-size: reserved - used over its steps).
+
+The CPU is shared: `uptime` is recorded before and after. Writes JSON to --json (default a
+scratch file in the temp directory) or, with --out, to
+chapters/figures/s12_paged_attention.json, which scripts/s12_figure.py draws.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "code"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import s03_checkpoint  # noqa: E402
+import s04_sampling as s04  # noqa: E402
+import s06_torch as s06  # noqa: E402
+import s11_chunked_prefill as s11  # noqa: E402
+import s12_engine as s12  # noqa: E402
+from bench_s06_torch import IdTokenizer, random_qwen3  # noqa: E402
+from bench_s10_scheduler import uptime  # noqa: E402
+from bench_s11_chunked_prefill import MID_SHAPE  # noqa: E402
+
+DEFAULT_JSON = Path(tempfile.gettempdir()) / "bench_s12_paged_attention.json"
+COMMITTED_JSON = ROOT / "chapters" / "figures" / "s12_paged_attention.json"
+WASTE_BLOCK_SIZES = (1, 4, 8, 16, 32, 64)
+TINY_SHAPE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, vocab_size=512, rope_theta=10_000.0,
+    tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=2048,
+)
+
+
+def build(shape: dict, seed: int, device: str):
+    hf = random_qwen3(shape, seed)
+    config = s03_checkpoint.config_from_hf_dict(hf.config.to_dict())
+    return s06.TorchTransformer(config, hf.state_dict(), device, torch.float32, "sdpa")
+
+
+def run_workload(engine, prompts, outputs) -> dict:
+    """All requests at once, stepped to the end; per step running, reserved and used KV."""
+    for prompt, n in zip(prompts, outputs):
+        engine.add_request(prompt, s04.SamplingParams(temperature=0.0, max_tokens=n,
+                                                      ignore_eos=True))
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    wall_s = time.perf_counter() - start
+    paged = isinstance(engine, s12.LLMEngine)
+    steps = [r for r in engine.trace if r.running]
+    if paged:
+        reserved = [engine.kv_capacity - r.kv_free_tokens for r in steps]
+    else:
+        reserved = [(engine.max_num_seqs - r.free_slots) * engine.max_context for r in steps]
+    used = [r.kv_used_tokens for r in steps]
+    running = [len(r.running) for r in steps]
+    queued = [n for n, r in zip(running, steps) if r.waiting]   # while someone waits
+    return {"running": running, "reserved_tokens": reserved, "used_tokens": used,
+            "max_running": max(running), "mean_running": statistics.mean(running),
+            "mean_running_while_queued": statistics.mean(queued), "steps_queued": len(queued),
+            "utilisation": sum(used) / sum(reserved), "steps": len(steps),
+            "preemptions": engine.scheduler.num_preemptions, "wall_s": wall_s}
+
+
+def waste(prompt_lens, output_lens, block_size: int) -> dict:
+    """Part 3's closed form: over every context length t each request holds (its prompt,
+    then one more per output token but the last), ceil(t / b) * b - t unused positions."""
+    wasted = allocated = 0
+    for p, n in zip(prompt_lens, output_lens):
+        t = np.arange(p, p + n)                    # tokens held in each of its decode steps
+        blocks = -(-t // block_size) * block_size
+        wasted += int((blocks - t).sum())
+        allocated += int(blocks.sum())
+    return {"block_size": block_size, "waste_share": wasted / allocated,
+            "mean_waste_tokens": wasted / sum(output_lens)}
+
+
+def decode_timing(args) -> dict:
+    """Part 2: the same batch in both engines, decode steps timed alternately."""
+    model = build(MID_SHAPE, args.seed, args.device)
+    tokenizer = IdTokenizer(MID_SHAPE["vocab_size"])
+    rng = np.random.default_rng(args.seed + 1)
+    lens = rng.integers(int(args.decode_context * 0.75), int(args.decode_context * 1.25) + 1,
+                        size=args.decode_batch)
+    prompts = [" ".join(map(str, rng.integers(1, MID_SHAPE["vocab_size"], size=n)))
+               for n in lens]
+    context = MID_SHAPE["max_position_embeddings"]
+    total = args.repeats * args.decode_steps + args.decode_batch + 2   # prefill steps too
+    kw = dict(max_num_batched_tokens=int(lens.max()))
+    engines = {"paged": s12.LLMEngine(model, tokenizer, context, args.decode_batch,
+                                      block_size=args.block_size, **kw),
+               "contiguous": s11.LLMEngine(model, tokenizer, context, args.decode_batch, **kw)}
+    params = s04.SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
+    for engine in engines.values():
+        for p in prompts:
+            engine.add_request(p, params)
+        while not all(seq.output_ids for seq in engine.requests.values()):   # prefills
+            engine.step()
+    times = {name: {"model_s": [], "step_s": []} for name in engines}
+    for _ in range(args.repeats * args.decode_steps):
+        for name, engine in engines.items():           # alternating, step by step
+            engine.step()
+            record = engine.trace[-1]
+            assert record.num_tokens == args.decode_batch, ("not a pure decode step", name, record)
+            times[name]["model_s"].append(record.model_s)
+            times[name]["step_s"].append(record.step_s)
+    med = {name: {k: statistics.median(v) * 1e3 for k, v in t.items()}
+           for name, t in times.items()}
+    return {"decode_batch": args.decode_batch, "context_lens": lens.tolist(),
+            "steps_each": args.repeats * args.decode_steps,
+            "paged_model_ms": med["paged"]["model_s"],
+            "contiguous_model_ms": med["contiguous"]["model_s"],
+            "paged_step_ms": med["paged"]["step_s"],
+            "contiguous_step_ms": med["contiguous"]["step_s"],
+            "model_ratio": med["paged"]["model_s"] / med["contiguous"]["model_s"],
+            "step_ratio": med["paged"]["step_s"] / med["contiguous"]["step_s"]}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="S12 benchmark: KV memory reserved against "
+                                     "used, contiguous against paged; the gather's cost; "
+                                     "internal waste against block size.")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer requests and decode steps (about 30 s on 2 cores)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests in the workload (default: 96, --quick 48)")
+    parser.add_argument("--min-tokens", type=int, default=16,
+                        help="shortest prompt and output (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=384,
+                        help="longest prompt and output (default: %(default)s)")
+    parser.add_argument("--context", type=int, default=1024,
+                        help="longest context, what a contiguous slot reserves (default: "
+                             "%(default)s)")
+    parser.add_argument("--kv-slots", type=int, default=8,
+                        help="the KV budget in contiguous slots of --context positions "
+                             "(default: %(default)s)")
+    parser.add_argument("--max-num-seqs", type=int, default=64,
+                        help="most requests the paged engine runs (default: %(default)s)")
+    parser.add_argument("--budget", type=int, default=512,
+                        help="max_num_batched_tokens of both engines (default: %(default)s)")
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="tokens per block of the paged engine (default: %(default)s)")
+    parser.add_argument("--decode-batch", type=int, default=8,
+                        help="requests in the timed decode batch (default: %(default)s)")
+    parser.add_argument("--decode-context", type=int, default=None,
+                        help="mean prompt tokens of the timed batch (default: 512, --quick "
+                             "256)")
+    parser.add_argument("--decode-steps", type=int, default=None,
+                        help="timed decode steps per engine per repeat (default: 16, "
+                             "--quick 6)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="repeats of the decode timing (default: 3, --quick 1)")
+    parser.add_argument("--seed", type=int, default=0, help="model and workload seed "
+                                                            "(default: %(default)s)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default: %(default)s)")
+    parser.add_argument("--json", default=str(DEFAULT_JSON),
+                        help="where to write the figures (default: %(default)s)")
+    parser.add_argument("--out", action="store_true",
+                        help=f"write {COMMITTED_JSON.relative_to(ROOT)} instead (default: off)")
+    args = parser.parse_args(argv)
+    cores = os.cpu_count() or 1
+    if not 1 <= args.threads <= cores:
+        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
+    args.requests = args.requests or (48 if args.quick else 96)
+    args.decode_steps = args.decode_steps or (6 if args.quick else 16)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.decode_context = args.decode_context or (256 if args.quick else 512)
+    if not 1 <= args.min_tokens <= args.max_tokens or 2 * args.max_tokens > args.context:
+        parser.error("need 1 <= --min-tokens <= --max-tokens and 2 x --max-tokens <= --context")
+    if args.context > MID_SHAPE["max_position_embeddings"]:
+        parser.error(f"--context must be <= {MID_SHAPE['max_position_embeddings']}")
+    if min(args.requests, args.kv_slots, args.block_size, args.decode_batch,
+           args.decode_steps, args.repeats) < 1 or args.budget < args.max_num_seqs:
+        parser.error("counts must be >= 1 and --budget >= --max-num-seqs")
+    torch.set_num_threads(args.threads)
+    before = uptime()
+    print(f"before: {before}\ntorch {torch.__version__}, {args.threads} thread(s), "
+          f"device {args.device}")
+    rng = np.random.default_rng(args.seed)
+    prompt_lens = rng.integers(args.min_tokens, args.max_tokens + 1, size=args.requests)
+    output_lens = rng.integers(args.min_tokens, args.max_tokens + 1, size=args.requests)
+    prompts = [" ".join(map(str, rng.integers(1, TINY_SHAPE["vocab_size"], size=n)))
+               for n in prompt_lens]
+    tiny = build(TINY_SHAPE, args.seed, args.device)
+    tokenizer = IdTokenizer(TINY_SHAPE["vocab_size"])
+    budget_tokens = args.kv_slots * args.context
+    contiguous = s11.LLMEngine(tiny, tokenizer, args.context, args.kv_slots,
+                               max_num_batched_tokens=args.budget)
+    paged = s12.LLMEngine(tiny, tokenizer, args.context, args.max_num_seqs,
+                          max_num_batched_tokens=args.budget, block_size=args.block_size,
+                          num_blocks=budget_tokens // args.block_size + 1)
+    memory = {"contiguous": run_workload(contiguous, prompts, output_lens.tolist()),
+              "paged": run_workload(paged, prompts, output_lens.tolist())}
+    c, p = memory["contiguous"], memory["paged"]
+    print(f"\n1. KV budget {budget_tokens} token positions; {args.requests} requests, prompts "
+          f"and outputs {args.min_tokens}-{args.max_tokens} tokens, context {args.context}")
+    print(f"{'':>11} {'max running':>11} {'mean':>6} {'mean, queue not empty':>21} "
+          f"{'utilisation':>11} {'steps':>6} {'preempted':>9}")
+    for name, m in memory.items():
+        print(f"{name:>11} {m['max_running']:>11} {m['mean_running']:>6.1f} "
+              f"{m['mean_running_while_queued']:>21.1f} {m['utilisation']:>11.1%} "
+              f"{m['steps']:>6} {m['preemptions']:>9}")
+    ratio = p["mean_running_while_queued"] / c["mean_running_while_queued"]
+    print(f"paged runs {p['max_running'] / c['max_running']:.1f}x the most concurrent "
+          f"requests, {ratio:.1f}x the mean while requests wait, "
+          f"{p['mean_running'] / c['mean_running']:.1f}x the mean over the whole run "
+          f"(its tail, the last few requests finishing, included)")
+    wastes = [waste(prompt_lens, output_lens, b) for b in WASTE_BLOCK_SIZES]
+    measured = 1 - p["utilisation"]
+    print("\n3. internal waste (closed form over the workload): " + ", ".join(
+        f"b={w['block_size']}: {w['waste_share']:.1%}" for w in wastes)
+        + f"; measured in the paged run at b={args.block_size}: {measured:.1%}")
+    decode = decode_timing(args)
+    print(f"\n2. decode step, {args.decode_batch} requests of about {args.decode_context} "
+          f"tokens, mid-size Qwen3 layout, {decode['steps_each']} steps each, alternating: "
+          f"forward paged {decode['paged_model_ms']:.1f} ms, contiguous "
+          f"{decode['contiguous_model_ms']:.1f} ms ({decode['model_ratio']:.2f}x); whole step "
+          f"{decode['paged_step_ms']:.1f} / {decode['contiguous_step_ms']:.1f} ms "
+          f"({decode['step_ratio']:.2f}x)")
+    after = uptime()
+    print(f"\nafter: {after}")
+    figures = {"config": {k: getattr(args, k) for k in (
+        "requests", "min_tokens", "max_tokens", "context", "kv_slots", "max_num_seqs",
+        "budget", "block_size", "decode_batch", "decode_context", "decode_steps", "repeats",
+        "seed", "device", "threads", "quick")} | {
+            "kv_budget_tokens": budget_tokens, "tiny_shape": TINY_SHAPE,
+            "decode_shape": MID_SHAPE, "torch": torch.__version__},
+        "workload": {"prompt_lens": prompt_lens.tolist(), "output_lens": output_lens.tolist()},
+        "memory": memory, "concurrency_ratio_while_queued": ratio,
+        "concurrency_ratio_mean": p["mean_running"] / c["mean_running"],
+        "concurrency_ratio_max": p["max_running"] / c["max_running"],
+        "waste": wastes, "measured_waste_share": measured, "decode": decode,
+        "uptime_before": before, "uptime_after": after}
+    target = COMMITTED_JSON if args.out else Path(args.json)
+    target.write_text(json.dumps(figures, indent=1) + "\n")
+    print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    main()

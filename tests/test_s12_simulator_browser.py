@@ -1,0 +1,150 @@
+"""The S12 "Try it" block allocator, in a real browser, shows what the engine did.
+
+A minimal page (no site build) loads site/static/course.js, this simulator's script and the data
+exported by site/simulators/block-allocator/export.py (the exporter the site runs; its data is
+held against independent oracles in tests/test_s12_simulator_data.py). Playwright drives
+Debian's Chromium. For every exported workload, at the first step, every step with a
+preemption or a finish, a middle one and the last:
+
+- the pool grid has one cell per block: block 0 the null block, every block that a request
+  holds after the step (its block table in the trace, less those of the requests that finished
+  in it) coloured as that request's, with the tokens it holds in that block, and every other
+  block free; the free-queue line lists the exported free queue, front first;
+- each request's row shows the block table the trace gives it (empty once preempted or
+  finished), its tokens, its waste (positions held less tokens) and the slots its scheduled
+  tokens were written to;
+- the note names each preemption and finish with the blocks it gave back, last block first;
+- the totals line counts the blocks in use and what a contiguous cache would reserve;
+- the consistency banner stays hidden and there are no console errors; at a page as narrow as
+  the site's text column nothing overflows sideways.
+Skipped when Playwright or Chromium is missing.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+from sim_browser import load_exporter, open_page, skip_without_browser, write_page
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+skip_without_browser()
+
+
+@pytest.fixture(scope="module")
+def data():
+    import s03_transformer as s03
+    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
+        pytest.skip("data/model has no bundled model")
+    return load_exporter("block-allocator", "s12_sim_export_browser").export()
+
+
+@pytest.fixture(scope="module")
+def page(data, tmp_path_factory):
+    html = write_page(tmp_path_factory.mktemp("ba_sim_page"), "block-allocator", data)
+    with open_page(html, ".ba-pool", "s12-chromium-") as pg:
+        yield pg
+
+
+def go_to(pg, step: int) -> None:
+    pg.locator(".ba-slider").fill(str(step))          # fires "input"
+    pg.wait_for_function(f"document.querySelector('.ba-step-label').textContent"
+                         f".startsWith('step {step} of')")
+
+
+def held_after(st: dict) -> dict[str, list[int]]:
+    """Block tables after the step, from the trace: the scheduled requests' tables, less those
+    of the requests that finished in the step."""
+    return {rid: t for rid, t in st["block_tables"].items() if rid not in st["left"]}
+
+
+def test_every_workload_replays_the_engine(page, data):
+    assert page.locator(".ba-banner").is_hidden()
+    for index, work in enumerate(data["workloads"]):
+        page.select_option(".ba-pick", str(index))
+        steps, bs = work["steps"], work["block_size"]
+        last = len(steps) - 1
+        busy = {k for k, st in enumerate(steps) if st["preempted"] or st["left"]}
+        assert busy, work["id"]
+        for step in sorted({0, last // 2, last, *busy}):
+            go_to(page, step)
+            st = steps[step]
+            tables = held_after(st)
+            tokens = {rid: c + n for rid, c, n in st["scheduled"]}
+            cells = page.evaluate("""() => Array.from(document.querySelectorAll('.ba-block')).map(c =>
+                [Number(c.dataset.block), c.dataset.owner, c.dataset.fill || null])""")
+            assert [c[0] for c in cells] == list(range(work["num_blocks"]))
+            owner = {b: (rid, j) for rid, t in tables.items() for j, b in enumerate(t)}
+            for block, who, fill in cells:
+                if block == data["null_block"]:
+                    assert who == "null"
+                elif block in owner:
+                    rid, j = owner[block]
+                    assert who == rid, (work["id"], step, block)
+                    assert int(fill) == max(0, min(bs, tokens[rid] - j * bs))
+                else:
+                    assert who == "" and block in st["free_queue"], (work["id"], step, block)
+            queue = page.locator(".ba-queue").inner_text()
+            assert queue.endswith(", ".join(map(str, st["free_queue"])) or "empty"), queue
+            rows = page.evaluate("""() => Array.from(document.querySelectorAll('.ba-req')).map(r =>
+                [r.dataset.rid, r.querySelector('.ba-table-ids').textContent,
+                 r.querySelector('.ba-tokens').textContent, r.querySelector('.ba-waste').textContent,
+                 r.querySelector('.ba-slots').textContent])""")
+            assert [r[0] for r in rows] == [q["id"] for q in work["requests"]]
+            for rid, shown, tok, waste, slots in rows:
+                table = tables.get(rid, [])
+                assert shown == "[" + ", ".join(map(str, table)) + "]", (work["id"], step, rid)
+                if table:
+                    assert int(tok) == tokens[rid] and len(table) == math.ceil(tokens[rid] / bs)
+                    assert int(waste) == len(table) * bs - tokens[rid]
+                if rid in st["slot_mapping"]:
+                    head = ", ".join(map(str, st["slot_mapping"][rid][:8]))
+                    assert head in slots, (rid, slots)
+            note = page.locator(".ba-note").inner_text()
+            assert note.startswith(f"Step {step}:")
+            for kind, rid, ids in st["events"]:
+                words = f"block{'s' if len(ids) > 1 else ''} " + ", ".join(map(str, ids))
+                if kind == "freed" and rid in st["preempted"]:
+                    assert f"request {rid} preempted: {words} back" in note, note
+                elif kind == "freed" and rid in st["left"]:
+                    assert f"request {rid} finished: {words} back" in note, note
+                elif kind == "allocated":
+                    assert f"request {rid} takes {words}" in note, note
+            said = [note.index(f"request {rid} ") for _, rid, _ in st["events"]]
+            assert said == sorted(said), note                      # in the order they happened
+            used = work["num_blocks"] - 1 - st["free_blocks"]
+            totals = page.locator(".ba-totals").inner_text()
+            assert totals.startswith(f"After the step: {used} of {work['num_blocks'] - 1} usable")
+            running = len(tables)
+            assert f"{running * data['max_context']}." in totals
+    assert page.problems == []
+
+
+def test_buttons_move_one_step(page, data):
+    page.select_option(".ba-pick", "0")
+    last = len(data["workloads"][0]["steps"]) - 1
+    page.locator(".ba-end").click()
+    assert page.locator(".ba-step-label").inner_text() == f"step {last} of {last}"
+    assert page.locator(".ba-next").is_disabled()
+    page.locator(".ba-reset").click()
+    assert page.locator(".ba-step-label").inner_text() == f"step 0 of {last}"
+    assert page.locator(".ba-back").is_disabled()
+    page.locator(".ba-next").click()
+    assert page.locator(".ba-step-label").inner_text() == f"step 1 of {last}"
+    assert page.problems == []
+
+
+def test_nothing_overflows_at_the_text_column_width(page, data):
+    page.set_viewport_size({"width": 760, "height": 1400})
+    try:
+        for index in range(len(data["workloads"])):
+            page.select_option(".ba-pick", str(index))
+            page.locator(".ba-end").click()
+            fits = page.evaluate("""() => {
+                const sim = document.querySelector('.ba-sim');
+                const box = document.querySelector('.ba-tables');
+                return sim.scrollWidth <= sim.clientWidth + 1 && box.scrollWidth <= box.clientWidth + 1;
+            }""")
+            assert fits, index
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 720})
+    assert page.problems == []
