@@ -23,6 +23,9 @@ CLIS = [
     "benchmarks/bench_s06_torch.py",
     "scripts/train_bundled_model.py",
     "benchmarks/bench_s11_chunked_prefill.py",
+    "code/s19_server.py", "benchmarks/bench_s19_server.py",
+    "benchmarks/bench_s12_paged_attention.py",
+    "benchmarks/bench_s13_prefix_caching.py",
 ]
 
 

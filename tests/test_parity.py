@@ -29,6 +29,8 @@ import s08_static_batching as s08
 import s09_continuous_batching as s09
 import s10_engine as s10
 import s11_chunked_prefill as s11
+import s12_engine as s12
+import s13_engine as s13
 from test_s03_transformer import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 
 MAX_CONTEXT = 96
@@ -63,6 +65,12 @@ def engines(model, torch_models, tokenizer, max_context):
         **{f"s11_{name[4:]}": s11.LLMEngine(torch_model, tokenizer, max_context, 4,
                                             max_num_batched_tokens=8)
            for name, torch_model in torch_models.items()},   # prompts chunked 8 tokens a step
+        **{f"s12_{name[4:]}": s12.LLMEngine(torch_model, tokenizer, max_context, 4,
+                                            max_num_batched_tokens=8, block_size=4)
+           for name, torch_model in torch_models.items()},   # KV in blocks of 4 tokens
+        **{f"s13_{name[4:]}": s13.LLMEngine(torch_model, tokenizer, max_context, 4,
+                                            max_num_batched_tokens=8, block_size=4)
+           for name, torch_model in torch_models.items()},   # full blocks shared by hash
     }
 
 

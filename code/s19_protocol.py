@@ -1,0 +1,598 @@
+"""S19, the OpenAI protocol: requests in, engine requests out; engine deltas in, JSON and SSE out.
+
+What this file is
+    The half of chapter 19's server that speaks OpenAI's HTTP API and knows nothing of HTTP
+    servers, threads or event loops (code/s19_server.py is the other half). Everything here is
+    a plain function or a small class, so the tests and the simulator run it without a socket.
+
+    - `parse_request(kind, body, ...)`: one JSON body of `/v1/completions` (kind "completion")
+      or `/v1/chat/completions` ("chat") -> `ParsedRequest`: the prompt's token ids, one S04
+      `SamplingParams` per choice (n choices are n engine requests), stream flags, logprobs.
+      Every rule a request can break is an `APIError` with OpenAI's error schema and a 4xx
+      status: the types here, the ranges in S04's `SamplingParams` (its ValueError becomes a
+      400 naming the field), the context length here (`check_length`).
+    - Chat messages become one prompt through the checkpoint's chat template
+      (`transformers`' `apply_chat_template`) when it has one, else through the course's
+      template for the bundled model (`course_chat_prompt`): each message a speech of the
+      corpus, "User.\\n<content>\\n\\n", then "Assistant.\\n" opens the reply.
+    - `Delta`: what the engine made for one choice in one step (the server builds them from
+      S09's `RequestOutput` and the request's logprobs). `StreamWriter` turns deltas into
+      server-sent events in OpenAI's chunk format; `collect_response` into one JSON response.
+      The server and `record_stream` (the simulator's trace) use the same writer, so what the
+      chapter shows is what the server sends.
+
+What it does not handle
+    Tools and function calls, response_format (JSON mode), logit_bias, echo, best_of, suffix,
+    audio or image content, the Responses API: each is refused with a 400 naming it, never
+    silently ignored. Fields nobody defines are ignored with a warning (vLLM's rule).
+
+References
+    OpenAI API reference (completions, chat completions, streaming chunk objects, error
+    object); vLLM's `entrypoints/openai/protocol.py` (field names, its extra sampling fields,
+    seed + index for n > 1, the context-length check) and `serving_chat.py` /
+    `serving_completion.py` (chunk order: role first, finish_reason chunk, usage chunk,
+    [DONE]). Read to learn; written anew.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import s01_generation_loop as s01
+import s04_sampling as s04
+
+COMPLETION, CHAT = "completion", "chat"
+MAX_STOP_STRINGS = 4      # OpenAI's limit ("Up to 4 sequences"); S02 allows far more
+MAX_N = 128               # OpenAI's limit on n
+DEFAULT_COMPLETION_TOKENS = 16   # OpenAI's legacy completions default (and vLLM's)
+ROLES = ("system", "user", "assistant")
+SSE_DONE = "data: [DONE]\n\n"
+
+# SamplingParams fields a request may set: API name -> SamplingParams name. The last six are
+# vLLM's extras (sent by the official client through extra_body).
+SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed",
+                   "presence_penalty": "presence_penalty",
+                   "frequency_penalty": "frequency_penalty", "top_k": "top_k",
+                   "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                   "min_tokens": "min_tokens", "ignore_eos": "ignore_eos",
+                   "stop_token_ids": "stop_token_ids"}
+# OpenAI fields this server does not implement, and the value that means "not used": any
+# other value is a 400 (a request that asks for them must not get an answer without them).
+UNSUPPORTED = {"echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},),
+               "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+               "function_call": ("none",), "response_format": ({"type": "text"},),
+               "audio": (), "modalities": (["text"],), "prediction": (),
+               "parallel_tool_calls": (), "web_search_options": ()}
+KNOWN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "stream",
+         "stream_options", "stop", "logprobs", "top_logprobs", "user", "metadata", "store",
+         "service_tier", *SAMPLING_FIELDS, *UNSUPPORTED}
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: OpenAI's schema, {"error": {"message", "type", "param", "code"}}
+# ---------------------------------------------------------------------------------------------
+
+class APIError(Exception):
+    """A request the server refuses: HTTP status (4xx for anything the client got wrong) and
+    OpenAI's error object. type is "invalid_request_error" for 4xx, "server_error" for 5xx;
+    param names the request field at fault (None when none is); code is a short machine
+    name (OpenAI's "model_not_found", "context_length_exceeded") or None."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    @property
+    def type(self) -> str:
+        return "server_error" if self.status >= 500 else "invalid_request_error"
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def sse(obj: dict) -> str:
+    """One server-sent event: "data: <json>" and a blank line (the SSE framing)."""
+    return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """The request body as a JSON object. Raises APIError 400 for bytes that are not UTF-8
+    JSON, or JSON that is not an object."""
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise APIError(400, f"the request body is not valid JSON ({err})") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object (got a "
+                            f"{type(body).__name__})")
+    return body
+
+
+def _no_constant(name: str):
+    # NaN and Infinity are not JSON; Python's parser accepts them unless told otherwise.
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts: text, token ids, chat messages
+# ---------------------------------------------------------------------------------------------
+
+class PromptIds(str):
+    """A prompt the server has already tokenized: the str is its text (for display and for
+    Part I's prompt checks), `token_ids` its ids, which `ServingTokenizer.encode` hands the
+    engine as they are. So the ids the server counted for `usage` are the ids the engine
+    runs, and a chat template's special tokens keep their ids."""
+
+    token_ids: tuple[int, ...]
+
+    def __new__(cls, text: str, token_ids: Sequence[int]) -> "PromptIds":
+        self = super().__new__(cls, text or " ")   # Part I refuses "", which ids may decode to
+        self.token_ids = tuple(token_ids)
+        return self
+
+
+class ServingTokenizer:
+    """A checkpoint tokenizer (S03's `CheckpointTokenizer` or any with encode/decode/eos_id)
+    that encodes a `PromptIds` to its own ids; everything else is the wrapped tokenizer's."""
+
+    def __init__(self, tokenizer):
+        self.inner = tokenizer
+
+    def encode(self, text, *args, **kwargs) -> list[int]:
+        if isinstance(text, PromptIds):
+            return list(text.token_ids)
+        return self.inner.encode(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def course_chat_prompt(messages: Sequence[dict]) -> str:
+    """The course's chat template, for checkpoints without one (the bundled model): each
+    message as a speech of the corpus, "<Role>.\\n<content>\\n\\n" (Role = System, User,
+    Assistant), then "Assistant.\\n", the speaker heading the model's reply."""
+    turns = "".join(f"{m['role'].capitalize()}.\n{m['content']}\n\n" for m in messages)
+    return turns + "Assistant.\n"
+
+
+class ChatTemplate:
+    """How chat messages become one prompt for a checkpoint: its own template (the
+    `chat_template` of tokenizer_config.json or a chat_template.jinja file, rendered by
+    `transformers`' `apply_chat_template` with add_generation_prompt=True, its special
+    tokens kept as special ids) when it has one, else `course_chat_prompt` (plain text,
+    encoded as any prompt)."""
+
+    def __init__(self, checkpoint_dir: str | Path | None):
+        self.hf = None
+        directory = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        if directory is not None and _has_chat_template(directory):
+            from transformers import AutoTokenizer
+            self.hf = AutoTokenizer.from_pretrained(str(directory))
+
+    @property
+    def name(self) -> str:
+        return "checkpoint" if self.hf is not None else "course"
+
+    def render(self, messages: Sequence[dict], tokenizer) -> PromptIds:
+        if self.hf is None:
+            text = course_chat_prompt(messages)
+            return PromptIds(text, tokenizer.encode(text))
+        text = self.hf.apply_chat_template(list(messages), tokenize=False,
+                                           add_generation_prompt=True)
+        ids = tokenizer.encode(text, allowed_special="all")   # the template's tokens are special
+        return PromptIds(text, ids)
+
+
+def _has_chat_template(directory: Path) -> bool:
+    if (directory / "chat_template.jinja").exists():
+        return True
+    config = directory / "tokenizer_config.json"
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_messages(messages) -> list[dict]:
+    """messages: a non-empty list of {"role": system|user|assistant, "content": str or a list
+    of {"type": "text", "text": str} parts}. Returns [{"role", "content": str}]. Raises
+    APIError 400 naming the first message at fault."""
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "messages must be a non-empty array of messages", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise APIError(400, f"{where} must be an object with a role and a content", where)
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise APIError(400, f"{where}.role must be one of {list(ROLES)} (got {role!r})",
+                           f"{where}.role")
+        if isinstance(content, list):     # content parts: text only
+            parts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise APIError(400, f"{where}.content: only text parts "
+                                        '({"type": "text", "text": ...}) are supported',
+                                   f"{where}.content")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise APIError(400, f"{where}.content must be a string (got "
+                                f"{type(content).__name__})", f"{where}.content")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def completion_prompt(prompt, tokenizer) -> PromptIds:
+    """/v1/completions' prompt: a non-empty string, a list holding one, or a non-empty list of
+    token ids (ints). Several prompts in one request (OpenAI's batch form) are refused: send
+    one request per prompt. Raises APIError 400."""
+    if isinstance(prompt, list) and prompt and all(s01.is_int(t) for t in prompt):
+        vocab = tokenizer.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"prompt token ids must lie in [0, {vocab}) (got {bad[0]})",
+                           "prompt")
+        return PromptIds(tokenizer.decode(prompt), prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        raise APIError(400, "prompt must be a string, a list of one string or a list of token "
+                            "ids; send several prompts as several requests", "prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise APIError(400, "prompt must be a non-empty string", "prompt")
+    try:
+        return PromptIds(prompt, tokenizer.encode(prompt))
+    except ValueError as err:        # not valid Unicode (a lone surrogate)
+        raise APIError(400, str(err), "prompt") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The request
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """One API request, checked. kind: COMPLETION or CHAT; prompt: its `PromptIds`; params:
+    one SamplingParams per choice (n = len(params)); stream, include_usage; logprobs: None,
+    or how many top logprobs each token carries; ignored: unknown fields (warned about)."""
+
+    kind: str
+    model: str
+    prompt: PromptIds
+    params: tuple[s04.SamplingParams, ...]
+    stream: bool
+    include_usage: bool
+    logprobs: int | None
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def n(self) -> int:
+        return len(self.params)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt.token_ids)
+
+
+def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context: int,
+                  chat_template: ChatTemplate | None = None) -> ParsedRequest:
+    """Check one request body (a dict from `parse_json_body`) and turn it into engine
+    requests. Raises APIError: 404 model_not_found for another model; 400 for everything
+    else the request gets wrong, its param naming the field. The checks, in order: model,
+    unsupported fields, prompt or messages, n, stream and stream_options, logprobs, the
+    sampling fields (S04's rules), the context length."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise APIError(400, "model is required: the name of the served model (GET /v1/models)",
+                       "model")
+    if model != model_name:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves "
+                            f"'{model_name}'", "model", "model_not_found")
+    for name, unused in UNSUPPORTED.items():
+        if name in body and body[name] is not None and body[name] not in unused:
+            raise APIError(400, f"{name} is not supported by this server", name)
+    if kind == COMPLETION:
+        if "messages" in body:
+            raise APIError(400, "messages belongs to /v1/chat/completions; /v1/completions "
+                                "takes a prompt", "messages")
+        prompt = completion_prompt(body.get("prompt"), tokenizer)
+    else:
+        if "prompt" in body:
+            raise APIError(400, "prompt belongs to /v1/completions; /v1/chat/completions "
+                                "takes messages", "prompt")
+        messages = check_messages(body.get("messages"))
+        prompt = (chat_template or ChatTemplate(None)).render(messages, tokenizer)
+    n = _get(body, "n", 1)
+    if not s01.is_int(n) or not 1 <= n <= MAX_N:
+        raise APIError(400, f"n must be an integer in [1, {MAX_N}] (got {n!r})", "n")
+    stream = _get(body, "stream", False)
+    if not isinstance(stream, bool):
+        raise APIError(400, f"stream must be a boolean (got {stream!r})", "stream")
+    include_usage = _stream_options(body, stream)
+    logprobs, logprobs_param = _logprobs(kind, body)
+    room = max_context - len(prompt.token_ids)
+    if room < 1:
+        raise APIError(400, f"the prompt is {len(prompt.token_ids)} tokens but the model's "
+                            f"context holds {max_context}, which leaves no room for a "
+                            "completion; shorten the prompt (it is never truncated)",
+                       "messages" if kind == CHAT else "prompt", "context_length_exceeded")
+    max_tokens, max_tokens_param = body.get("max_tokens"), "max_tokens"
+    if kind == CHAT and body.get("max_completion_tokens") is not None:
+        max_tokens, max_tokens_param = body["max_completion_tokens"], "max_completion_tokens"
+    stop = _get(body, "stop", None)
+    if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"stop may hold at most {MAX_STOP_STRINGS} sequences (got "
+                            f"{len(stop)})", "stop")
+    options = {SAMPLING_FIELDS[k]: v for k, v in body.items()
+               if k in SAMPLING_FIELDS and v is not None}
+    given = max_tokens is not None
+    default = DEFAULT_COMPLETION_TOKENS if kind == COMPLETION else room
+    options.update(max_tokens=max_tokens if given else min(default, room),
+                   stop=stop, logprobs=logprobs)
+    seed = options.pop("seed", None)
+    params = []
+    for i in range(n):
+        # Choice i draws from seed + i (vLLM's rule), so the n choices differ and each one is
+        # reproducible; without a seed every choice gets fresh entropy.
+        choice_seed = seed + i if s01.is_int(seed) else seed   # not an int: S04 refuses it
+        try:
+            params.append(s04.SamplingParams(seed=choice_seed, **options))
+        except (ValueError, TypeError) as err:
+            raise APIError(400, str(err), _param_of(str(err), max_tokens_param,
+                                                    logprobs_param)) from None
+    if given and len(prompt.token_ids) + max_tokens > max_context:
+        raise APIError(400, f"the model's context holds {max_context} tokens, but the prompt "
+                            f"is {len(prompt.token_ids)} and {max_tokens_param} asks for "
+                            f"{max_tokens} more ({len(prompt.token_ids) + max_tokens}); "
+                            f"ask for at most {room}", max_tokens_param,
+                       "context_length_exceeded")
+    ignored = tuple(sorted(k for k in body if k not in KNOWN))
+    return ParsedRequest(kind, model, prompt, tuple(params), stream, include_usage, logprobs,
+                         ignored)
+
+
+def _get(body: dict, name: str, default):
+    value = body.get(name)
+    return default if value is None else value
+
+
+def _stream_options(body: dict, stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise APIError(400, "stream_options is only allowed with stream: true",
+                       "stream_options")
+    if not isinstance(options, dict):
+        raise APIError(400, "stream_options must be an object", "stream_options")
+    usage = options.get("include_usage", False)
+    if not isinstance(usage, bool):
+        raise APIError(400, f"stream_options.include_usage must be a boolean (got {usage!r})",
+                       "stream_options.include_usage")
+    return usage
+
+
+def _logprobs(kind: str, body: dict) -> tuple[int | None, str]:
+    """(top logprobs per token or None, the field to blame). Completions: logprobs is an int
+    (the top count); chat: logprobs is a bool and top_logprobs the count."""
+    if kind == COMPLETION:
+        value = body.get("logprobs")
+        if value is not None and not s01.is_int(value):
+            raise APIError(400, f"logprobs must be an integer in [0, {s04.MAX_LOGPROBS}] or "
+                                f"null (got {value!r})", "logprobs")
+        return value, "logprobs"
+    on, top = body.get("logprobs"), body.get("top_logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise APIError(400, f"logprobs must be a boolean (got {on!r})", "logprobs")
+    if top is not None and not on:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    if top is not None and not s01.is_int(top):
+        raise APIError(400, f"top_logprobs must be an integer in [0, {s04.MAX_LOGPROBS}] "
+                            f"(got {top!r})", "top_logprobs")
+    return (top or 0) if on else None, "top_logprobs"
+
+
+def _param_of(message: str, max_tokens_param: str, logprobs_param: str) -> str | None:
+    """The request field a SamplingParams message is about (its messages start with the
+    field's name: "temperature must be a number in [0, 100] (got 5)")."""
+    first = message.split(" ", 1)[0]
+    if first == "max_tokens":
+        return max_tokens_param
+    if first == "logprobs":
+        return logprobs_param
+    if first == "stop" or message.startswith("stop strings"):
+        return "stop"
+    names = {v: k for k, v in SAMPLING_FIELDS.items()}
+    return names.get(first)
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Delta:
+    """What the engine made for one choice in one step: index (the choice), token_ids (new
+    ids, usually one), text (the text that became safe to show; may be ""), finished,
+    finish_reason ("stop", "length"; "abort" never reaches a client), logprobs (one S04
+    `TokenLogprobs` per new token when asked, else None), step (the engine trace's step
+    number that produced it, None for a step that ran no model)."""
+
+    index: int
+    token_ids: tuple[int, ...]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    logprobs: tuple | None = None
+    step: int | None = None
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    """A token as text for logprobs: its decoded text, or its name for a special token that
+    decodes to nothing ("<|endoftext|>")."""
+    text = tokenizer.decode([token_id])
+    if not text:
+        names = {i: name for name, i in getattr(tokenizer, "special_tokens", {}).items()}
+        text = names.get(token_id, "")
+    return text
+
+
+@dataclass
+class ResponseMeta:
+    """What every chunk and response of one request shares: id ("cmpl-..." or
+    "chatcmpl-..."), created (Unix seconds), model, the parsed request, the tokenizer."""
+
+    id: str
+    created: int
+    model: str
+    request: ParsedRequest
+    tokenizer: object
+    completion_tokens: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.completion_tokens = [0] * self.request.n
+
+    @property
+    def chat(self) -> bool:
+        return self.request.kind == CHAT
+
+    def usage(self) -> dict:
+        made = sum(self.completion_tokens)
+        return {"prompt_tokens": self.request.prompt_tokens, "completion_tokens": made,
+                "total_tokens": self.request.prompt_tokens + made}
+
+    def logprobs(self, lps, offset: int = 0) -> dict | None:
+        """OpenAI's logprobs object for some tokens: chat {"content": [{token, logprob,
+        bytes, top_logprobs}]}; completions {tokens, token_logprobs, top_logprobs,
+        text_offset} (offsets from the completion's start, counted from `offset`)."""
+        if lps is None:
+            return None
+        tok = self.tokenizer
+        if self.chat:
+            def entry(token_id, logprob):
+                text = token_text(tok, token_id)
+                return {"token": text, "logprob": _finite(logprob),
+                        "bytes": list(text.encode("utf-8"))}
+            return {"content": [dict(entry(lp.token_id, lp.logprob), top_logprobs=[
+                entry(i, p) for i, p in lp.top_logprobs]) for lp in lps]}
+        texts = [token_text(tok, lp.token_id) for lp in lps]
+        offsets = []
+        for text in texts:
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": texts, "token_logprobs": [_finite(lp.logprob) for lp in lps],
+                "top_logprobs": [{token_text(tok, i): _finite(p) for i, p in lp.top_logprobs}
+                                 for lp in lps],
+                "text_offset": offsets}
+
+
+def _finite(x: float) -> float:
+    # JSON has no -inf: a token with probability 0 (a filter removed it) gets OpenAI's floor.
+    return x if math.isfinite(x) else -9999.0
+
+
+class StreamWriter:
+    """Engine deltas of one request -> its server-sent events, in OpenAI's chunk format.
+
+    `start()`: chat's first chunk per choice, the role ({"role": "assistant", "content":
+    ""}); nothing for completions. `feed(delta)`: one chunk per delta that carries a token or
+    ends a choice (completions: object "text_completion", choice {index, text, logprobs,
+    finish_reason}; chat: "chat.completion.chunk", choice {index, delta: {content},
+    logprobs, finish_reason}); every choice object has finish_reason, null until its last
+    chunk (vLLM PR #19662). `finish()`: the usage chunk when include_usage (choices [], every
+    earlier chunk has "usage": null), then "data: [DONE]". `error(api_error)`: the error
+    event sent after streaming has begun, then [DONE] (vLLM's order)."""
+
+    def __init__(self, meta: ResponseMeta):
+        self.meta = meta
+        self.offsets = [0] * meta.request.n
+        self.finished: set[int] = set()
+
+    def _chunk(self, choices: list[dict]) -> dict:
+        m = self.meta
+        obj = {"id": m.id, "object": "chat.completion.chunk" if m.chat else "text_completion",
+               "created": m.created, "model": m.model, "choices": choices}
+        if m.request.include_usage:
+            obj["usage"] = None
+        return obj
+
+    def start(self) -> list[str]:
+        if not self.meta.chat:
+            return []
+        return [sse(self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                  "logprobs": None, "finish_reason": None}]))
+                for i in range(self.meta.request.n)]
+
+    def feed(self, delta: Delta) -> list[str]:
+        if not delta.token_ids and not delta.finished:
+            return []
+        m, i = self.meta, delta.index
+        m.completion_tokens[i] += len(delta.token_ids)
+        logprobs = m.logprobs(delta.logprobs, self.offsets[i])
+        self.offsets[i] += len(delta.text)
+        reason = delta.finish_reason if delta.finished else None
+        if delta.finished:
+            self.finished.add(i)
+        if m.chat:
+            body = {"delta": {"content": delta.text} if delta.text or not delta.finished
+                    else {}}
+        else:
+            body = {"text": delta.text}
+        return [sse(self._chunk([{"index": i, **body, "logprobs": logprobs,
+                                  "finish_reason": reason}]))]
+
+    @property
+    def done(self) -> bool:
+        return len(self.finished) == self.meta.request.n
+
+    def finish(self) -> list[str]:
+        lines = []
+        if self.meta.request.include_usage:
+            obj = self._chunk([])
+            obj["usage"] = self.meta.usage()
+            lines.append(sse(obj))
+        return lines + [SSE_DONE]
+
+    def error(self, err: APIError) -> list[str]:
+        return [sse(err.body()), SSE_DONE]
+
+
+def collect_response(meta: ResponseMeta, deltas: Sequence[Delta]) -> dict:
+    """The non-streaming response from every delta of the request: one choice per index
+    (text joined, finish_reason of its last delta, logprobs of every token), and usage."""
+    n = meta.request.n
+    texts, reasons, lps = [[] for _ in range(n)], [None] * n, [[] for _ in range(n)]
+    meta.completion_tokens = [0] * n
+    for d in deltas:
+        texts[d.index].append(d.text)
+        meta.completion_tokens[d.index] += len(d.token_ids)
+        if d.logprobs:
+            lps[d.index].extend(d.logprobs)
+        if d.finished:
+            reasons[d.index] = d.finish_reason
+    asked = meta.request.logprobs is not None
+    choices = []
+    for i in range(n):
+        text = "".join(texts[i])
+        logprobs = meta.logprobs(lps[i]) if asked else None
+        if meta.chat:
+            choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                            "logprobs": logprobs, "finish_reason": reasons[i]})
+        else:
+            choices.append({"index": i, "text": text, "logprobs": logprobs,
+                            "finish_reason": reasons[i]})
+    return {"id": meta.id, "object": "chat.completion" if meta.chat else "text_completion",
+            "created": meta.created, "model": meta.model, "choices": choices,
+            "usage": meta.usage()}

@@ -1,0 +1,618 @@
+"""Tests for chapter S19, the OpenAI-compatible server (code/s19_server.py), over real HTTP.
+
+A module fixture starts the real server (uvicorn in a thread, on a port the OS picks on the
+loopback interface) over the bundled model and S11's engine; the official `openai` client (and
+httpx, for raw bytes and for disconnecting) talks to it. Oracles: the same engine class run in
+process, alone, on the same prompt (greedy text, token ids, seeded samples, logprobs); the
+tokenizer for usage counts; the chat prompt written out by hand (the course's template in the
+module docstring of code/s19_protocol.py); OpenAI's documented formats.
+
+Public bug reports (../shared/cases/public-bugs.md, sections (k) and (g)), each a test below:
+K1 ggml-org/llama.cpp #3817 (a prompt over the context crashed the server), K2
+sgl-project/sglang #9599 (prompts at context - 1, context, context + 1), K4 vllm-project/vllm
+PR #19662 and abetlen/llama-cpp-python #735 (finish_reason missing from stream chunks, or never
+set in the last one), K6 mistralai/mistral-inference #122 (max_tokens=1 gave a 500), G4
+vllm-project/vllm #24584 / PR #24586 (a streaming request kept generating after its client
+disconnected), G5 sgl-project/sglang PR #2238 / #6778 (KV not released after aborts and
+finishes under concurrency). Section (g)'s G1 and G2 are the engine's (S10/S11 test them); the
+server adds no scheduling.
+"""
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+import s04_sampling as s04
+import s06_torch as s06
+import s11_chunked_prefill as s11
+import s19_server as srv
+
+pytestmark = pytest.mark.slow   # a real server, a few hundred requests: about a minute
+
+MODEL = "bundled"
+PROMPTS = ["ROMEO.\n", "To be, or not to be", "KING HENRY.\nOnce more unto the breach",
+           "First Citizen.\nBefore we proceed any further, hear me speak.", "O", "Enter",
+           "JULIET.\nGood night, good night!", "Why, then the world's mine oyster"]
+MAX_NUM_SEQS = 16
+WAIT_S = 20.0          # every wait below is bounded by this
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return s06.load()
+
+
+@pytest.fixture(scope="module")
+def server(loaded):
+    model, tok = loaded
+    engine = srv.make_engine(model, tok, MAX_NUM_SEQS)
+    with srv.serve_in_thread(engine) as running:
+        running.loop = running.server.config.app.state.engine_loop
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def local(loaded):
+    """The same engine class, in process, one request at a time: the oracle."""
+    model, tok = loaded
+    engine = s11.LLMEngine(model, tok, model.config.max_position_embeddings, MAX_NUM_SEQS)
+    cache = {}
+
+    def run(prompt, **kwargs):
+        key = (prompt, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            kwargs.setdefault("temperature", 0.0)
+            cache[key] = engine.generate(prompt, s04.SamplingParams(**kwargs))
+        return cache[key]
+    run.tokenizer = tok
+    return run
+
+
+def chat_text(user: str) -> str:
+    return f"User.\n{user}\n\nAssistant.\n"   # the course's template, written out
+
+
+def engine_state(server):
+    """(unfinished requests?, KV tokens in use), read in the engine thread between steps."""
+    return server.loop.call(lambda e: (e.has_unfinished_requests(),
+                                       e.scheduler.kv.num_used_tokens)).result(WAIT_S)
+
+
+def wait_idle(server):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        state = engine_state(server)
+        if state == (False, 0):
+            return state
+        time.sleep(0.02)
+    return engine_state(server)
+
+
+def sse_events(response: httpx.Response) -> list:
+    """The data of every SSE event of a streamed response ("[DONE]" kept as the string)."""
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+# --- the official client: completions and chat, streaming and not ---------------------------
+
+@pytest.mark.parametrize("prompt", PROMPTS[:4])
+def test_greedy_completion_equals_the_engine_in_process(client, local, prompt):
+    want = local(prompt, max_tokens=24)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    assert r.object == "text_completion" and r.model == MODEL and r.id.startswith("cmpl-")
+    assert r.choices[0].text == want.text
+    assert r.choices[0].finish_reason == want.finish_reason
+    assert r.usage.prompt_tokens == len(local.tokenizer.encode(prompt))
+    assert r.usage.completion_tokens == len(want.token_ids)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_streamed_completion_joins_to_the_engine_text(client, local, prompt):
+    want = local(prompt, max_tokens=24)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    text_chunks, usage = chunks[:-1], chunks[-1]
+    assert "".join(c.choices[0].text for c in text_chunks) == want.text
+    assert len(text_chunks) == len(want.token_ids)          # one chunk per generated token
+    assert [c.choices[0].finish_reason for c in text_chunks] == \
+        [None] * (len(text_chunks) - 1) + [want.finish_reason]
+    assert usage.choices == [] and usage.usage.completion_tokens == len(want.token_ids)
+    assert all(c.usage is None for c in text_chunks)
+
+
+def test_chat_uses_the_course_template_and_equals_the_engine(client, local):
+    messages = [{"role": "user", "content": "Who art thou?"}]
+    want = local(chat_text("Who art thou?"), max_tokens=20)
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20,
+                                       temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want.text
+    assert r.choices[0].finish_reason == want.finish_reason
+    assert r.usage.prompt_tokens == len(local.tokenizer.encode(chat_text("Who art thou?")))
+
+
+def test_chat_with_a_system_message_and_history(client, local):
+    messages = [{"role": "system", "content": "Speak as a king."},
+                {"role": "user", "content": "Who goes there?"},
+                {"role": "assistant", "content": "A friend."},
+                {"role": "user", "content": "Thy name?"}]
+    prompt = ("System.\nSpeak as a king.\n\nUser.\nWho goes there?\n\nAssistant.\nA friend."
+              "\n\nUser.\nThy name?\n\nAssistant.\n")
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                       temperature=0)
+    assert r.choices[0].message.content == local(prompt, max_tokens=12).text
+
+
+def test_streamed_chat_sends_the_role_first_then_content(client, local):
+    want = local(chat_text("Speak."), max_tokens=16)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Speak."}], max_tokens=16,
+        temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.content == ""
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == want.finish_reason
+
+
+def test_an_idle_loop_takes_no_steps(server):
+    # The engine thread sleeps on a condition when nothing is unfinished: no step, no spin.
+    assert wait_idle(server) == (False, 0)
+    before = server.loop.steps
+    time.sleep(0.2)
+    assert server.loop.steps == before and server.loop.alive
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server.url + "/health", timeout=WAIT_S).json() == {"status": "ok"}
+
+
+# --- n, stop, seeds, logprobs ---------------------------------------------------------------
+
+def test_n_choices_are_separate_requests_with_seed_plus_index(client, local):
+    prompt = PROMPTS[1]
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=1.0,
+                                  seed=7, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for i, choice in enumerate(r.choices):
+        want = local(prompt, max_tokens=16, temperature=1.0, seed=7 + i)
+        assert choice.text == want.text and choice.finish_reason == want.finish_reason
+    assert r.usage.prompt_tokens == len(local.tokenizer.encode(prompt))   # counted once
+    assert r.usage.completion_tokens == sum(
+        len(local(prompt, max_tokens=16, temperature=1.0, seed=7 + i).token_ids)
+        for i in range(3))
+
+
+def test_the_same_seed_twice_gives_the_same_text(client):
+    calls = [client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=20,
+                                       temperature=1.2, top_p=0.9, seed=123)
+             for _ in range(2)]
+    assert calls[0].choices[0].text == calls[1].choices[0].text
+    other = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=20,
+                                      temperature=1.2, top_p=0.9, seed=124)
+    assert other.choices[0].text != calls[0].choices[0].text   # the seed is used at all
+
+
+def test_stop_string_cuts_the_text(client, local):
+    full = local(PROMPTS[0], max_tokens=40).text
+    word = full.split()[2]                  # a word the greedy text reaches
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=40,
+                                  temperature=0, stop=[word, "zzzz"])
+    assert r.choices[0].text == full.split(word)[0]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_completion_logprobs_match_the_engine(client, local):
+    want = local(PROMPTS[0], max_tokens=8, logprobs=3)
+    tok = local.tokenizer
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8,
+                                  temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(want.token_ids) == len(lp.token_logprobs)
+    for k, (entry, token_id) in enumerate(zip(want.logprobs, want.token_ids)):
+        assert lp.token_logprobs[k] == pytest.approx(entry.logprob, abs=1e-5)
+        tops = lp.top_logprobs[k]
+        assert len(tops) == 3
+        for top_id, value in entry.top_logprobs:
+            name = tok.decode([top_id]) or "<|endoftext|>"
+            assert tops[name] == pytest.approx(value, abs=1e-5)
+    assert lp.text_offset[0] == 0
+
+
+def test_chat_logprobs_match_the_engine(client, local):
+    want = local(chat_text("Hail!"), max_tokens=6, logprobs=2)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user",
+                                                               "content": "Hail!"}],
+                                       max_tokens=6, temperature=0, logprobs=True,
+                                       top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(want.token_ids)
+    for got, entry in zip(content, want.logprobs):
+        assert got.logprob == pytest.approx(entry.logprob, abs=1e-5)
+        assert [t.logprob for t in got.top_logprobs] == pytest.approx(
+            [v for _, v in entry.top_logprobs], abs=1e-5)
+        assert got.bytes == list(got.token.encode("utf-8"))
+
+
+# --- disconnects and concurrency ------------------------------------------------------------
+
+STEP_S = 0.004
+
+
+class FlakyEngine(s11.LLMEngine):
+    """S11's engine through its model seam, `execute_model`: the next model step raises when
+    `fail_next` is set (an injected fault), and every step takes at least STEP_S (the
+    bundled model makes 240 tokens faster than a client reads its first chunk, so a
+    disconnect test needs steps of a real model's length)."""
+
+    fail_next = False
+
+    def execute_model(self, batch):
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("injected fault")
+        time.sleep(STEP_S)
+        return super().execute_model(batch)
+
+
+@pytest.fixture(scope="module")
+def flaky(loaded):
+    model, tok = loaded
+    engine = srv.make_engine(model, tok, 4, engine_class=FlakyEngine)
+    with srv.serve_in_thread(engine) as running:
+        running.loop = running.server.config.app.state.engine_loop
+        yield running
+
+
+def arm(server):
+    server.loop.call(lambda e: setattr(e, "fail_next", True)).result(WAIT_S)
+
+
+
+def test_g4_disconnect_mid_stream_aborts_and_frees_every_kv_token(flaky):
+    server = flaky
+    # G4, vllm-project/vllm #24584 / PR #24586: read one chunk, close; the request must stop
+    # within a few steps and its KV go back (the free count returns to its idle value).
+    assert wait_idle(server) == (False, 0)
+    body = {"model": MODEL, "prompt": "ROMEO.\n", "max_tokens": 240, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    with httpx.Client(timeout=WAIT_S) as http:
+        with http.stream("POST", server.url + "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()     # kept open: leaving it would close the stream
+            assert next(line for line in lines if line.startswith("data: "))
+            ids = server.loop.call(lambda e: list(e.requests)).result(WAIT_S)
+            assert len(ids) == 1                  # still running while the client reads
+    assert wait_idle(server) == (False, 0)
+    ran = server.loop.call(lambda e: sum(ids[0] in r.running for r in e.trace)).result(WAIT_S)
+    assert ran < 240            # it stopped long before its 240 tokens
+    print(f"G4: the abandoned request ran {ran} steps of 240")
+
+
+def test_a_non_streaming_client_that_leaves_is_aborted_too(flaky):
+    server = flaky
+    assert wait_idle(server) == (False, 0)
+    before = server.loop.call(lambda e: len(e.trace)).result(WAIT_S)
+    body = {"model": MODEL, "prompt": "O", "max_tokens": 255, "ignore_eos": True,
+            "temperature": 0}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=0.1)
+    assert wait_idle(server) == (False, 0)
+    steps = server.loop.call(lambda e: len(e.trace) - before).result(WAIT_S)
+    assert steps < 255          # only this request ran: it was cut off before its end
+    print(f"non-streaming disconnect: {steps} steps of 255")
+
+
+def test_64_concurrent_streams_each_equal_the_request_alone(server, local):
+    # Also G5 (sgl-project/sglang PR #2238, #6778): after 64 requests, 8 of them abandoned
+    # mid-stream, the engine is idle with every KV token free.
+    async def one(client, k):
+        prompt = PROMPTS[k % len(PROMPTS)]
+        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=16,
+                                                 temperature=0, stream=True)
+        parts, reason = [], None
+        async for chunk in stream:
+            parts.append(chunk.choices[0].text)
+            reason = chunk.choices[0].finish_reason or reason
+            if k >= 64 and len(parts) == 2:       # the abandoned ones
+                await stream.close()
+                return None
+        return prompt, "".join(parts), reason
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0,
+                                      timeout=120) as client:
+            return await asyncio.wait_for(
+                asyncio.gather(*(one(client, k) for k in range(72))), 150)
+
+    results = asyncio.run(main())
+    for prompt, text, reason in filter(None, results):
+        want = local(prompt, max_tokens=16)
+        assert (text, reason) == (want.text, want.finish_reason)
+    assert wait_idle(server) == (False, 0)
+
+
+def test_requests_from_many_threads_with_the_sync_client(server, local):
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            c = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+            r = c.chat.completions.create(model=MODEL, messages=[{"role": "user",
+                                                                  "content": PROMPTS[k]}],
+                                          max_tokens=10, temperature=0)
+            results[k] = r.choices[0].message.content
+        except Exception as err:           # reported below, with the thread's number
+            errors.append((k, err))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S * 3)
+    assert not errors
+    assert results == {k: local(chat_text(p), max_tokens=10).text
+                       for k, p in enumerate(PROMPTS)}
+
+
+# --- bad requests: a 4xx and OpenAI's error schema, never a 5xx -----------------------------
+
+C, CH = "/v1/completions", "/v1/chat/completions"
+GOOD_C = {"model": MODEL, "prompt": "O"}
+GOOD_CH = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+BAD = [
+    # (name, path, body (bytes sent as they are), status, param, code)
+    ("malformed JSON", C, b'{"model": "bundled", "prompt": ', 400, None, None),
+    ("not an object", C, b"[1, 2]", 400, None, None),
+    ("NaN is not JSON", C, b'{"model": "bundled", "prompt": "O", "temperature": NaN}', 400,
+     None, None),
+    ("no model", C, {"prompt": "O"}, 400, "model", None),
+    ("unknown model", C, dict(GOOD_C, model="gpt-5"), 404, "model", "model_not_found"),
+    ("unknown model, chat", CH, dict(GOOD_CH, model="gpt-5"), 404, "model", "model_not_found"),
+    ("no prompt", C, {"model": MODEL}, 400, "prompt", None),
+    ("empty prompt", C, dict(GOOD_C, prompt=""), 400, "prompt", None),
+    ("prompt a number", C, dict(GOOD_C, prompt=5), 400, "prompt", None),
+    ("two prompts", C, dict(GOOD_C, prompt=["a", "b"]), 400, "prompt", None),
+    ("token id out of range", C, dict(GOOD_C, prompt=[1, 99999]), 400, "prompt", None),
+    ("messages to completions", C, dict(GOOD_C, messages=[]), 400, "messages", None),
+    ("no messages", CH, {"model": MODEL}, 400, "messages", None),
+    ("bad role", CH, dict(GOOD_CH, messages=[{"role": "wizard", "content": "x"}]), 400,
+     "messages[0].role", None),
+    ("content a number", CH, dict(GOOD_CH, messages=[{"role": "user", "content": 3}]), 400,
+     "messages[0].content", None),
+    ("max_tokens 0", C, dict(GOOD_C, max_tokens=0), 400, "max_tokens", None),
+    ("max_tokens -1, chat", CH, dict(GOOD_CH, max_tokens=-1), 400, "max_tokens", None),
+    ("max_tokens a string", C, dict(GOOD_C, max_tokens="ten"), 400, "max_tokens", None),
+    ("max_completion_tokens 0", CH, dict(GOOD_CH, max_completion_tokens=0), 400,
+     "max_completion_tokens", None),
+    ("temperature -0.5", C, dict(GOOD_C, temperature=-0.5), 400, "temperature", None),
+    ("temperature 1000", CH, dict(GOOD_CH, temperature=1000), 400, "temperature", None),
+    ("temperature a string", C, dict(GOOD_C, temperature="hot"), 400, "temperature", None),
+    ("top_p 1.5", C, dict(GOOD_C, top_p=1.5), 400, "top_p", None),
+    ("top_p -0.1", CH, dict(GOOD_CH, top_p=-0.1), 400, "top_p", None),
+    ("five stop strings", C, dict(GOOD_C, stop=["a", "b", "c", "d", "e"]), 400, "stop", None),
+    ("empty stop string", C, dict(GOOD_C, stop=[""]), 400, "stop", None),
+    ("stop a number", CH, dict(GOOD_CH, stop=5), 400, "stop", None),
+    ("seed negative", C, dict(GOOD_C, seed=-1), 400, "seed", None),
+    ("n 0", C, dict(GOOD_C, n=0), 400, "n", None),
+    ("n true", CH, dict(GOOD_CH, n=True), 400, "n", None),
+    ("stream a string", C, dict(GOOD_C, stream="yes"), 400, "stream", None),
+    ("stream_options without stream", C, dict(GOOD_C, stream_options={"include_usage": True}),
+     400, "stream_options", None),
+    ("logprobs 21", C, dict(GOOD_C, logprobs=21), 400, "logprobs", None),
+    ("logprobs true in completions", C, dict(GOOD_C, logprobs=True), 400, "logprobs", None),
+    ("top_logprobs without logprobs", CH, dict(GOOD_CH, top_logprobs=2), 400, "top_logprobs",
+     None),
+    ("top_logprobs 30", CH, dict(GOOD_CH, logprobs=True, top_logprobs=30), 400,
+     "top_logprobs", None),
+    ("presence_penalty 3", C, dict(GOOD_C, presence_penalty=3), 400, "presence_penalty", None),
+    ("echo", C, dict(GOOD_C, echo=True), 400, "echo", None),
+    ("tools", CH, dict(GOOD_CH, tools=[{"type": "function"}]), 400, "tools", None),
+    ("prompt over the context", C, dict(GOOD_C, prompt="O " * 400), 400, "prompt",
+     "context_length_exceeded"),
+    ("max_tokens past the context", C, dict(GOOD_C, max_tokens=300), 400, "max_tokens",
+     "context_length_exceeded"),
+]
+
+
+@pytest.mark.parametrize("name, path, body, status, param, code", BAD,
+                         ids=[b[0] for b in BAD])
+def test_every_bad_request_gets_its_4xx_and_the_error_schema(server, name, path, body, status,
+                                                             param, code):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(server.url + path, timeout=WAIT_S, **kwargs)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert (error["param"], error["code"]) == (param, code)
+
+
+def test_wrong_paths_and_methods_use_the_schema(server):
+    r = httpx.get(server.url + "/v1/completions", timeout=WAIT_S)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    r = httpx.post(server.url + "/v1/embeddings", json={}, timeout=WAIT_S)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_the_official_client_raises_its_typed_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="O")
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be an integer >= 1"):
+        client.completions.create(model=MODEL, prompt="O", max_tokens=0)
+
+
+def test_unknown_fields_are_ignored(client, local):
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=0,
+                                  extra_body={"not_a_field": 1})
+    assert r.choices[0].text == local(PROMPTS[0], max_tokens=8).text
+
+
+# --- public bugs of section (k) -------------------------------------------------------------
+
+def test_k1_prompt_over_the_context_is_a_400_and_the_server_keeps_answering(server, client):
+    # K1, ggml-org/llama.cpp #3817: a prompt longer than the context crashed the server.
+    long_prompt = "O Romeo, Romeo! wherefore art thou Romeo? " * 40
+    r = httpx.post(server.url + C, json=dict(GOOD_C, prompt=long_prompt), timeout=WAIT_S)
+    assert r.status_code == 400
+    assert "context holds 256" in r.json()["error"]["message"]
+    assert client.completions.create(model=MODEL, prompt="O", max_tokens=2).choices
+
+
+@pytest.mark.parametrize("length, ok", [(255, True), (256, False), (257, False)])
+def test_k2_prompts_at_the_context_boundary(server, loaded, length, ok):
+    # K2, sgl-project/sglang #9599: a prompt of context - 1 tokens crashed the server.
+    # Context 256: 255 tokens leave room for one (finish_reason "length"); 256 and 257 none.
+    token = loaded[1].encode(" the")[0]
+    body = dict(GOOD_C, prompt=[token] * length, max_tokens=1, ignore_eos=True, temperature=0)
+    r = httpx.post(server.url + C, json=body, timeout=WAIT_S)
+    if ok:
+        assert r.status_code == 200
+        assert r.json()["usage"] == {"prompt_tokens": 255, "completion_tokens": 1,
+                                     "total_tokens": 256}
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+    else:
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_k4_finish_reason_is_in_every_chunk_and_set_once_per_choice(server, n):
+    # K4, vllm-project/vllm PR #19662 (finish_reason missing from chunks) and
+    # abetlen/llama-cpp-python #735 (never set in the last chunk).
+    body = dict(GOOD_CH, max_tokens=12, temperature=1.0, seed=3, n=n, stream=True)
+    with httpx.stream("POST", server.url + CH, json=body, timeout=WAIT_S) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    for i in range(n):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert all("finish_reason" in c for c in mine)
+        reasons = [c["finish_reason"] for c in mine]
+        assert reasons[:-1] == [None] * (len(mine) - 1)
+        assert reasons[-1] in ("stop", "length")
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+
+
+@pytest.mark.parametrize("path", [C, CH])
+def test_k6_max_tokens_1_is_a_200_with_one_token(server, path):
+    # K6, mistralai/mistral-inference #122: max_tokens=1 returned HTTP 500.
+    good = GOOD_C if path == C else GOOD_CH
+    r = httpx.post(server.url + path, json=dict(good, max_tokens=1), timeout=WAIT_S)
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens"] == 1
+    assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+# --- a step that fails fails only its requests ----------------------------------------------
+
+def test_a_failed_step_is_a_500_and_the_loop_goes_on(flaky):
+    arm(flaky)
+    r = httpx.post(flaky.url + C, json=dict(GOOD_C, max_tokens=4), timeout=WAIT_S)
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "server_error"
+    assert "injected fault" in r.json()["error"]["message"]
+    assert wait_idle(flaky) == (False, 0)
+    r = httpx.post(flaky.url + C, json=dict(GOOD_C, max_tokens=4), timeout=WAIT_S)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_a_failure_after_streaming_began_is_an_error_event_then_done(flaky):
+    body = dict(GOOD_C, max_tokens=200, ignore_eos=True, stream=True)
+    with httpx.stream("POST", flaky.url + C, json=body, timeout=WAIT_S) as response:
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert "text_completion" in first
+        arm(flaky)
+        rest = [line for line in lines if line.startswith("data: ")]
+    error = json.loads(rest[-2][len("data: "):])
+    assert error["error"]["type"] == "server_error" and rest[-1] == "data: [DONE]"
+    assert wait_idle(flaky) == (False, 0)
+    assert flaky.loop.failed_steps >= 1
+
+
+# --- record_stream: the simulator's trace ---------------------------------------------------
+
+def test_record_stream_lines_are_what_the_server_sends(loaded, server):
+    model, tok = loaded
+    engine = srv.make_engine(model, tok, 4, max_num_batched_tokens=8)
+    body = dict(GOOD_CH, messages=[{"role": "user", "content": "Who art thou?"}],
+                max_tokens=6, temperature=0, stream_options={"include_usage": True})
+    trace = srv.record_stream(engine, body, "chat",
+                              companions=[("ROMEO.\n", s04.SamplingParams(temperature=0,
+                                                                          max_tokens=4))])
+    assert trace["prompt_tokens"] == 13
+    lines = trace["start"] + [x for s in trace["steps"] for x in s["lines"]] + trace["end"]
+    with httpx.stream("POST", server.url + CH, json=dict(body, stream=True),
+                      timeout=WAIT_S) as response:
+        sent = [json.loads(line[6:]) for line in response.iter_lines()
+                if line.startswith("data: {")]
+    recorded = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    strip = lambda c: {k: v for k, v in c.items() if k not in ("id", "created")}  # noqa: E731
+    assert [strip(c) for c in recorded] == [strip(c) for c in sent]
+    assert lines[-1] == "data: [DONE]\n\n"
+    # The 13-token prompt, admitted behind the companion's 5-token prompt in a budget of 8,
+    # is chunked: no line until the step whose chunk reaches its end and samples.
+    mine = [s for s in trace["steps"] if any(x["id"] == "choice0" for x in s["scheduled"])]
+    prefill = [s for s in mine if any(x["id"] == "choice0" and x["kind"] == "prefill"
+                                      for x in s["scheduled"])]
+    assert sum(x["tokens"] for s in prefill for x in s["scheduled"] if x["id"] == "choice0") \
+        == 13
+    assert all(not s["lines"] for s in prefill[:-1]) and prefill[-1]["lines"]
+    assert all(s["num_tokens"] <= 8 for s in trace["steps"])
+
+
+# --- the chapter's figure ---------------------------------------------------------------------
+
+def test_the_figure_is_the_benchmarks_json_drawn_with_its_legend_off_the_data():
+    """chapters/figures/s19_server.png is scripts/s19_figure.py's drawing of the committed
+    benchmark figures (chapters/figures/s19_server.json), both ways at every concurrency, each
+    ratio the median of the repeats' paired ratios, and its legend covers no data."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from legend_check import covered_by_legends
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    import s19_figure
+    figures = json.loads(s19_figure.DATA.read_text())
+    config = figures["config"]
+    assert sorted((s["way"], s["concurrency"]) for s in figures["summary"]) == sorted(
+        (w, c) for w in ("server", "in-process") for c in config["concurrency"])
+    assert len(figures["runs"]) == 2 * len(config["concurrency"]) * config["repeats"]
+    assert config["repeats"] % 2 == 1
+    runs = {(r["way"], r["concurrency"], r["repeat"]): r for r in figures["runs"]}
+    for r in figures["ratios"]:
+        c = r["concurrency"]
+        each = sorted(runs["server", c, k]["itl"]["p50_ms"] / runs["in-process", c, k]["itl"]
+                      ["p50_ms"] for k in range(config["repeats"]))
+        assert r["itl_p50"] == pytest.approx(each[len(each) // 2])   # odd repeats: the middle
+    assert all(not s["timed_out"] for s in figures["summary"])
+    fig = s19_figure.build_figure(figures)
+    assert covered_by_legends(fig) == []
+    plt.close(fig)
+    done = subprocess.run([sys.executable, str(root / "scripts" / "s19_figure.py"), "--check"],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
