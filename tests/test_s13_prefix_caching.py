@@ -1,0 +1,442 @@
+"""Tests for chapter S13, prefix caching (code/s13_prefix_caching.py, code/s13_engine.py).
+
+Oracles: the byte encoding and the chain written out by hand (hashlib's SHA-256 of those
+bytes); a hit/miss/eviction sequence worked out by hand in the comments; S05 alone and HF
+`generate` alone (greedy ids, tests/engine_testing.py's tiny_references); the engine with the
+cache off (seeded runs; logits of the first token); closed forms (after everything is done,
+free blocks == usable blocks). tests/test_s13_properties.py holds the fake model that checks
+every KV position a request reads, and the forced-collision run.
+
+Public bug reports (../shared/cases/public-bugs.md, section (h) and (g)), each a test below:
+H1 vllm #5543 (completions with prefix caching differ from without, and between runs of the
+same server: "dirty cache"), H2 vllm #40896 (the first request, a miss, differs from later
+identical ones, hits, at temperature 0), H3 tenstorrent/vllm #415 (a hit returns corrupted KV:
+a prefill resuming at num_computed_tokens = k > 0 must give the logits of a full prefill),
+G5 sglang PR #2238 / PR #1674 / #6778 (idle means free + evictable cached == total).
+"""
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import s04_sampling as s04
+import s08_static_batching as s08
+from engine_testing import id_text, tiny_references
+from s13_engine import LLMEngine, format_cache_table, main
+from s13_prefix_caching import (ROOT_HASH, PrefixCachingScheduler, encode_block,
+                                hash_block_tokens, hash_request_tokens)
+from test_s03_transformer import V, IdTokenizer
+from test_s13_properties import PagedFakeModel, Req, alone
+
+CODE = Path(__file__).resolve().parents[1] / "code"
+CONTEXT = 96
+NEW = 6
+BLOCK = 8
+rng = np.random.default_rng(1300)
+SYSTEM = rng.integers(2, V, size=40).tolist()            # 5 full blocks of 8
+PROMPTS = [SYSTEM + rng.integers(2, V, size=n).tolist() for n in (3, 9, 17)] + [
+    SYSTEM,                                              # all its blocks cached: cap at 39
+    rng.integers(2, V, size=21).tolist()]                # shares nothing
+
+
+def greedy(max_tokens=NEW) -> s04.SamplingParams:
+    return s04.SamplingParams(temperature=0.0, max_tokens=max_tokens)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(S06 model, {prompt index: (S05 alone, HF alone)}) for a tiny random Qwen3."""
+    directory = tmp_path_factory.mktemp("s13_qwen3")
+    _, model, references = tiny_references("qwen3_gqa_tied", directory, PROMPTS, CONTEXT, NEW)
+    return model, references
+
+
+# --- the hash chain -----------------------------------------------------------------------------
+
+def test_the_encoding_is_the_fixed_width_layout_written_by_hand():
+    parent = bytes(range(32))
+    want = (parent + b"\x02\x00\x00\x00"                           # 2 tokens, uint32 LE
+            + b"\x05\x00\x00\x00\x00\x00\x00\x00" + b"\xff" * 8   # 5 and -1, int64 LE
+            + b"\x01\x00\x00\x00"                                  # 1 extra key
+            + b"\x04\x00\x00\x00" + b"ab\xc3\xa9")                 # its UTF-8 length, bytes
+    assert encode_block(parent, [5, -1], ("abé",)) == want
+    assert hash_block_tokens(parent, [5, -1], ("abé",)) == hashlib.sha256(want).digest()
+
+
+def test_the_encoding_keeps_different_inputs_apart():
+    # Joining keys or tokens without lengths would make these pairs the same bytes.
+    assert encode_block(ROOT_HASH, [1], ("ab",)) != encode_block(ROOT_HASH, [1], ("a", "b"))
+    assert encode_block(ROOT_HASH, [1, 2], ()) != encode_block(ROOT_HASH, [1], ("\x02",))
+    assert encode_block(ROOT_HASH, [258], ()) != encode_block(ROOT_HASH, [2, 1], ())
+    with pytest.raises(ValueError, match="32 bytes"):
+        encode_block(b"short", [1])
+    with pytest.raises(ValueError, match="token ids must be ints"):
+        encode_block(ROOT_HASH, [1.0])
+    with pytest.raises(ValueError, match="extra keys must be strings"):
+        encode_block(ROOT_HASH, [1], (3,))
+
+
+def test_the_chain_names_only_full_blocks_and_each_name_depends_on_all_before_it():
+    ids = list(range(10, 30))                                     # 20 tokens: 2 full blocks of 8
+    hashes = hash_request_tokens(ids, BLOCK)
+    h0 = hashlib.sha256(encode_block(ROOT_HASH, ids[:8])).digest()
+    h1 = hashlib.sha256(encode_block(h0, ids[8:16])).digest()
+    assert hashes == [h0, h1]
+    changed = hash_request_tokens([99] + ids[1:], BLOCK)          # first token only
+    assert changed[0] != h0 and changed[1] != h1                  # block 1's tokens are equal
+    assert hash_request_tokens(ids, BLOCK, known=[h0]) == hashes
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
+        hash_request_tokens(ids, 0)
+
+
+def test_the_cache_salt_is_in_the_first_block_and_so_in_every_name():
+    ids = list(range(16))
+    plain, a, b = (hash_request_tokens(ids, BLOCK, salt) for salt in (None, "a", "b"))
+    assert a[0] == hashlib.sha256(encode_block(ROOT_HASH, ids[:8], ("a",))).digest()
+    assert a[1] == hashlib.sha256(encode_block(a[0], ids[8:])).digest()     # no key of its own
+    assert len({plain[0], a[0], b[0]}) == 3 and len({plain[1], a[1], b[1]}) == 3
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string or None"):
+        hash_request_tokens(ids, BLOCK, "")
+
+
+def test_names_are_the_same_in_every_process_whatever_pythonhashseed():
+    # Python's hash() of a str changes with PYTHONHASHSEED; SHA-256 of the bytes does not.
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import s13_prefix_caching as s; "
+              "print(s.hash_request_tokens(list(range(20)), 4, 'salt')[-1].hex(), "
+              "hash('salt'))")
+    seen = []
+    for seed in ("0", "12345"):
+        out = subprocess.run([sys.executable, "-c", script, str(CODE)], capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        seen.append(out.stdout.split())
+    assert seen[0][0] == seen[1][0] == hash_request_tokens(list(range(20)), 4, "salt")[-1].hex()
+    assert seen[0][1] != seen[1][1]          # the seed did change Python's own hash
+
+
+# --- a hand-worked example, model-free ------------------------------------------------------
+
+def test_hits_misses_and_lru_evictions_of_a_hand_worked_example():
+    """block_size 4, 9 blocks (block 0 null, 1..8 usable; free queue 1..8). Each request runs
+    alone to its one token. Worked out by hand (front of the free queue on the left):
+    A [0..9]: no hit; blocks 1,2,3; blocks 1 ([0..3]) and 2 ([4..7]) full and cached; freed
+        last first: queue 4,5,6,7,8,3,2,1.                     hits 0 of 10
+    B [0..7,20,21,22]: cap (11-1)//4 = 2 blocks: 1, 2 hit (out of the queue); 1 new block,
+        the front: 4; freed 4,2,1: queue 5,6,7,8,3,4,2,1.       hits 8 of 11
+    C [0..7]: a full-prompt match, capped at (8-1)//4 = 1 block: 1 hits; new block 5 computes
+        [4..7] (block 2 holds that already, so 5 stays unnamed); queue 6,7,8,3,4,2,5,1.
+                                                                hits 4 of 8
+    D [0..9] salt "x": block 0's name has the salt: no hit; blocks 6,7,8, 6 and 7 cached
+        (salted); queue 3,4,2,5,1,8,7,6.                        hits 0 of 10
+    E [100..115]: no hit; 4 blocks from the front: 3,4,2,5, and 2 was cached: EVICTED;
+        all four full and cached; queue 1,8,7,6,5,2,4,3.        hits 0 of 16
+    F = B again: block 1 hits; block 2 no longer holds [4..7] (evicted, reused by E): miss,
+        so an evicted block never hits.                         hits 4 of 11
+    In all: 6 requests, 3 with a hit, 66 tokens asked, 16 found."""
+    s = PrefixCachingScheduler(4, 64, 9, 4, 64)
+    model = PagedFakeModel(s)
+    runs = [("A", list(range(10)), None), ("B", list(range(8)) + [20, 21, 22], None),
+            ("C", list(range(8)), None), ("D", list(range(10)), "x"),
+            ("E", list(range(100, 116)), None), ("F", list(range(8)) + [20, 21, 22], None)]
+    seen = {}
+    for rid, prompt, salt in runs:
+        model.add(Req(rid, prompt, 1, salt))
+        out = model.step()
+        assert not s.has_unfinished_requests()
+        events = out.block_events + tuple(s.kv.take_events())
+        seen[rid] = (out.num_cached_tokens[rid], out.block_tables[rid],
+                     [e for e in events if e[1] == rid],
+                     s.kv.pool.free_block_queue.block_ids())
+    assert seen["A"] == (0, (1, 2, 3), [("allocated", "A", (1, 2, 3)), ("cached", "A", (1, 2)),
+                                        ("freed", "A", (3, 2, 1))], [4, 5, 6, 7, 8, 3, 2, 1])
+    assert seen["B"] == (8, (1, 2, 4), [("hit", "B", (1, 2)), ("allocated", "B", (4,)),
+                                        ("freed", "B", (4, 2, 1))], [5, 6, 7, 8, 3, 4, 2, 1])
+    assert seen["C"] == (4, (1, 5), [("hit", "C", (1,)), ("allocated", "C", (5,)),
+                                     ("freed", "C", (5, 1))], [6, 7, 8, 3, 4, 2, 5, 1])
+    assert seen["D"] == (0, (6, 7, 8), [("allocated", "D", (6, 7, 8)), ("cached", "D", (6, 7)),
+                                        ("freed", "D", (8, 7, 6))], [3, 4, 2, 5, 1, 8, 7, 6])
+    assert seen["E"] == (0, (3, 4, 2, 5), [("evicted", "E", (2,)),
+                                           ("allocated", "E", (3, 4, 2, 5)),
+                                           ("cached", "E", (3, 4, 2, 5)),
+                                           ("freed", "E", (5, 2, 4, 3))],
+                         [1, 8, 7, 6, 5, 2, 4, 3])
+    assert seen["F"][0] == 4 and seen["F"][1][0] == 1 and seen["F"][1][1] != 2
+    st = s.stats
+    assert (st.requests, st.hit_requests, st.queries, st.hits) == (6, 3, 66, 16)
+    assert st.hit_rate == 16 / 66 and st.request_hit_rate == 0.5
+    # Idle: nothing held, yet cached blocks remain in the free queue: the cache, not a leak.
+    assert s.kv.num_free_blocks == 8 and s.kv.pool.num_cached_free_blocks > 0
+    cached = s.kv.pool.num_cached_blocks
+    assert s.reset_prefix_cache() == cached and s.kv.pool.num_cached_blocks == 0
+
+
+def test_two_requests_share_blocks_with_ref_counts_and_the_last_one_frees_them():
+    # Hand-worked: block_size 4. A (12 tokens) runs a step: blocks 1, 2, 3 cached once
+    # computed (12 // 4 = 3 full). B shares A's first 8 tokens: hits 1, 2 (ref_cnt 2 each).
+    s = PrefixCachingScheduler(4, 64, 20, 4, 64)
+    model = PagedFakeModel(s)
+    model.add(Req("A", list(range(12)), 5))
+    model.step()
+    model.add(Req("B", list(range(8)) + [50, 51, 52], 5))
+    out = model.step()
+    assert out.num_cached_tokens == {"B": 8}
+    assert [s.kv.pool.blocks[b].ref_cnt for b in (1, 2, 3)] == [2, 2, 1]
+    s.abort("A")
+    assert [s.kv.pool.blocks[b].ref_cnt for b in (1, 2, 3)] == [1, 1, 0]
+    assert 3 in s.kv.pool.free_block_queue.block_ids()          # freed but still named
+    s.abort("B")
+    assert s.kv.num_free_blocks == s.kv.pool.num_usable_blocks
+    assert {1, 2, 3} <= set(b.block_id for b in s.kv.pool.blocks if b.block_hash)
+
+
+def test_preemption_resumes_from_its_own_cached_blocks():
+    # Worked out by hand: 8 blocks of 2 (7 usable). A (8 tokens, 4 blocks) and B (4 tokens,
+    # 2 blocks) prefill; 1 block free. Next step A's 9th token takes it; B's 5th needs a 3rd
+    # block, none is free: B, the tail, is preempted, its blocks freed last first (queue: B's
+    # [42,43], B's [40,41]). A's 11th token takes the front, evicting [42,43]. When A is done
+    # B resumes with 5 tokens, capped at (5 - 1) // 2 = 2 blocks: [40,41] still cached (a hit
+    # of 2 tokens), [42,43] evicted (a miss).
+    s = PrefixCachingScheduler(2, 16, 8, 2, 64)
+    model = PagedFakeModel(s)
+    model.add(Req("A", list(range(8)), 4))
+    model.add(Req("B", [40, 41, 42, 43], 8))
+    resumed = []
+    while s.has_unfinished_requests():
+        out = model.step()
+        resumed += [(rid, out.num_cached_tokens[rid]) for rid in out.scheduled_resumed_ids]
+    assert s.num_preemptions == 1 and resumed == [("B", 2)]
+    assert model.by_id["B"].output_ids == alone([40, 41, 42, 43], 8)
+    assert model.by_id["A"].output_ids == alone(list(range(8)), 4)
+
+
+# --- the engine on a tiny random model -----------------------------------------------------
+
+def run_engine(engine, prompts, params, every=1, salts=None):
+    """Add one prompt every `every` steps (0: all first); step until done. Returns the tokens
+    by prompt index; checks the pool's accounting and the ref counts after every step."""
+    ids, got, call = {}, {}, 0
+    while len(ids) < len(prompts) or engine.has_unfinished_requests():
+        while len(ids) < len(prompts) and call >= len(ids) * every:
+            k = len(ids)
+            ids[k] = engine.add_request(id_text(prompts[k]), params,
+                                        cache_salt=(salts or {}).get(k))
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+        call += 1
+        assert call < 1000
+        engine.scheduler.kv.check()
+        if engine.trace:
+            record = engine.trace[-1]
+            for table, refs in zip(record.block_tables, record.ref_cnts):
+                for block, ref in zip(table, refs):   # held by exactly the tables holding it
+                    assert ref == sum(block in t for t in record.block_tables)
+    kv = engine.scheduler.kv
+    assert not kv.req_blocks and kv.num_free_blocks == kv.pool.num_usable_blocks  # G5
+    return {k: got.get(rid, []) for k, rid in ids.items()}
+
+
+CONFIGS = {"sequential": dict(), "chunked": dict(max_num_batched_tokens=8),
+           "preempting": dict(num_blocks=11, max_num_batched_tokens=32)}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_greedy_with_the_cache_equals_s05_and_hf_alone(tiny, config):
+    model, references = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK, **CONFIGS[config])
+    got = run_engine(engine, PROMPTS, greedy())
+    for k, (s05_alone, hf_alone) in references.items():
+        assert got[k] == s05_alone.token_ids == hf_alone, (config, k)
+    assert engine.stats.hits >= 3 * 40 - BLOCK or config == "preempting"
+    assert engine.stats.hits > 0
+    if config == "preempting":
+        assert engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_seeded_outputs_are_the_same_with_the_cache_on_and_off(tiny, config):
+    model, _ = tiny
+    params = s04.SamplingParams(temperature=0.9, top_p=0.95, max_tokens=NEW, seed=13)
+    on = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK, **CONFIGS[config])
+    off = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK,
+                    enable_prefix_caching=False, **CONFIGS[config])
+    assert run_engine(on, PROMPTS, params) == run_engine(off, PROMPTS, params)
+    assert on.stats.hits > 0 and off.stats.queries == 0
+
+
+def test_h1_vllm_5543_outputs_equal_without_the_cache_in_every_run(tiny):
+    """vllm #5543: completions differed with and without prefix caching, and between runs of
+    the caching server. One engine, the same prompts twice (the second run finds a warm,
+    dirty cache): every completion equals the cache-off one."""
+    model, _ = tiny
+    off = run_engine(LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK,
+                               enable_prefix_caching=False), PROMPTS, greedy(), every=0)
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK)
+    first = run_engine(engine, PROMPTS, greedy(), every=0)
+    hits_first = engine.stats.hits
+    second = run_engine(engine, PROMPTS, greedy(), every=0)
+    assert first == second == off
+    assert engine.stats.hits - hits_first > hits_first      # the second run hits more
+
+
+def test_h2_vllm_40896_first_and_repeated_identical_requests_agree(tiny):
+    """vllm #40896: at temperature 0 the first request (a miss) and later identical ones
+    (hits) differed. The same prompt three times, one after the other: all equal, equal to
+    S05 alone, and the later ones were hits (capped one block short of the 43 tokens)."""
+    model, references = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK)
+    outs = [run_engine(engine, [PROMPTS[0]], greedy())[0] for _ in range(3)]
+    assert outs[0] == outs[1] == outs[2] == references[0][0].token_ids
+    hits = [h for r in engine.trace for h in r.cache_hits]
+    assert [n for _, n, _ in hits] == [0, 40, 40] and all(t == 43 for _, _, t in hits)
+
+
+class LogitsEngine(LLMEngine):
+    """Keeps each step's logits rows by request id (through the model seam only)."""
+
+    def execute_model(self, batch):
+        logits = super().execute_model(batch)
+        rows = sorted(self.scheduler_output.num_scheduled_tokens,
+                      key=lambda rid: self.requests[rid].slot)
+        self.logits = getattr(self, "logits", [])
+        self.logits.append(dict(zip(rows, logits.clone())))
+        return logits
+
+
+@pytest.mark.parametrize("case", ["same prompt twice", "shared system prompt"])
+def test_h3_tenstorrent_vllm_415_a_hit_gives_the_logits_of_a_full_prefill(tiny, case):
+    """tenstorrent/vllm #415: hits returned corrupted KV (the prefill resuming at
+    num_computed_tokens = k > 0). The first-token logits of a request that found k cached
+    tokens equal those of the same prompt prefilled whole (cache off), within S08's
+    BATCH_TOLERANCE (a chunk is a different matmul shape, so not bitwise), and so do the
+    logits of every later step."""
+    model, _ = tiny
+    warm, probe = (PROMPTS[0], PROMPTS[0]) if case == "same prompt twice" else (PROMPTS[0],
+                                                                                 PROMPTS[2])
+    on = LogitsEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK)
+    run_engine(on, [warm], greedy())
+    on.logits = []
+    run_engine(on, [probe], greedy())
+    assert on.trace[-NEW].cache_hits[0][1] == 40             # k = 40 cached tokens
+    off = LogitsEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK,
+                       enable_prefix_caching=False)
+    run_engine(off, [probe], greedy())
+    hit_rows = [next(iter(d.values())) for d in on.logits]
+    miss_rows = [next(iter(d.values())) for d in off.logits]
+    assert len(hit_rows) == len(miss_rows) == NEW
+    tol = s08.BATCH_TOLERANCE[torch.float32]
+    for a, b in zip(hit_rows, miss_rows):
+        assert float((a - b).abs().max()) < tol
+
+
+def test_cache_salt_isolates_requests(tiny):
+    model, _ = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK)
+    run_engine(engine, [PROMPTS[0]] * 4, greedy(), salts={0: "u1", 1: "u2", 2: "u1"})
+    hits = [n for r in engine.trace for _, n, _ in r.cache_hits]
+    assert hits == [0, 0, 40, 0]       # u1 miss, u2 miss, u1 hit, no salt: miss
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string or None"):
+        engine.add_request(id_text(PROMPTS[0]), greedy(), cache_salt="")
+
+
+def test_g5_aborts_while_waiting_running_and_mid_chunk_leave_nothing_held(tiny):
+    """sglang PR #2238 / #1674 / #6778: once idle, free + evictable cached == total."""
+    model, _ = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, block_size=BLOCK,
+                       max_num_batched_tokens=8)
+    ids = [engine.add_request(id_text(p), greedy()) for p in PROMPTS[:4]]
+    engine.step()
+    engine.step()                      # ids[0] mid-chunk (16 of 43), ids[2:] waiting
+    assert engine.requests[ids[0]].num_computed_tokens == 16
+    assert engine.abort(ids[0]) and engine.abort(ids[3])
+    aborted_running = False
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.scheduler.kv.check()
+        seq = engine.requests.get(ids[2])
+        if seq is not None and seq.status == "running" and not aborted_running:
+            aborted_running = engine.abort(ids[2])
+    assert aborted_running
+    kv = engine.scheduler.kv
+    assert not kv.req_blocks and kv.num_free_blocks == kv.pool.num_usable_blocks
+    assert kv.pool.num_cached_free_blocks == kv.pool.num_cached_blocks > 0
+
+
+def test_the_engine_refuses_the_cache_in_batch_invariant_mode(tiny):
+    model, _ = tiny
+    with pytest.raises(ValueError, match="enable_prefix_caching needs the fast mode"):
+        LLMEngine(model, IdTokenizer(), CONTEXT, 3, batch_invariant=True)
+    LLMEngine(model, IdTokenizer(), CONTEXT, 3, batch_invariant=True,
+              enable_prefix_caching=False)
+
+
+def test_the_trace_table_shows_hits_shared_blocks_and_evictions(tiny):
+    model, _ = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK, num_blocks=16)
+    run_engine(engine, PROMPTS, greedy())
+    text = format_cache_table(engine.trace)
+    assert "x2" in text and "evicted:" in text and "cached:" in text and "/43" in text
+    assert any(e[0] == "evicted" for r in engine.trace for e in r.block_events)
+    with pytest.raises(ValueError, match="max_rows must be an integer >= 2"):
+        format_cache_table(engine.trace, 1)
+
+
+def test_command_line_runs_with_a_shared_prefix(capsys):
+    main(["--shared-prefix", "16", "--num-prompts", "3", "--max-tokens", "3", "--block-size",
+          "8", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "prefix cache: " in out and "16 found cached at admission" in out
+    with pytest.raises(SystemExit):
+        main(["--batch-invariant", "--device", "cpu"])
+
+
+# --- the chapter's figure ---------------------------------------------------------------------
+
+def test_the_figure_is_the_benchmarks_json_drawn_with_its_legend_off_the_data():
+    """chapters/figures/s13_prefix_caching.png is scripts/s13_figure.py's drawing of the
+    committed benchmark figures; the token counts in the JSON are the closed forms: a prompt
+    sharing s tokens finds s rounded down to whole blocks cached and computes the rest; chat
+    turn t finds turn t - 1's prompt and answer cached, less the answer's last token (sampled,
+    never computed), rounded down to whole blocks."""
+    import json
+    import statistics
+
+    from legend_check import covered_by_legends, describe
+    sys.path.insert(0, str(CODE.parent / "scripts"))
+    import s13_figure
+    figures = json.loads(s13_figure.DATA.read_text())
+    found = covered_by_legends(s13_figure.build_figure(figures))
+    assert not found, describe(found)
+    config = figures["config"]
+    size, prompt = config["block_size"], config["prompt_tokens"]
+    for row in figures["system_prompt"]:
+        assert row["shared_tokens"] == round(row["fraction"] * prompt)
+        assert row["cached_tokens"] == row["shared_tokens"] // size * size
+        assert row["computed_tokens"] == {"on": prompt - row["cached_tokens"], "off": prompt}
+        for mode in ("on", "off"):
+            runs = row["ttft_ms_of_repeats"][mode]
+            assert len(runs) == config["repeats"]
+            assert row["ttft_ms"][mode] == statistics.median(runs)
+        ratios = [b / a for a, b in zip(row["ttft_ms_of_repeats"]["on"],
+                                        row["ttft_ms_of_repeats"]["off"])]
+        assert row["speedup"] == statistics.median(ratios)
+    before = None
+    for turn in figures["chat"]:
+        if before is not None:
+            assert turn["cached_tokens"] == (before + config["answer_tokens"] - 1) // size * size
+        before = turn["prompt_tokens"]
+    done = subprocess.run([sys.executable, str(CODE.parent / "scripts" / "s13_figure.py"),
+                           "--check"], cwd=CODE.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
