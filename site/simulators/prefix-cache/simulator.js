@@ -1,0 +1,353 @@
+/* S13 "Try it": the prefix cache. Requests that share a prefix find its full blocks by name,
+ * hold them together (reference counts), and leave them cached in the free queue when they
+ * finish, until an allocation takes them from the front and evicts their names.
+ *
+ * The runs are real: export.py (beside this file) ran each workload at build time through
+ * code/s13_engine.py's LLMEngine (PrefixCachingScheduler) on the bundled model and recorded
+ * every request's tokens, the names of its full blocks and the engine's trace. The page takes
+ * the schedule from the trace (who runs in each step with how many tokens, who finishes) and
+ * recomputes the cache itself, with S13's rules:
+ *   - a request admitted looks up its first block names in the cache map and takes the longest
+ *     run found, at most (its tokens - 1) // block size blocks (its last token is computed);
+ *     each block hit gets ref_cnt + 1 and, if nobody held it, leaves the free queue;
+ *   - new blocks come from the front of the free queue, ref_cnt 1; a block taken that had a
+ *     name loses it (an eviction);
+ *   - after the model step, each scheduled request's full blocks among its computed tokens get
+ *     their names, unless a block with that name is cached already (a twin stays unnamed);
+ *   - a request that finishes gives its blocks back last first: ref_cnt - 1, and at 0 to the
+ *     back of the free queue, keeping its name (still a hit until it is taken).
+ * On load it checks each step's events, block tables, ref counts, cached blocks and free queue
+ * against the exported trace (console error and a visible banner if they disagree).
+ */
+(function () {
+  "use strict";
+
+  function el(tag, cls, text) {
+    var node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // "1 token", "2 tokens": a count and its noun, singular for exactly one.
+  function count(n, noun) { return n + " " + noun + (n === 1 ? "" : "s"); }
+
+  function show(piece) { return piece.replace(/\n/g, "\u21b5"); }
+
+  function same(a, b) { return JSON.stringify(a) === JSON.stringify(b); }
+
+  // The cache, replayed from the schedule and the block names. One snapshot per step.
+  function replay(work) {
+    var bs = work.block_size, n = work.num_blocks;
+    var reqs = {};
+    work.requests.forEach(function (r) { reqs[r.id] = r; });
+    var free = [], ref = [], name = {}, byName = {}, tables = {}, held = {}, named = {};
+    for (var b = 1; b < n; b++) { free.push(b); }
+    for (var b2 = 0; b2 < n; b2++) { ref.push(0); }
+    var stats = {admissions: 0, hitRequests: 0, queries: 0, hits: 0};
+    var snaps = [];
+
+    function take(k) {                                   // from the front, evicting names
+      var got = free.splice(0, k), evicted = [];
+      got.forEach(function (blk) {
+        ref[blk] = 1;
+        if (name[blk] !== undefined) {
+          evicted.push(blk);
+          delete byName[name[blk]];
+          delete name[blk];
+        }
+      });
+      return {blocks: got, evicted: evicted};
+    }
+
+    work.trace.forEach(function (t) {
+      var events = [], hitsNow = [], cachedNow = [], evictedNow = [], hitsOf = {};
+      t.schedule_order.forEach(function (rid) {
+        var k = t.running.indexOf(rid), num = t.num_scheduled_tokens[k];
+        var total = t.request_num_tokens[k], hashes = reqs[rid].hashes, got;
+        if (!(rid in tables)) {                          // admitted: the lookup
+          var run = [], most = Math.floor((total - 1) / bs);
+          for (var i = 0; i < most && i < hashes.length && byName[hashes[i]] !== undefined; i++) {
+            run.push(byName[hashes[i]]);
+          }
+          run.forEach(function (blk) {
+            if (ref[blk] === 0) free.splice(free.indexOf(blk), 1);
+            ref[blk] += 1;
+          });
+          var start = run.length * bs;
+          got = take(Math.ceil((start + num) / bs) - run.length);
+          if (run.length) events.push(["hit", rid, run.slice()]);
+          tables[rid] = run.concat(got.blocks);
+          held[rid] = start + num;
+          named[rid] = 0;
+          hitsOf[rid] = [start, total];
+          hitsNow = hitsNow.concat(run);
+          stats.admissions += 1;
+          stats.hitRequests += start > 0 ? 1 : 0;
+          stats.queries += total;
+          stats.hits += start;
+        } else {                                         // running: blocks for its new tokens
+          got = take(Math.ceil((held[rid] + num) / bs) - tables[rid].length);
+          tables[rid] = tables[rid].concat(got.blocks);
+          held[rid] += num;
+        }
+        if (got.evicted.length) events.push(["evicted", rid, got.evicted]);
+        if (got.blocks.length) events.push(["allocated", rid, got.blocks]);
+        evictedNow = evictedNow.concat(got.evicted);
+      });
+      var scheduled = t.schedule_order.map(function (rid) {
+        return {id: rid, table: tables[rid].slice(),
+                refs: tables[rid].map(function (blk) { return ref[blk]; })};
+      });
+      t.schedule_order.forEach(function (rid) {         // after the model step: names
+        var k = t.running.indexOf(rid), hashes = reqs[rid].hashes;
+        var full = Math.floor(Math.min(t.num_computed_tokens[k] + t.num_scheduled_tokens[k],
+                                       held[rid], t.request_num_tokens[k]) / bs);
+        var mine = [];
+        for (var i = named[rid]; i < full; i++) {
+          var blk = tables[rid][i];
+          if (byName[hashes[i]] === undefined) {
+            byName[hashes[i]] = blk;
+            name[blk] = hashes[i];
+            mine.push(blk);
+          }
+        }
+        named[rid] = Math.max(named[rid], full);
+        if (mine.length) events.push(["cached", rid, mine]);
+        cachedNow = cachedNow.concat(mine);
+      });
+      var freedNow = [];
+      t.left.forEach(function (rid) {                   // finished: last block first
+        var back = tables[rid].slice().reverse();
+        back.forEach(function (blk) {
+          ref[blk] -= 1;
+          if (ref[blk] === 0) free.push(blk);
+        });
+        events.push(["freed", rid, back]);
+        freedNow = freedNow.concat(back);
+        delete tables[rid];
+      });
+      var cached = Object.keys(name).map(Number).sort(function (a, c) { return a - c; })
+        .map(function (blk) { return [blk, name[blk]]; });
+      var holders = {};
+      Object.keys(tables).forEach(function (rid) {
+        tables[rid].forEach(function (blk) { holders[blk] = (holders[blk] || 0) + 1; });
+      });
+      snaps.push({step: t.step, events: events, scheduled: scheduled, hitsOf: hitsOf,
+                  hitsNow: hitsNow, cachedNow: cachedNow, evictedNow: evictedNow,
+                  freedNow: freedNow, left: t.left.slice(), joined: t.joined.slice(),
+                  free: free.slice(), cached: cached, ref: ref.slice(),
+                  name: Object.assign({}, name), holders: holders,
+                  tables: JSON.parse(JSON.stringify(tables)),
+                  stats: Object.assign({}, stats)});
+    });
+    return snaps;
+  }
+
+  // The page's replay against the engine's trace, step by step.
+  function check(work, snaps) {
+    var problems = [];
+    work.trace.forEach(function (t, i) {
+      var s = snaps[i], at = "step " + t.step + ": ";
+      if (!same(s.events, t.block_events)) problems.push(at + "events");
+      if (!same(s.free, t.free_queue)) problems.push(at + "free queue");
+      if (!same(s.cached, t.cached_blocks)) problems.push(at + "cached blocks");
+      s.scheduled.forEach(function (x) {
+        var k = t.running.indexOf(x.id);
+        if (!same(x.table, t.block_tables[k])) problems.push(at + "block table of " + x.id);
+        if (!same(x.refs, t.ref_cnts[k])) problems.push(at + "ref counts of " + x.id);
+      });
+      var hits = {};
+      t.cache_hits.forEach(function (h) { hits[h[0]] = [h[1], h[2]]; });
+      if (!same(s.hitsOf, hits)) problems.push(at + "hits");
+      var st = s.stats;
+      if (!same([st.admissions, st.hitRequests, st.queries, st.hits], t.cache_stats)) problems.push(at + "counters");
+    });
+    return problems;
+  }
+
+  function mount(root, data) {
+    var wrap = el("div", "pc-sim");
+    root.appendChild(wrap);
+    var banner = el("p", "pc-banner");
+    banner.hidden = true;
+    wrap.appendChild(banner);
+
+    var controls = el("div", "pc-row");
+    var pick = el("select", "pc-pick");
+    data.workloads.forEach(function (w, i) {
+      var opt = el("option", null, w.title);
+      opt.value = String(i);
+      pick.appendChild(opt);
+    });
+    controls.appendChild(pick);
+    var reset = el("button", "pc-reset", "back to step 0");
+    var back = el("button", "pc-back", "\u25c0 step");
+    var next = el("button", "pc-next", "step \u25b6");
+    var end = el("button", "pc-end", "to the end");
+    [reset, back, next, end].forEach(function (b) { b.type = "button"; controls.appendChild(b); });
+    var slider = el("input", "pc-slider");
+    slider.type = "range";
+    slider.min = "0";
+    controls.appendChild(slider);
+    var stepLabel = el("span", "pc-step-label");
+    controls.appendChild(stepLabel);
+    wrap.appendChild(controls);
+
+    var config = el("p", "pc-config");
+    wrap.appendChild(config);
+    var legend = el("p", "pc-legend");
+    [["pc-held", "held by one request (number: ref_cnt)"], ["pc-shared", "held by several"],
+     ["pc-cached-free", "free, still cached (a hit takes it back)"], ["pc-free", "free, no name"],
+     ["pc-null", "block 0, the null block"], ["pc-hit-now", "hit in this step"],
+     ["pc-evicted-now", "name evicted in this step"]].forEach(function (pair) {
+      var item = el("span", "pc-legend-item");
+      item.appendChild(el("span", "pc-swatch " + pair[0]));
+      item.appendChild(document.createTextNode(pair[1]));
+      legend.appendChild(item);
+    });
+    wrap.appendChild(legend);
+    var body = el("div", "pc-body");
+    wrap.appendChild(body);
+
+    var work = null, snaps = null, step = 0;
+
+    function blockCell(s, blk) {
+      var refc = s.ref[blk], cls = "pc-block";
+      if (blk === 0) cls += " pc-null";
+      else if (refc > 1) cls += " pc-shared";
+      else if (refc === 1) cls += " pc-held";
+      else if (s.name[blk] !== undefined) cls += " pc-cached-free";
+      else cls += " pc-free";
+      if (s.hitsNow.indexOf(blk) >= 0) cls += " pc-hit-now";
+      if (s.evictedNow.indexOf(blk) >= 0) cls += " pc-evicted-now";
+      if (s.cachedNow.indexOf(blk) >= 0) cls += " pc-cached-now";
+      var cell = el("span", cls);
+      cell.dataset.block = String(blk);
+      cell.dataset.ref = String(blk === 0 ? 0 : refc);
+      cell.dataset.name = s.name[blk] || "";
+      cell.appendChild(el("span", "pc-block-id", String(blk)));
+      cell.appendChild(el("span", "pc-block-ref", blk === 0 || refc === 0 ? "" : String(refc)));
+      cell.title = "block " + blk + (blk === 0 ? " (null block)" : ": ref_cnt " + refc +
+        (s.name[blk] !== undefined ? ", cached as " + s.name[blk] : ", no name"));
+      return cell;
+    }
+
+    function render() {
+      var s = snaps[step], t = work.trace[step], last = snaps.length - 1;
+      slider.value = String(step);
+      stepLabel.textContent = "step " + step + " of " + last;
+      back.disabled = reset.disabled = step <= 0;
+      next.disabled = end.disabled = step >= last;
+      body.textContent = "";
+
+      var note = el("p", "pc-note");
+      var parts = ["Step " + step + ": " + count(t.num_tokens, "token") + " computed"];
+      Object.keys(s.hitsOf).forEach(function (rid) {
+        var h = s.hitsOf[rid];
+        parts.push("request " + rid + " admitted: " + h[0] + " of " + count(h[1], "token") +
+          " found cached" + (h[0] ? " (" + count(h[0] / work.block_size, "block") + ")" : ""));
+      });
+      if (s.evictedNow.length) parts.push((s.evictedNow.length === 1 ? "block " : "blocks ") +
+        s.evictedNow.join(", ") + " evicted (taken from the front of the free queue)");
+      if (s.cachedNow.length) parts.push((s.cachedNow.length === 1 ? "block " : "blocks ") +
+        s.cachedNow.join(", ") + " now cached");
+      s.left.forEach(function (rid) {
+        var freed = s.events.filter(function (e) { return e[0] === "freed" && e[1] === rid; })[0][2];
+        parts.push("request " + rid + " finished: gives back " + freed.join(", ") + " (last block first)");
+      });
+      note.textContent = parts.join("; ") + ".";
+      body.appendChild(note);
+
+      body.appendChild(el("h4", "pc-title", "The pool: " + count(work.num_blocks, "block") + " of " +
+        count(work.block_size, "token") + " after step " + step));
+      var grid = el("div", "pc-grid");
+      for (var b = 0; b < work.num_blocks; b++) grid.appendChild(blockCell(s, b));
+      body.appendChild(grid);
+
+      var queue = el("div", "pc-queue");
+      queue.appendChild(el("span", "pc-queue-title", "free queue, front first (taken first): "));
+      if (!s.free.length) queue.appendChild(el("span", "pc-empty", "empty"));
+      s.free.forEach(function (blk) {
+        var chip = el("span", "pc-chip" + (s.name[blk] !== undefined ? " pc-cached-free" : " pc-free"), String(blk));
+        chip.dataset.block = String(blk);
+        queue.appendChild(chip);
+      });
+      body.appendChild(queue);
+
+      var st = s.stats;
+      body.appendChild(el("p", "pc-stats", "Prefix cache so far: " + st.hits + " of " +
+        count(st.queries, "prompt token") + " found cached (" +
+        (st.queries ? (100 * st.hits / st.queries).toFixed(1) : "0.0") + "%), " + st.hitRequests +
+        " of " + count(st.admissions, "admission") + " with a hit; " + count(s.cached.length, "block") +
+        " cached, " + count(Object.keys(s.holders).length, "block") + " held."));
+
+      var rt = el("table", "pc-req-table");
+      var rh = el("tr");
+      ["request", "arrives", "prompt", "found cached", "block table (x ref_cnt)", "made", "completion so far"].forEach(function (h) {
+        rh.appendChild(el("th", null, h)); });
+      rt.appendChild(rh);
+      work.requests.forEach(function (rq) {
+        var tr = el("tr", "pc-req");
+        var made = rq.generated.filter(function (g) { return g[0] <= step; }).length;
+        var admitted = null;
+        for (var k = 0; k <= step; k++) if (snaps[k].hitsOf[rq.id]) admitted = snaps[k].hitsOf[rq.id];
+        tr.appendChild(el("td", null, rq.id));
+        tr.appendChild(el("td", null, "step " + rq.arrival));
+        tr.appendChild(el("td", null, count(rq.prompt_len, "token")));
+        tr.appendChild(el("td", "pc-found", admitted ? admitted[0] + " of " + admitted[1] : "not yet"));
+        var tableCell = el("td", "pc-table");
+        var tab = s.tables[rq.id];
+        if (tab) {
+          tab.forEach(function (blk) {
+            var c = s.ref[blk];
+            tableCell.appendChild(el("span", "pc-chip " + (c > 1 ? "pc-shared" : "pc-held"),
+                                     c > 1 ? blk + "\u00d7" + c : String(blk)));
+          });
+        } else {
+          tableCell.textContent = admitted ? "finished: holds none" : "";
+        }
+        tr.appendChild(tableCell);
+        var doneNow = made === rq.generated.length;
+        tr.appendChild(el("td", "pc-status", count(made, "token") + (doneNow ? ", finished (" + rq.finish_reason + ")" : "")));
+        tr.appendChild(el("td", "pc-text", show(rq.generated.filter(function (g) { return g[0] <= step; })
+          .map(function (g) { return g[2]; }).join(""))));
+        rt.appendChild(tr);
+      });
+      var reqBox = el("div", "pc-requests");
+      reqBox.appendChild(rt);
+      body.appendChild(reqBox);
+    }
+
+    function choose(index) {
+      work = data.workloads[index];
+      snaps = replay(work);
+      var problems = check(work, snaps);
+      if (problems.length) {
+        banner.hidden = false;
+        banner.textContent = "The page's cache disagrees with the engine's trace: " + problems.join("; ");
+        console.error("prefix-cache: " + problems.join("; "));
+      } else {
+        banner.hidden = true;
+      }
+      config.textContent = "The same bundled model, greedy; blocks of " + count(work.block_size, "token") +
+        ", a pool of " + count(work.num_blocks, "block") + " (block 0 is the null block), at most " +
+        work.max_num_seqs + " running. A block is named once it is full and its KV written; its name is the first " +
+        data.hash_digits + " hex digits of its SHA-256 chain hash.";
+      slider.max = String(snaps.length - 1);
+      step = 0;
+      render();
+    }
+
+    function go(s) { step = Math.max(0, Math.min(snaps.length - 1, s)); render(); }
+    pick.addEventListener("change", function () { choose(Number(pick.value)); });
+    reset.addEventListener("click", function () { go(0); });
+    back.addEventListener("click", function () { go(step - 1); });
+    next.addEventListener("click", function () { go(step + 1); });
+    end.addEventListener("click", function () { go(snaps.length - 1); });
+    slider.addEventListener("input", function () { go(Number(slider.value)); });
+    choose(0);
+  }
+
+  window.CourseSim.register("prefix-cache", mount);
+})();

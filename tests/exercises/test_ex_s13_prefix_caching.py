@@ -1,0 +1,260 @@
+"""Graded tests for the S13 exercises (see exercises/s13_prefix_caching.py).
+
+Oracles, none of them the solution: hashes, hits and free queues worked by hand (the first
+block's hash is rebuilt here with hashlib and struct from the encoding the exercise states);
+S13's tested code (code/s13_prefix_caching.py): `hash_request_tokens`, the hash chain the
+engine uses, on random token ids, block sizes and salts; `PrefixCachingScheduler` serving the
+earlier prompts one after another with a fake model (one output token each, a pool too large to
+evict anything), then asked how many cached tokens the new prompt is admitted with; and
+`PrefixCachingKVCacheManager` driven through the same admissions and frees as your function
+(find the cached run, take it, allocate the rest, name the full blocks, free last block first),
+its hits, evictions and free queue read after every operation. No model is needed. What your
+functions return is compared as lists, so any sequence is accepted.
+"""
+import hashlib
+import random
+import struct
+
+import pytest
+
+from exercise_loader import load_exercise
+import s13_prefix_caching as s13
+
+ex = load_exercise("s13_prefix_caching")
+
+
+# Exercise 1 ----------------------------------------------------------------------------------
+
+def one_block(parent: bytes, tokens, keys=()) -> bytes:
+    """The encoding as the exercise states it, written out once more by hand."""
+    data = parent + struct.pack("<I", len(tokens)) + b"".join(struct.pack("<q", t) for t in tokens)
+    data += struct.pack("<I", len(keys))
+    for key in keys:
+        data += struct.pack("<I", len(key.encode())) + key.encode()
+    return hashlib.sha256(data).digest()
+
+
+@pytest.mark.points(1)
+def test_block_hashes_by_hand():
+    root = hashlib.sha256(b"s13 prefix cache: no parent block").digest()
+    got = [bytes(h) for h in ex.block_hashes([5, 6, 7, 8, 9], 2)]
+    h0 = one_block(root, [5, 6])
+    h1 = one_block(h0, [7, 8])
+    assert got == [h0, h1]                                     # token 9 fills no block
+    assert [bytes(h) for h in ex.block_hashes([5, 6, 7], 2, "alice")] == [
+        one_block(root, [5, 6], ["alice"])]                    # the salt in block 0 only
+    assert list(ex.block_hashes([5], 2)) == []
+    assert bytes(ex.block_hashes([7, 8], 2)[0]) != h1          # same tokens, other parent
+    for bad in (([1, 2], 0, None), ([1, 2], 2, ""), ([1, 2], 2, 3)):
+        with pytest.raises(ValueError):
+            ex.block_hashes(*bad)
+
+
+@pytest.mark.points(2)
+def test_block_hashes_equal_the_engines_chain():
+    rng = random.Random(13)
+    for _ in range(300):
+        size = rng.randint(1, 9)
+        ids = [rng.randint(0, 2 ** 40) for _ in range(rng.randint(0, 40))]
+        salt = rng.choice([None, None, "tenant-1", "é" * rng.randint(1, 3)])
+        got = [bytes(h) for h in ex.block_hashes(ids, size, salt)]
+        assert got == s13.hash_request_tokens(ids, size, salt), (size, len(ids), salt)
+        if len(got) >= 2:                                      # change one token of block j:
+            j = rng.randrange(len(got))                        # blocks j.. change, not before
+            changed = list(ids)
+            changed[j * size + rng.randrange(size)] += 1
+            other = [bytes(h) for h in ex.block_hashes(changed, size, salt)]
+            assert other[:j] == got[:j] and all(a != b for a, b in zip(other[j:], got[j:]))
+
+
+# Exercise 2 ----------------------------------------------------------------------------------
+
+A = list(range(1, 9))             # two blocks of 4
+BY_HAND = [                       # (earlier prompts, prompt, block size) -> tokens skipped
+    (([A], A + [9], 4), 8),       # both blocks cached, the 9th token computed
+    (([A], A, 4), 4),             # exactly two blocks: the last token must be computed
+    (([A], A[:6], 4), 4),         # the second block is not full: only full blocks match
+    (([A], [1, 2, 3, 4, 5, 6, 7, 0, 9], 4), 4),                 # block 2 differs at its end
+    (([A], [9, 9, 9, 9, 5, 6, 7, 8, 1], 4), 0),                 # same block 2, other parent
+    (([A], [0] + A[1:] + [9], 4), 0),                           # the first block misses
+    (([A, [1, 2, 3, 4, 0, 0, 0, 0, 7]], [1, 2, 3, 4, 0, 0, 0, 0, 5], 4), 8),   # the newer one
+    (([], A + [9], 4), 0),
+    (([A], A + [9], 1), 8),       # block size 1: every token but the last
+]
+
+
+def cached_by_scheduler(earlier, prompt, block_size: int) -> int:
+    """S13's scheduler serves each earlier prompt alone to its first token (a fake model), in a
+    pool too large to evict, then admits `prompt`: the tokens it is admitted with."""
+    longest = max(len(p) for p in [*earlier, prompt]) + 1
+    num_blocks = 2 + sum(-(-(len(p) + 1) // block_size) for p in [*earlier, prompt])
+    sched = s13.PrefixCachingScheduler(1, 4 * longest, num_blocks, block_size, longest)
+    for k, ids in enumerate([*earlier, prompt]):
+        req = Req(f"r{k}", ids)
+        sched.add_request(req)
+        out = sched.schedule()
+        if k == len(earlier):
+            return out.num_cached_tokens[req.request_id]
+        while True:                                            # chunks until the first token
+            n = out.num_scheduled_tokens[req.request_id]
+            done = out.num_computed_tokens[req.request_id] + n == len(req.token_ids)
+            if done:
+                req.token_ids.append(1)
+            sched.update_from_output(out, [req.request_id] if done else [])
+            if done:
+                break
+            out = sched.schedule()
+
+
+class Req:
+    """A stand-in request: what the scheduler reads and nothing else."""
+
+    def __init__(self, request_id: str, prompt):
+        self.request_id = request_id
+        self.prompt_ids = list(prompt)
+        self.token_ids = list(prompt)
+        self.num_computed_tokens = 0
+        self.cache_salt = None
+
+
+@pytest.mark.points(1)
+def test_num_cached_tokens_by_hand():
+    for (earlier, prompt, size), want in BY_HAND:
+        assert cached_by_scheduler(earlier, prompt, size) == want, (earlier, prompt, size)
+        assert ex.num_cached_tokens(earlier, prompt, size) == want, (earlier, prompt, size)
+    for bad in (([A], [], 4), ([A], A, 0)):
+        with pytest.raises(ValueError):
+            ex.num_cached_tokens(*bad)
+
+
+@pytest.mark.points(2)
+def test_num_cached_tokens_matches_the_scheduler():
+    rng = random.Random(31)
+    hits = 0
+    for _ in range(150):
+        size = rng.randint(1, 6)
+        base = [rng.randint(0, 5) for _ in range(rng.randint(1, 30))]
+        def variant():                                         # shares a prefix of base
+            cut = rng.randint(0, len(base))
+            return base[:cut] + [rng.randint(0, 5) for _ in range(rng.randint(0, 12))] or [1]
+        earlier = [variant() for _ in range(rng.randint(0, 3))]
+        prompt = variant()
+        want = cached_by_scheduler(earlier, prompt, size)
+        assert ex.num_cached_tokens(earlier, prompt, size) == want, (earlier, prompt, size)
+        hits += want > 0
+    assert hits > 40
+
+
+# Exercise 3 ----------------------------------------------------------------------------------
+
+def names(ids, size):
+    return [h.hex()[:12] for h in s13.hash_request_tokens(ids, size)]
+
+
+def by_manager(num_blocks: int, size: int, ops, tokens) -> list[tuple]:
+    """S13's manager through the same operations: for an admission, find the cached run (at
+    most (n - 1) // size blocks), take it and allocate the rest, then name the full blocks (the
+    step has written them); a free gives the blocks back last first. After each operation: the
+    blocks hit, the blocks whose name was evicted, the free queue front first. None when an
+    admission does not fit in the free blocks."""
+    kv = s13.PrefixCachingKVCacheManager(num_blocks, size)
+    out = []
+    for op in ops:
+        kv.take_events()
+        if op[0] == "admit":
+            _, rid, _, n = op
+            ids = tokens[rid]
+            hashes = s13.hash_request_tokens(ids, size)
+            run = kv.find_cached_blocks(ids, hashes, None, (n - 1) // size)
+            kv.set_computed_blocks(rid, run)
+            if not kv.allocate_slots(rid, n - len(run) * size):
+                return None
+            kv.pending.pop(rid, None)              # as the scheduler's plan does (no hit)
+            kv.cache_blocks(rid, ids, hashes, None, n)
+        else:
+            kv.free(op[1])
+        kv.check()
+        events = kv.take_events()
+        hit = [list(ids) for kind, _, ids in events if kind == "hit"]
+        evicted = [list(ids) for kind, _, ids in events if kind == "evicted"]
+        out.append((hit[0] if hit else [], evicted[0] if evicted else [],
+                    kv.pool.free_block_queue.block_ids()))
+    return out
+
+
+def serve(num_blocks, size, ops):
+    return [(list(h), list(e), list(f)) for h, e, f in ex.serve(num_blocks, size, ops)]
+
+
+SYSTEM = [7, 7, 7, 7, 8, 8, 8, 8]                              # two blocks of 4, shared
+
+
+@pytest.mark.points(1)
+def test_serve_by_hand():
+    tokens = {"a": SYSTEM + [1, 2, 3], "b": SYSTEM + [4, 5], "c": [9] * 9,
+              "d": SYSTEM + [1, 2, 3]}
+    ops = [("admit", "a", names(tokens["a"], 4), 11), ("free", "a"),
+           ("admit", "b", names(tokens["b"], 4), 10), ("free", "b"),
+           ("admit", "c", names(tokens["c"], 4), 9), ("admit", "d", names(tokens["d"], 4), 11)]
+    # Worked by hand, blocks 1..6 (block 0 is the null block), block size 4, free queue front
+    # first. a takes 1, 2, 3 and names 1, 2 (block 3 holds 3 tokens, not full). a gives back
+    # its last block first: 3, 2, 1 go to the back, keeping their names. b hits 1, 2 (the
+    # system prompt) and takes 4 for its last 2 tokens. b gives back 4, 2, 1. c (9 tokens, 3
+    # blocks, no hit) takes the front three, 5, 6, 3, none of them named. d hits 1, 2 again
+    # and takes 4.
+    want = [([], [], [4, 5, 6]),
+            ([], [], [4, 5, 6, 3, 2, 1]),
+            ([1, 2], [], [5, 6, 3]),
+            ([], [], [5, 6, 3, 4, 2, 1]),
+            ([], [], [4, 2, 1]),
+            ([1, 2], [], [])]
+    assert by_manager(7, 4, ops, tokens) == want
+    assert serve(7, 4, ops) == want
+    # The same with blocks 1..4 only, and c let go before d comes. c's three blocks come from
+    # the front, 3, 4, 2: block 2 held the system prompt's second block, so c evicts it (the
+    # tail of a chain goes before its head). c names 3 and 4 and gives back 2, 4, 3. d still
+    # finds block 1, the system prompt's first block, but not the second: it takes 2 and 4
+    # from the front, evicting c's block 4, and names 2 again.
+    small = ops[:4] + [("admit", "c", names(tokens["c"], 4), 9), ("free", "c"),
+                       ("admit", "d", names(tokens["d"], 4), 11)]
+    want_small = [([], [], [4]),
+                  ([], [], [4, 3, 2, 1]),
+                  ([1, 2], [], [3]),
+                  ([], [], [3, 4, 2, 1]),
+                  ([], [2], [1]),
+                  ([], [], [1, 2, 4, 3]),
+                  ([1], [4], [3])]
+    assert by_manager(5, 4, small, tokens) == want_small
+    assert serve(5, 4, small) == want_small
+
+
+@pytest.mark.points(3)
+def test_serve_matches_the_manager():
+    rng = random.Random(17)
+    evictions = hits = 0
+    for _ in range(120):
+        size = rng.randint(1, 4)
+        num_blocks = rng.randint(4, 14)
+        prefixes = [[rng.randint(0, 3) for _ in range(rng.randint(0, 10))] for _ in range(2)]
+        tokens, ops, held = {}, [], []
+        for k in range(rng.randint(4, 16)):
+            if held and (rng.random() < 0.45 or len(held) > 3):
+                rid = held.pop(rng.randrange(len(held)))
+                ops.append(("free", rid))
+                continue
+            rid = f"r{k}"
+            ids = rng.choice(prefixes) + [rng.randint(0, 3) for _ in range(rng.randint(0, 8))]
+            ids = ids or [1]
+            tokens[rid] = ids
+            trial = ops + [("admit", rid, names(ids, size), len(ids))]
+            if by_manager(num_blocks, size, trial, tokens) is None:     # does not fit: skip it
+                del tokens[rid]
+                continue
+            ops, held = trial, held + [rid]
+        want = by_manager(num_blocks, size, ops, tokens)
+        assert serve(num_blocks, size, ops) == want, (num_blocks, size, ops)
+        evictions += sum(bool(e) for _, e, _ in want)
+        hits += sum(bool(h) for h, _, _ in want)
+    assert evictions > 30 and hits > 60
+    with pytest.raises(ValueError):
+        ex.serve(1, 4, [])
