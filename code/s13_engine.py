@@ -8,7 +8,8 @@ What is new since S12
     blocks another request wrote (a prefill chunk that starts at k > 0, which S11 and S12
     already handle).
 
-    - `LLMEngine`: S12's, with `enable_prefix_caching` (default True) and
+    - `LLMEngine`: S12's, with `enable_prefix_caching` (default: on, unless
+      batch_invariant=True) and
       `add_request(..., cache_salt=None)`. Right after each model step (`execute_model`) the
       scheduler names the full blocks the step wrote, before a request that finished in the
       step lets go of them, so even a request that ends at its first token leaves its
@@ -21,7 +22,8 @@ What is new since S12
       events "hit", "evicted" and "cached" join S12's "allocated" and "freed".
 
 What it does not handle yet
-    See code/s13_prefix_caching.py. The batch-invariant mode refuses prefix caching.
+    See code/s13_prefix_caching.py. The batch-invariant mode refuses prefix caching (by
+    default it runs without it).
 
 Run it
     python code/s13_prefix_caching.py --shared-prefix 24 --num-prompts 4 --block-size 8
@@ -77,13 +79,15 @@ class StepRecord(s12.StepRecord):
 class LLMEngine(s12.LLMEngine):
     """S12's engine with prefix caching (see the module docstring).
 
-    Arguments as S12's, and enable_prefix_caching (default True; False: S12's engine).
-    `add_request(prompt, params, request_id=None, priority=0, cache_salt=None)`: requests
-    with different salts never share blocks (None: no salt). `generate` / `stream` add
-    requests without a salt. Raises ValueError naming the rule: prefix caching with
+    Arguments as S12's, and enable_prefix_caching: True, False (S12's engine) or None, the
+    default: on in the fast mode, off with batch_invariant=True (vLLM also leaves it None
+    until the configuration decides). `add_request(prompt, params, request_id=None,
+    priority=0, cache_salt=None)`: requests with different salts never share blocks (None:
+    no salt). `generate` / `stream` add requests without a salt. Raises ValueError naming
+    the rule: enable_prefix_caching that is not None, True or False, or True with
     batch_invariant=True (that mode computes each request alone, a chunked prompt again
     whole, so it cannot reuse another request's KV), or a salt that is not None or a
-    non-empty string.
+    non-empty UTF-8-encodable string.
     """
 
     def __init__(self, model: s06.TorchTransformer, tokenizer, max_context: int | None = None,
@@ -93,12 +97,17 @@ class LLMEngine(s12.LLMEngine):
                  max_num_batched_tokens: int | None = None, policy: str = "fcfs",
                  long_prefill_token_threshold: int = 0,
                  block_size: int = s12.DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool | None = None):
+        if enable_prefix_caching is None:
+            enable_prefix_caching = not batch_invariant
+        if not isinstance(enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be None, True or False (got "
+                             f"{enable_prefix_caching!r})")
         if enable_prefix_caching and batch_invariant:
             raise ValueError("enable_prefix_caching needs the fast mode: batch_invariant=True "
                              "computes every request alone, so it cannot reuse KV another "
                              "request computed (turn one of them off)")
-        self._enable = bool(enable_prefix_caching)        # read by make_scheduler
+        self._enable = enable_prefix_caching               # read by make_scheduler
         self._salt: str | None = None        # of the request add_request is queueing
         self._ref_cnts: dict[str, tuple[int, ...]] = {}
         super().__init__(model, tokenizer, max_context, max_num_seqs, batch_invariant,
@@ -230,8 +239,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     s10.add_scheduler_arguments(
         parser, "most tokens per step, from max-num-seqs up; a longer prompt is chunked "
                 "(default: max(16, max-num-seqs))",
-        "compute every request alone (refused with the prefix cache: add "
-        "--no-prefix-caching)")
+        "compute every request alone (it turns the prefix cache off: the cache needs the "
+        "fast mode)")
     parser.add_argument("--long-prefill-token-threshold", type=int, default=0,
                         help="most tokens one request computes in a step, 0 = only the "
                              "budget limits it (default: %(default)s)")
@@ -254,9 +263,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.block_size < 1 or (args.num_blocks is not None and args.num_blocks < 2):
         parser.error("--block-size must be >= 1 and --num-blocks >= 2 (block 0 is the null "
                      "block)")
-    if args.batch_invariant and not args.no_prefix_caching:
-        parser.error("--batch-invariant computes every request alone: it needs "
-                     "--no-prefix-caching")
     if args.shared_prefix < 0:
         parser.error(f"--shared-prefix must be >= 0 (got {args.shared_prefix})")
     budget = (max(16, args.max_num_seqs) if args.max_num_batched_tokens is None
@@ -269,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                            policy=args.policy,
                            long_prefill_token_threshold=args.long_prefill_token_threshold,
                            block_size=args.block_size, num_blocks=args.num_blocks,
-                           enable_prefix_caching=not args.no_prefix_caching)
+                           enable_prefix_caching=False if args.no_prefix_caching else None)
         run = s10.run_arrivals(engine, prompts, params, priorities, args.arrival_every)
     except ValueError as err:
         parser.error(str(err))
@@ -280,11 +286,16 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{engine.scheduler.max_num_batched_tokens} tokens per step; KV pool "
           f"{engine.num_blocks} blocks of {engine.block_size} tokens (block 0 null); prefix "
           f"cache {'on' if engine.enable_prefix_caching else 'off'}")
-    hits = {rid: (n, total) for r in engine.trace for rid, n, total in r.cache_hits}
+    hits: dict[str, list[int]] = {}           # cached tokens at admission, then at each resume
+    for r in engine.trace:
+        for rid, n, _ in r.cache_hits:
+            hits.setdefault(rid, []).append(n)
     for rid, prompt in zip(run.ids, prompts):
-        n, total = hits.get(rid, (0, len(tokenizer.encode(prompt))))
+        first, *resumed = hits.get(rid, [0])
+        again = (f", then {', '.join(map(str, resumed))} at resume after preemption"
+                 if resumed else "")
         print(f"\n--- request {rid}: prompt ({len(tokenizer.encode(prompt))} tokens, "
-              f"{n} found cached at admission) ---\n{prompt}\n--- completion "
+              f"{first} found cached at admission{again}) ---\n{prompt}\n--- completion "
               f"(finish_reason={run.reasons[rid]}) ---\n{''.join(run.texts.get(rid, []))}")
     stats = engine.stats
     print(f"\n--- {run.made} tokens in {len(engine.trace)} steps, {run.wall_s:.2f} s, "

@@ -34,7 +34,7 @@ What is new since S12
       computed from exactly the request's tokens, whatever the hash function: two different
       blocks with the same hash cost a miss, never a wrong answer (the tests force it with a
       constant hash). With SHA-256 (256 bits) such a collision has probability below
-      n^2 / 2^257 for n cached blocks, about 1e-54 for a trillion.
+      n^2 / 2^257 for n cached blocks: for a trillion, 1e24 / 2^257, about 4.3e-54.
     - Counters (`PrefixCacheStats`, vLLM's prefix cache hit rate): per admission, the tokens
       asked for (queries) and found (hits), in tokens and in requests.
 
@@ -78,6 +78,7 @@ from s12_paged_attention import (BlockPool, KVCacheBlock, KVCacheManager, PagedS
                                  PagedSchedulerOutput)
 
 BlockHash = bytes                 # a SHA-256 digest, 32 bytes
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1   # a token id is encoded as an int64
 # The parent of every request's first block: a fixed constant, so names are the same in
 # every process and run (vLLM draws a random one unless PYTHONHASHSEED is set).
 ROOT_HASH: BlockHash = hashlib.sha256(b"s13 prefix cache: no parent block").digest()
@@ -95,13 +96,12 @@ def encode_block(parent_hash: BlockHash, token_ids: Sequence[int],
     (int64), the number of extra keys (uint32), each key as its UTF-8 length (uint32) and
     bytes. Every field has a fixed width or a length before it, so two different
     (parent, tokens, keys) never give the same bytes (no pickle, no repr, no str() joins).
-    Raises ValueError for a parent that is not 32 bytes, a token id that is not an int, or
-    an extra key that is not a str."""
+    Raises ValueError for a parent that is not 32 bytes, a token id that is not an int in
+    the int64 range, or an extra key that is not a str."""
     if not isinstance(parent_hash, bytes) or len(parent_hash) != 32:
         raise ValueError(f"parent_hash must be 32 bytes (a SHA-256 digest), got "
                          f"{parent_hash!r}")
-    if not all(s01.is_int(t) for t in token_ids):
-        raise ValueError("token ids must be ints")
+    check_token_ids(token_ids)
     if not all(isinstance(k, str) for k in extra_keys):
         raise ValueError(f"extra keys must be strings (got {tuple(extra_keys)!r})")
     out = [parent_hash, struct.pack(f"<I{len(token_ids)}q", len(token_ids),
@@ -145,10 +145,25 @@ def hash_request_tokens(token_ids: Sequence[int], block_size: int,
     return hashes
 
 
+def check_token_ids(token_ids: Sequence[int]) -> None:
+    """Every id an int (not a bool) that fits the int64 the encoding gives it; ValueError
+    otherwise."""
+    if not all(s01.is_int(t) and INT64_MIN <= t <= INT64_MAX for t in token_ids):
+        raise ValueError("token ids must be ints in the int64 range [-2**63, 2**63 - 1] (the "
+                         "block encoding stores each as 8 bytes)")
+
+
 def check_cache_salt(cache_salt) -> None:
-    """None (no salt) or a non-empty string; ValueError otherwise."""
+    """None (no salt) or a non-empty string that UTF-8 can encode (a lone surrogate, which
+    JSON's "\\ud800" decodes to, cannot); ValueError otherwise."""
     if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
         raise ValueError(f"cache_salt must be a non-empty string or None (got {cache_salt!r})")
+    if cache_salt is not None:
+        try:
+            cache_salt.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"cache_salt must be valid Unicode text that UTF-8 can encode "
+                             f"(got {ascii(cache_salt)}: {err.reason} at {err.start})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +304,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)
         self.pending: dict[str, list[KVCacheBlock]] = {}
-        self.req_entries: dict[str, list[int | None]] = {}   # entry of each full block cached
+        self.req_entries: dict[str, list[int]] = {}   # entry of each full block cached
 
     def make_block_pool(self, num_blocks: int, block_size: int) -> PrefixCachingBlockPool:
         return PrefixCachingBlockPool(num_blocks, block_size)
@@ -350,8 +365,9 @@ class PrefixCachingKVCacheManager(KVCacheManager):
                      block_hashes: Sequence[BlockHash], cache_salt: str | None,
                      num_tokens: int) -> None:
         """Name the request's full blocks among its first num_tokens tokens (their KV is
-        written), from the first it has not named yet. A block whose parent could not be
-        named (a collision) stays unnamed, and so do the blocks after it."""
+        written), from the first it has not named yet. A block whose twin (same hash and
+        key) is already cached stays unnamed; the twin's entry is recorded as the parent
+        of the next block, so the chain goes on through the twin."""
         blocks = self.req_blocks.get(request_id)
         if blocks is None:
             return
@@ -361,9 +377,6 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         named = []
         for i in range(len(entries), full):
             parent = entries[i - 1] if i else ROOT_ENTRY
-            if parent is None:
-                entries.append(None)
-                continue
             block = blocks[i]
             before = block.block_hash
             entry = self.pool.cache_block(block, block_hashes[i], parent,
@@ -387,7 +400,8 @@ class PrefixCachingKVCacheManager(KVCacheManager):
 
     def check(self) -> None:
         """S12's accounting, and the cache's: the map holds exactly the blocks with a name,
-        each under its own hash; no pending hit survives a plan."""
+        each under its own hash; no pending hit survives a plan; only a request holding
+        blocks has cache entries, at most one per full block it holds."""
         super().check()
         named = {b.block_id for b in self.pool.blocks if b.block_hash is not None}
         mapped = set()
@@ -399,6 +413,9 @@ class PrefixCachingKVCacheManager(KVCacheManager):
                 mapped.add(block_id)
         assert named == mapped, "a block named but not in the map, or the other way round"
         assert not self.pending, "a hit found for a request that was not admitted was kept"
+        for rid, entries in self.req_entries.items():
+            assert rid in self.req_blocks, f"cache entries kept for {rid!r}, which holds no KV"
+            assert len(entries) <= self.num_tokens(rid) // self.block_size, rid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,8 +435,8 @@ class PrefixCachingSchedulerOutput(PagedSchedulerOutput):
 
 class PrefixCachingScheduler(PagedScheduler):
     """S12's scheduler with prefix caching (see the module docstring). Arguments as S12's,
-    and enable_prefix_caching (default True; False: S12's behaviour exactly, the counters at
-    0). Requests may carry a `cache_salt` attribute (None or a non-empty str).
+    and enable_prefix_caching (a bool, default True; False: S12's behaviour exactly, the
+    counters at 0). Requests may carry a `cache_salt` attribute (None or a non-empty str).
 
     The hit is taken in the one place S10's schedule asks about a waiting request,
     `num_new_tokens`: it finds the run, sets num_computed_tokens after it, and tells the
@@ -428,12 +445,21 @@ class PrefixCachingScheduler(PagedScheduler):
     plan, holding nothing. Blocks are named after the step that writes them:
     `update_from_output`, or sooner `cache_computed(scheduler_output)` (the engine calls it
     right after the model step, before finished requests let go of their blocks).
+
+    Each queued request's block hashes are kept (`block_hashes`) until it leaves by any
+    path: finished, aborted, or ended by S10's capacity rule (`_end`). A preempted request
+    keeps them: its tokens only grow, so its early blocks' names stay right. `check()`
+    asserts that no other request's hashes are kept and that each kept list is the chain of
+    its request's tokens.
     """
 
     def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, num_blocks: int,
                  block_size: int, max_model_len: int, policy: str = "fcfs",
                  long_prefill_token_threshold: int = 0, enable_prefix_caching: bool = True):
-        self.enable_prefix_caching = bool(enable_prefix_caching)
+        if not isinstance(enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True or False (got "
+                             f"{enable_prefix_caching!r})")
+        self.enable_prefix_caching = enable_prefix_caching
         self.stats = PrefixCacheStats()
         self._hashes: dict[str, list[BlockHash]] = {}
         super().__init__(max_num_seqs, max_num_batched_tokens, num_blocks, block_size,
@@ -443,9 +469,12 @@ class PrefixCachingScheduler(PagedScheduler):
         return PrefixCachingKVCacheManager(num_blocks, self.block_size)
 
     def add_request(self, request, priority: int = 0) -> None:
-        """S12's `add_request`; also refuses a cache_salt that is not None or a non-empty
-        string (ValueError)."""
+        """S12's `add_request`; also refuses, queueing nothing, a cache_salt that is not None
+        or a non-empty UTF-8-encodable string, and (with the cache on) a token id outside
+        the int64 range the block encoding stores (ValueError)."""
         check_cache_salt(getattr(request, "cache_salt", None))
+        if self.enable_prefix_caching:
+            check_token_ids(request.token_ids)
         super().add_request(request, priority)
 
     def block_hashes(self, request) -> list[BlockHash]:
@@ -509,10 +538,28 @@ class PrefixCachingScheduler(PagedScheduler):
         super().update_from_output(scheduler_output, finished_ids)
 
     def finish_requests(self, request_ids) -> list[str]:
+        """S10's (finished or aborted); the requests' block hashes are dropped."""
         done = super().finish_requests(request_ids)
         for rid in done:
             self._hashes.pop(rid, None)
         return done
+
+    def _end(self, request, ids) -> None:
+        """S10's end of a request that outgrew the pool; its block hashes are dropped."""
+        super()._end(request, ids)
+        self._hashes.pop(request.request_id, None)
+
+    def check(self) -> None:
+        """The manager's `check()`, and: hashes are kept only for queued requests, each the
+        chain of its request's full blocks (a prefix of it, as it is extended lazily)."""
+        self.kv.check()
+        queued = {r.request_id: r for r in (*self.waiting, *self.running)}
+        for rid, hashes in self._hashes.items():
+            assert rid in queued, f"block hashes kept for {rid!r}, which left"
+            request = queued[rid]
+            want = hash_request_tokens(request.token_ids[:len(hashes) * self.block_size],
+                                       self.block_size, getattr(request, "cache_salt", None))
+            assert hashes == want, f"the block hashes kept for {rid!r} are not its tokens'"
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block nobody holds (vLLM's reset_prefix_cache); returns how

@@ -93,7 +93,9 @@ def serve(num_blocks: int, block_size: int,
       at most (num_tokens - 1) // block_size blocks. Each block hit gets ref_cnt + 1 (one
       with ref_cnt 0 leaves the free queue). Then it takes ceil(num_tokens / block_size)
       minus the hits new blocks from the front of the free queue, each with ref_cnt 1; a
-      taken block that had a name loses it (it is evicted: listed, in the order taken). Its
+      taken block that had a name loses it (it is evicted: listed, in the order taken). A
+      hit block that sat in the free queue is not free for this: the admission fits only if
+      the free queue, less the blocks it hits, holds the new blocks it needs. Its
       block table is the hits then the new blocks. The step computes the rest of its prompt,
       and then each of its full blocks i gets the name hashes[i] unless a block with that
       name is already cached (a twin stays unnamed).
@@ -105,7 +107,10 @@ def serve(num_blocks: int, block_size: int,
     a takes 1, 2, 3 and names 1 "x" and 2 "y" (its third block holds one token: no name); it
     gives back 3, 2, 1; b hits 1 ("x"), then takes 4 and 3 from the front, neither of them
     named, and names 4 "z". Had b needed block 2 too, "y" would have been evicted.
-    Raises ValueError for num_blocks < 2, block_size < 1, an admission that does not fit in
-    the free blocks, or an unknown operation.
+    Raises ValueError for num_blocks < 2, block_size < 1, an unknown operation, and for an
+    admission that does not fit in the free blocks (as above), whose request_id is admitted
+    and not yet freed (an id may come back after its free), whose num_tokens is < 1, or whose
+    hashes are not num_tokens // block_size names; and for a free of a request_id that holds
+    no blocks (never admitted, or freed already).
     """
     raise NotImplementedError("exercise 3")

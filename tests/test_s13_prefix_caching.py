@@ -15,6 +15,7 @@ a prefill resuming at num_computed_tokens = k > 0 must give the logits of a full
 G5 sglang PR #2238 / PR #1674 / #6778 (idle means free + evictable cached == total).
 """
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -85,6 +86,10 @@ def test_the_encoding_keeps_different_inputs_apart():
         encode_block(b"short", [1])
     with pytest.raises(ValueError, match="token ids must be ints"):
         encode_block(ROOT_HASH, [1.0])
+    for bad in (2 ** 63, -2 ** 63 - 1):                           # one past each int64 end
+        with pytest.raises(ValueError, match="token ids must be ints in the int64 range"):
+            hash_request_tokens([bad] * 4, 4)
+    assert len(encode_block(ROOT_HASH, [2 ** 63 - 1, -2 ** 63])) == 32 + 4 + 16 + 4
     with pytest.raises(ValueError, match="extra keys must be strings"):
         encode_block(ROOT_HASH, [1], (3,))
 
@@ -124,6 +129,59 @@ def test_names_are_the_same_in_every_process_whatever_pythonhashseed():
         seen.append(out.stdout.split())
     assert seen[0][0] == seen[1][0] == hash_request_tokens(list(range(20)), 4, "salt")[-1].hex()
     assert seen[0][1] != seen[1][1]          # the seed did change Python's own hash
+
+
+# --- what the scheduler refuses, and what it forgets ---------------------------------------
+
+def test_the_scheduler_refuses_bad_inputs_before_queueing_them():
+    lone_surrogate = json.loads('"\\ud800"')           # what a JSON client can send
+    s = PrefixCachingScheduler(2, 16, 10, 4, 16)
+    with pytest.raises(ValueError, match="cache_salt must be valid Unicode text"):
+        s.add_request(Req("a", [1, 2, 3, 4, 5], 2, lone_surrogate))
+    with pytest.raises(ValueError, match="token ids must be ints in the int64 range"):
+        s.add_request(Req("b", [1, 2, 3, 2 ** 63], 2))
+    assert not s.waiting and not s.has_unfinished_requests()
+    for flag in ("false", 0, 1, None):
+        with pytest.raises(ValueError, match="enable_prefix_caching must be True or False"):
+            PrefixCachingScheduler(2, 16, 10, 4, 16, enable_prefix_caching=flag)
+
+
+def test_a_request_that_outgrew_the_pool_leaves_no_block_hashes_behind():
+    # 5 blocks of 2 (4 usable, 8 tokens). x's prompt fits (6 tokens); at its 9th token it
+    # outgrows the pool and S10's capacity rule ends it. A new request reusing the id "x"
+    # with another prompt must name its blocks by its own tokens: then y, with that prompt,
+    # finds its first (5 - 1) // 2 = 2 blocks cached.
+    s = PrefixCachingScheduler(2, 16, 5, 2, 40)
+    model = PagedFakeModel(s)
+    model.add(Req("x", [1, 2, 3, 4, 5, 6], 10))
+    while s.has_unfinished_requests():
+        model.step()
+    assert model.ended["x"] == "length" and "x" not in s._hashes
+    model.add(Req("x", [9, 8, 7, 6, 5], 2))
+    while s.has_unfinished_requests():
+        model.step()
+    model.add(Req("y", [9, 8, 7, 6, 5], 2))
+    assert s.schedule().num_cached_tokens == {"y": 4}
+
+
+def test_check_finds_block_hashes_kept_for_a_request_that_left():
+    s = PrefixCachingScheduler(2, 16, 10, 2, 40)
+    model = PagedFakeModel(s)
+    model.add(Req("a", [1, 2, 3, 4, 5], 3))
+    model.step()
+    s.check()
+    kept = s._hashes["a"]
+    s.abort("a")
+    s.check()
+    s._hashes["a"] = kept                       # as if a leaving path had forgotten it
+    with pytest.raises(AssertionError, match="block hashes kept for 'a', which left"):
+        s.check()
+    del s._hashes["a"]
+    model.add(Req("b", [1, 2, 3, 4, 5], 3))
+    model.step()
+    s._hashes["b"] = hash_request_tokens([7, 7, 7, 7], 2)   # another request's chain
+    with pytest.raises(AssertionError, match="not its tokens'"):
+        s.check()
 
 
 # --- a hand-worked example, model-free ------------------------------------------------------
@@ -348,6 +406,10 @@ def test_cache_salt_isolates_requests(tiny):
     assert hits == [0, 0, 40, 0]       # u1 miss, u2 miss, u1 hit, no salt: miss
     with pytest.raises(ValueError, match="cache_salt must be a non-empty string or None"):
         engine.add_request(id_text(PROMPTS[0]), greedy(), cache_salt="")
+    with pytest.raises(ValueError, match="cache_salt must be valid Unicode text"):
+        engine.add_request(id_text(PROMPTS[0]), greedy(), cache_salt=json.loads('"\\ud800"'))
+    assert not engine.has_unfinished_requests()        # nothing queued, the next step runs
+    engine.step()
 
 
 def test_g5_aborts_while_waiting_running_and_mid_chunk_leave_nothing_held(tiny):
@@ -376,9 +438,15 @@ def test_g5_aborts_while_waiting_running_and_mid_chunk_leave_nothing_held(tiny):
 def test_the_engine_refuses_the_cache_in_batch_invariant_mode(tiny):
     model, _ = tiny
     with pytest.raises(ValueError, match="enable_prefix_caching needs the fast mode"):
-        LLMEngine(model, IdTokenizer(), CONTEXT, 3, batch_invariant=True)
-    LLMEngine(model, IdTokenizer(), CONTEXT, 3, batch_invariant=True,
-              enable_prefix_caching=False)
+        LLMEngine(model, IdTokenizer(), CONTEXT, 3, batch_invariant=True,
+                  enable_prefix_caching=True)
+    for flag in (False, None):                 # None, the default: off in that mode
+        engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, batch_invariant=True,
+                           enable_prefix_caching=flag)
+        assert engine.enable_prefix_caching is False
+    assert LLMEngine(model, IdTokenizer(), CONTEXT, 3).enable_prefix_caching is True
+    with pytest.raises(ValueError, match="enable_prefix_caching must be None, True or False"):
+        LLMEngine(model, IdTokenizer(), CONTEXT, 3, enable_prefix_caching="no")
 
 
 def test_the_trace_table_shows_hits_shared_blocks_and_evictions(tiny):
@@ -397,8 +465,9 @@ def test_command_line_runs_with_a_shared_prefix(capsys):
           "8", "--device", "cpu"])
     out = capsys.readouterr().out
     assert "prefix cache: " in out and "16 found cached at admission" in out
-    with pytest.raises(SystemExit):
-        main(["--batch-invariant", "--device", "cpu"])
+    main(["--batch-invariant", "--num-prompts", "2", "--max-tokens", "2", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "prefix cache off" in out and "0 of 0 prompt tokens hit" in out
 
 
 # --- the chapter's figure ---------------------------------------------------------------------

@@ -8,7 +8,9 @@ against the shared fraction, the benchmark's TTFT) and no legend covers data
 the tokens are the same with the cache on and off, and once idle no block is held while some
 stay cached; the live sweep finds, for each shared fraction, the shared prefix rounded down to
 whole blocks (closed form here), computes the rest, and takes ceil(computed / budget) steps to
-the first token, against the whole prompt without the cache; the benchmark's rows are printed
+the first token, against the whole prompt without the cache; of two identical chunked prompts
+added together, the second is admitted in the first step that leaves budget over and finds the
+first one's blocks written so far (closed form here); the benchmark's rows are printed
 as chapters/figures/s13_prefix_caching.json records them. Timings are printed, never asserted.
 """
 from __future__ import annotations
@@ -89,6 +91,23 @@ def test_the_live_sweep(executed):
         assert cached == shared // 16 * 16                  # whole blocks of 16
         assert on == 240 - cached and off == 240
         assert int(s_on) == math.ceil(on / 32) and int(s_off) == math.ceil(240 / 32)
+
+
+@pytest.mark.slow
+def test_a_chunked_prompt_is_found_while_it_is_computed(executed):
+    # Two copies of a 183-token prompt, added together, 32 tokens per step, blocks of 16: the
+    # first takes the whole budget while it has 32 or more tokens left, so the second is
+    # admitted in the first step s with 183 - 32 s < 32, when 32 s tokens of the first are
+    # written: every full block of them is named, at most (183 - 1) // 16 blocks are taken.
+    text = stream_text(executed)
+    m = re.search(r"the second copy was admitted in step (\d+), when the first had (\d+) of its "
+                  r"183 tokens computed, and found (\d+) of them cached \((\d+) blocks\)", text)
+    assert m, text[-3000:]
+    step = next(s for s in range(10) if 183 - 32 * s < 32)
+    done = 32 * step
+    found = min(done // 16, (183 - 1) // 16) * 16
+    assert [int(g) for g in m.groups()] == [step, done, found, found // 16]
+    assert re.search(rf"^\s+{step}\s+32\s+second {found}/183 \|", text, re.MULTILINE)
 
 
 @pytest.mark.slow

@@ -99,7 +99,7 @@ class PagedFakeModel:
 
 
 def check(s: PrefixCachingScheduler) -> None:
-    s.kv.check()                    # S12's accounting and the cache map
+    s.check()          # S12's accounting, the cache map, block hashes kept only while queued
     holders: dict[int, int] = {}
     for blocks in s.kv.req_blocks.values():
         for b in blocks:

@@ -9,8 +9,11 @@ a finish, a middle one and the last:
 - the pool shows one cell per block; each cell's reference count is the number of block tables
   the trace says hold it after the step (the scheduled ones, less those that finished), its
   name is the trace's cached name, and its kind follows from both (null, held, shared, free
-  and still cached, free with no name); the blocks the trace hit, evicted or cached in the step
-  are marked;
+  and still cached, free with no name), and a held block with a name is marked apart from one
+  without; the blocks the trace hit, evicted or cached in the step are marked;
+- the legend names every mark the pool uses: held without and with a name, shared, free and
+  cached, free, the null block, hit, evicted and named in this step, and each swatch carries the
+  classes of the cells it explains;
 - the free queue, front first, is the trace's;
 - the note names each admission with its cached / total tokens, the evicted blocks and each
   finished request's blocks in the order given back; the request table shows each admitted
@@ -98,6 +101,8 @@ def test_every_workload_replays_the_engine(page, data):
                 classes = cls.split()
                 assert kind in classes and ref == want_ref and name == want_name, (
                     work["id"], k, b, cls, ref, name)
+                assert ("pc-named" in classes) == (b > 0 and want_ref > 0 and want_name != ""), (
+                    work["id"], k, b, cls)                  # held and named: the green bar
                 for ev, mark in (("hit", "pc-hit-now"), ("evicted", "pc-evicted-now"),
                                  ("cached", "pc-cached-now")):
                     assert (mark in classes) == (b in marked(work, k, ev)), (work["id"], k, b, ev)
@@ -137,6 +142,31 @@ def test_every_workload_replays_the_engine(page, data):
             assert text == req["text"].replace("\n", "\u21b5")
             assert status.startswith(f"{len(req['generated'])} token")
             assert f"({req['finish_reason']})" in status
+    assert page.problems == []
+
+
+def test_the_legend_explains_every_mark(page, data):
+    items = page.evaluate("""() => Array.from(document.querySelectorAll('.pc-legend .pc-legend-item'))
+        .map(i => [i.querySelector('.pc-swatch').className, i.textContent])""")
+    legend = {text: set(cls.split()) - {"pc-swatch"} for cls, text in items}
+    want = {"held by one request, no name yet": {"pc-held"},
+            "held and named": {"pc-held", "pc-named"},
+            "held by several": {"pc-shared", "pc-named"},
+            "free, still cached": {"pc-cached-free"}, "free, no name": {"pc-free"},
+            "the null block": {"pc-null"}, "hit in this step": {"pc-hit-now"},
+            "name evicted in this step": {"pc-evicted-now"},
+            "named in this step (dark-green dot)": {"pc-cached-now"}}
+    for words, classes in want.items():
+        assert [c for text, c in legend.items() if words in text] == [classes], (words, legend)
+    # The marks differ on the page: a held block with a name shows the bar, one without none.
+    bars = page.evaluate("""() => ['pc-held', 'pc-held pc-named'].map(k => {
+        const s = document.querySelector('.pc-legend .pc-swatch.' + k.split(' ').join('.') +
+                                          (k === 'pc-held' ? ':not(.pc-named)' : ''));
+        return getComputedStyle(s, '::before').content; })""")
+    assert bars[0] in ("none", "normal") and bars[1] not in ("none", "normal"), bars
+    dot = page.evaluate("""() => getComputedStyle(
+        document.querySelector('.pc-legend .pc-swatch.pc-cached-now'), '::after').content""")
+    assert dot not in ("none", "normal"), dot
     assert page.problems == []
 
 

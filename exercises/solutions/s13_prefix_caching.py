@@ -101,6 +101,8 @@ def serve(num_blocks: int, block_size: int,
                     by_name[h], name[tables[rid][i]] = tables[rid][i], h
             out.append((hits, evicted, list(free)))
         elif op[0] == "free":
+            if op[1] not in tables:
+                raise ValueError(f"{op[1]!r} holds no blocks")
             for b in reversed(tables.pop(op[1])):             # last block first
                 ref[b] -= 1
                 if ref[b] == 0:

@@ -228,7 +228,7 @@ def test_serve_by_hand():
     assert serve(5, 4, small) == want_small
 
 
-@pytest.mark.points(3)
+@pytest.mark.points(2)
 def test_serve_matches_the_manager():
     rng = random.Random(17)
     evictions = hits = 0
@@ -256,5 +256,39 @@ def test_serve_matches_the_manager():
         evictions += sum(bool(e) for _, e, _ in want)
         hits += sum(bool(h) for h, _, _ in want)
     assert evictions > 30 and hits > 60
-    with pytest.raises(ValueError):
-        ex.serve(1, 4, [])
+
+
+@pytest.mark.points(1)
+def test_serve_refuses_what_its_docstring_refuses():
+    # Blocks 1..3, block size 4. a holds the system prompt's two blocks, 1 and 2, then gives
+    # them back: the free queue is 3, 2, 1, all free, 2 and 1 still named. b (12 tokens, 3
+    # blocks) hits 1 and 2 and needs one new block: the queue less its hits holds 3, so it
+    # fits. b2 (13 tokens, 4 blocks) also hits 1 and 2 but needs two new blocks: only block 3
+    # is free once its hits are taken, so it does not fit (the manager refuses it too).
+    tokens = {"a": SYSTEM, "b": SYSTEM + [1, 2, 3, 4], "b2": SYSTEM + [1, 2, 3, 4, 5]}
+    start = [("admit", "a", names(SYSTEM, 4), 8), ("free", "a")]
+    fits = start + [("admit", "b", names(tokens["b"], 4), 12)]
+    want = [([], [], [3]), ([], [], [3, 2, 1]), ([1, 2], [], [])]
+    assert by_manager(4, 4, fits, tokens) == want
+    assert serve(4, 4, fits) == want
+    too_big = start + [("admit", "b2", names(tokens["b2"], 4), 13)]
+    assert by_manager(4, 4, too_big, tokens) is None
+    admit_a = ("admit", "a", names(SYSTEM, 4), 8)
+    for num_blocks, size, ops in [
+            (1, 4, []),                                        # no usable block
+            (4, 0, []),                                        # block_size < 1
+            (4, 4, too_big),                                   # does not fit
+            (4, 4, [("evict", "a")]),                          # unknown operation
+            (4, 4, [admit_a, admit_a]),                        # a is still held
+            (4, 4, [("admit", "a", names(SYSTEM, 4)[:1], 8)]),     # one name for two blocks
+            (4, 4, [("admit", "a", [], 0)]),                   # no tokens
+            (4, 4, [("free", "a")]),                           # a holds nothing
+            (4, 4, [admit_a, ("free", "a"), ("free", "a")])]:  # freed already
+        with pytest.raises(ValueError):
+            ex.serve(num_blocks, size, ops)
+    # An id may come back once freed: a again hits block 1 only (at most (8 - 1) // 4 blocks)
+    # and takes 3 from the front, which leaves block 2, named, in the queue.
+    again = [admit_a, ("free", "a"), admit_a]
+    want = [([], [], [3]), ([], [], [3, 2, 1]), ([1], [], [2])]
+    assert by_manager(4, 4, again, {"a": SYSTEM}) == want
+    assert serve(4, 4, again) == want

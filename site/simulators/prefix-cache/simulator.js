@@ -16,6 +16,10 @@
  *     their names, unless a block with that name is cached already (a twin stays unnamed);
  *   - a request that finishes gives its blocks back last first: ref_cnt - 1, and at 0 to the
  *     back of the free queue, keeping its name (still a hit until it is taken).
+ * The pool's colours: held (light blue, one request; purple, several), with a green bar when
+ * the block has a name (so a held block a new request can hit looks different from one still
+ * filling), free and cached (green), free (white); a dark-green dot marks the blocks named in
+ * the step, a yellow frame the hits, a dashed red one the evictions.
  * On load it checks each step's events, block tables, ref counts, cached blocks and free queue
  * against the exported trace (console error and a visible banner if they disagree).
  */
@@ -197,11 +201,15 @@
     var config = el("p", "pc-config");
     wrap.appendChild(config);
     var legend = el("p", "pc-legend");
-    [["pc-held", "held by one request (number: ref_cnt)"], ["pc-shared", "held by several"],
+    [["pc-held", "held by one request, no name yet (number: ref_cnt)"],
+     ["pc-held pc-named", "held and named (green bar): a new request can hit it"],
+     ["pc-shared pc-named", "held by several (a hit)"],
      ["pc-cached-free", "free, still cached (a hit takes it back)"], ["pc-free", "free, no name"],
      ["pc-null", "block 0, the null block"], ["pc-hit-now", "hit in this step"],
-     ["pc-evicted-now", "name evicted in this step"]].forEach(function (pair) {
+     ["pc-evicted-now", "name evicted in this step"],
+     ["pc-cached-now", "named in this step (dark-green dot)"]].forEach(function (pair) {
       var item = el("span", "pc-legend-item");
+      item.dataset.kind = pair[0];
       item.appendChild(el("span", "pc-swatch " + pair[0]));
       item.appendChild(document.createTextNode(pair[1]));
       legend.appendChild(item);
@@ -219,6 +227,7 @@
       else if (refc === 1) cls += " pc-held";
       else if (s.name[blk] !== undefined) cls += " pc-cached-free";
       else cls += " pc-free";
+      if (blk !== 0 && refc > 0 && s.name[blk] !== undefined) cls += " pc-named";
       if (s.hitsNow.indexOf(blk) >= 0) cls += " pc-hit-now";
       if (s.evictedNow.indexOf(blk) >= 0) cls += " pc-evicted-now";
       if (s.cachedNow.indexOf(blk) >= 0) cls += " pc-cached-now";
