@@ -395,6 +395,28 @@ class RaggedRunner:
 # The engine
 # ---------------------------------------------------------------------------------------------
 
+class StepTrace(list):
+    """`engine.trace`: the `StepRecord`s in step order. limit: None (the default: every step
+    kept, as every chapter's tables need) or how many of the latest to keep (a long-running
+    server caps it; S19). num_dropped counts records dropped from the front, so
+    `num_recorded` (dropped + kept) is the number the next step's record gets."""
+
+    def __init__(self, limit: int | None = None):
+        super().__init__()
+        self.limit, self.num_dropped = limit, 0
+
+    @property
+    def num_recorded(self) -> int:
+        return self.num_dropped + len(self)
+
+    def append(self, record) -> None:
+        super().append(record)
+        if self.limit is not None and len(self) > self.limit:
+            excess = len(self) - self.limit
+            del self[:excess]
+            self.num_dropped += excess
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """One forward step: `step` its number from 0; running the request ids in the batch, in
@@ -454,7 +476,7 @@ class LLMEngine(s08.Engine):
         self.waiting: deque[s01.Sequence] = deque()
         self.running: list[s01.Sequence] = []
         self.requests: dict[str, s01.Sequence] = {}
-        self.trace: list[StepRecord] = []
+        self.trace: StepTrace = StepTrace()    # every step (its limit: S19 caps it)
         self._final: list[s01.RequestOutput] = []   # last outputs of requests without a token
         self._aborted: list[str] = []               # aborted since the last forward step
         self._inboxes: dict[str, deque] = {}        # outputs kept for generate / stream
@@ -628,7 +650,7 @@ class LLMEngine(s08.Engine):
                 seq.status = FINISHED
         prefill = sum(n for n, seq in zip(batch.query_lens(), rows) if seq.stats.passes == 1)
         self.trace.append(StepRecord(
-            len(self.trace), tuple(s.request_id for s in rows), tuple(batch.slots),
+            self.trace.num_recorded, tuple(s.request_id for s in rows), tuple(batch.slots),
             tuple(joined), tuple(self._aborted + left), batch.num_tokens, prefill, waiting,
             free, model_s, step_s))
         self._aborted = []

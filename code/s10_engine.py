@@ -264,7 +264,7 @@ class LLMEngine(s09.LLMEngine):
     def _record(self, base: s09.StepRecord | None, out: SchedulerOutput) -> StepRecord:
         ended = tuple(out.finished_ids)
         if base is None:
-            base = s09.StepRecord(len(self.trace), (), (), (), tuple(self._aborted), 0, 0,
+            base = s09.StepRecord(self.trace.num_recorded, (), (), (), tuple(self._aborted), 0, 0,
                                   len(self.waiting), self.runner.cache.num_free, 0.0, 0.0)
         values = {f.name: getattr(base, f.name) for f in fields(s09.StepRecord)}
         values.update(

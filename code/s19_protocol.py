@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -106,11 +107,15 @@ def sse(obj: dict) -> str:
 
 def parse_json_body(raw: bytes) -> dict:
     """The request body as a JSON object. Raises APIError 400 for bytes that are not UTF-8
-    JSON, or JSON that is not an object."""
+    JSON (NaN and Infinity included), JSON nested deeper than Python's parser recurses, or
+    JSON that is not an object."""
     try:
         body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as err:
         raise APIError(400, f"the request body is not valid JSON ({err})") from None
+    except RecursionError:      # Python's parser recurses once per [ or {: "[" * 5000 stops it
+        raise APIError(400, "the request body nests arrays or objects too deeply to parse") \
+            from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object (got a "
                             f"{type(body).__name__})")
@@ -152,8 +157,45 @@ class ServingTokenizer:
             return list(text.token_ids)
         return self.inner.encode(text, *args, **kwargs)
 
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for: the longest decode([id]) of the vocab,
+        or special-token name (a chat template's "<|im_start|>" is one token). So a text of
+        more than max_context * max_token_chars characters cannot fit the context, and the
+        server refuses it without encoding it (`prompt_char_limit`). Computed once."""
+        if "_max_token_chars" not in self.__dict__:
+            names = getattr(self.inner, "special_tokens", {}) or {}
+            longest = max((len(self.inner.decode([i])) for i in range(self.inner.vocab_size)),
+                          default=1)
+            self._max_token_chars = max(1, longest, *(len(n) for n in names))
+        return self._max_token_chars
+
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+
+def prompt_char_limit(tokenizer, max_context: int) -> int | None:
+    """The most characters a prompt that fits the context can have (max_context tokens of at
+    most `max_token_chars` characters each), or None when the tokenizer does not say (not a
+    ServingTokenizer): then every prompt is encoded and counted."""
+    per_token = getattr(tokenizer, "max_token_chars", None) \
+        if isinstance(tokenizer, ServingTokenizer) else None
+    return None if per_token is None else max_context * per_token
+
+
+def context_error(prompt_tokens: int | None, max_context: int, param: str,
+                  chars: int | None = None) -> APIError:
+    """The 400 for a prompt that leaves no room for a completion (code
+    context_length_exceeded). chars: the prompt was refused by its length in characters,
+    before encoding (`prompt_char_limit`)."""
+    if chars is None:
+        why = (f"the prompt is {prompt_tokens} tokens but the model's context holds "
+               f"{max_context}, which leaves no room for a completion")
+    else:
+        why = (f"the prompt is {chars} characters, more than the model's context of "
+               f"{max_context} tokens can hold (refused before encoding)")
+    return APIError(400, why + "; shorten the prompt (it is never truncated)", param,
+                    "context_length_exceeded")
 
 
 def course_chat_prompt(messages: Sequence[dict]) -> str:
@@ -230,15 +272,26 @@ def check_messages(messages) -> list[dict]:
         if not isinstance(content, str):
             raise APIError(400, f"{where}.content must be a string (got "
                                 f"{type(content).__name__})", f"{where}.content")
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate ("\\ud800" in the JSON)
+            raise APIError(400, f"{where}.content must be valid Unicode: "
+                                f"{content[err.start]!r} at index {err.start} is a lone "
+                                "surrogate, which has no UTF-8 encoding",
+                           f"{where}.content") from None
         out.append({"role": role, "content": content})
     return out
 
 
-def completion_prompt(prompt, tokenizer) -> PromptIds:
+def completion_prompt(prompt, tokenizer, max_context: int | None = None) -> PromptIds:
     """/v1/completions' prompt: a non-empty string, a list holding one, or a non-empty list of
     token ids (ints). Several prompts in one request (OpenAI's batch form) are refused: send
-    one request per prompt. Raises APIError 400."""
+    one request per prompt. With max_context, a prompt that cannot fit is refused before it
+    is decoded or encoded (ids: max_context or more; text: over `prompt_char_limit`), so a
+    megabyte of text costs no tokenizer time. Raises APIError 400."""
     if isinstance(prompt, list) and prompt and all(s01.is_int(t) for t in prompt):
+        if max_context is not None and len(prompt) >= max_context:
+            raise context_error(len(prompt), max_context, "prompt")
         vocab = tokenizer.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
@@ -252,6 +305,9 @@ def completion_prompt(prompt, tokenizer) -> PromptIds:
                             "ids; send several prompts as several requests", "prompt")
     if not isinstance(prompt, str) or not prompt:
         raise APIError(400, "prompt must be a non-empty string", "prompt")
+    limit = None if max_context is None else prompt_char_limit(tokenizer, max_context)
+    if limit is not None and len(prompt) > limit:
+        raise context_error(None, max_context, "prompt", len(prompt))
     try:
         return PromptIds(prompt, tokenizer.encode(prompt))
     except ValueError as err:        # not valid Unicode (a lone surrogate)
@@ -307,12 +363,16 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
         if "messages" in body:
             raise APIError(400, "messages belongs to /v1/chat/completions; /v1/completions "
                                 "takes a prompt", "messages")
-        prompt = completion_prompt(body.get("prompt"), tokenizer)
+        prompt = completion_prompt(body.get("prompt"), tokenizer, max_context)
     else:
         if "prompt" in body:
             raise APIError(400, "prompt belongs to /v1/completions; /v1/chat/completions "
                                 "takes messages", "prompt")
         messages = check_messages(body.get("messages"))
+        chars, limit = sum(len(m["content"]) for m in messages), prompt_char_limit(
+            tokenizer, max_context)
+        if limit is not None and chars > limit:   # the template only adds characters
+            raise context_error(None, max_context, "messages", chars)
         prompt = (chat_template or ChatTemplate(None)).render(messages, tokenizer)
     n = _get(body, "n", 1)
     if not s01.is_int(n) or not 1 <= n <= MAX_N:
@@ -324,10 +384,8 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
     logprobs, logprobs_param = _logprobs(kind, body)
     room = max_context - len(prompt.token_ids)
     if room < 1:
-        raise APIError(400, f"the prompt is {len(prompt.token_ids)} tokens but the model's "
-                            f"context holds {max_context}, which leaves no room for a "
-                            "completion; shorten the prompt (it is never truncated)",
-                       "messages" if kind == CHAT else "prompt", "context_length_exceeded")
+        raise context_error(len(prompt.token_ids), max_context,
+                            "messages" if kind == CHAT else "prompt")
     max_tokens, max_tokens_param = body.get("max_tokens"), "max_tokens"
     if kind == CHAT and body.get("max_completion_tokens") is not None:
         max_tokens, max_tokens_param = body["max_completion_tokens"], "max_completion_tokens"
@@ -342,6 +400,9 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
     options.update(max_tokens=max_tokens if given else min(default, room),
                    stop=stop, logprobs=logprobs)
     seed = options.pop("seed", None)
+    if s01.is_int(seed) and 0 <= seed < s04.MAX_SEED and seed + n - 1 >= s04.MAX_SEED:
+        raise APIError(400, f"seed + n - 1 must be < 2**63: choice i draws from seed + i "
+                            f"(got seed {seed} and n {n})", "seed")
     params = []
     for i in range(n):
         # Choice i draws from seed + i (vLLM's rule), so the n choices differ and each one is
@@ -350,8 +411,10 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
         try:
             params.append(s04.SamplingParams(seed=choice_seed, **options))
         except (ValueError, TypeError) as err:
-            raise APIError(400, str(err), _param_of(str(err), max_tokens_param,
-                                                    logprobs_param)) from None
+            param = _param_of(str(err), max_tokens_param, logprobs_param)
+            raise APIError(400, _as_sent(str(err), max_tokens_param, logprobs_param),
+                           param) from None
+    _check_stop_token_ids(params[0], tokenizer)
     if given and len(prompt.token_ids) + max_tokens > max_context:
         raise APIError(400, f"the model's context holds {max_context} tokens, but the prompt "
                             f"is {len(prompt.token_ids)} and {max_tokens_param} asks for "
@@ -361,6 +424,36 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
     ignored = tuple(sorted(k for k in body if k not in KNOWN))
     return ParsedRequest(kind, model, prompt, tuple(params), stream, include_usage, logprobs,
                          ignored)
+
+
+def _check_stop_token_ids(params: s04.SamplingParams, tokenizer) -> None:
+    """Checks a step would otherwise fail on, made before the request runs: stop_token_ids
+    inside the vocabulary, and min_tokens with at least one token left to sample (EOS, unless
+    ignore_eos, and stop_token_ids are banned until min_tokens tokens exist)."""
+    vocab = tokenizer.vocab_size
+    bad = [i for i in params.stop_token_ids if i >= vocab]
+    if bad:
+        raise APIError(400, f"stop_token_ids must lie in [0, {vocab}) (got {bad[0]})",
+                       "stop_token_ids")
+    if params.min_tokens > 0:
+        banned = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            eos = getattr(tokenizer, "eos_ids", None) or (getattr(tokenizer, "eos_id", None),)
+            banned.update(i for i in eos if i is not None)
+        if len(banned) >= vocab:
+            raise APIError(400, f"min_tokens {params.min_tokens} bans EOS and every "
+                                f"stop_token_ids id until then, and those cover all {vocab} "
+                                "tokens of the vocabulary: nothing is left to sample",
+                           "min_tokens")
+
+
+def _as_sent(message: str, max_tokens_param: str, logprobs_param: str) -> str:
+    """S04's message in the names the request used: max_completion_tokens (chat) for S04's
+    max_tokens, top_logprobs (chat) for its logprobs."""
+    for s04_name, sent in (("max_tokens", max_tokens_param), ("logprobs", logprobs_param)):
+        if sent != s04_name:
+            message = re.sub(rf"\b{s04_name}\b", sent, message)
+    return message
 
 
 def _get(body: dict, name: str, default):
@@ -476,7 +569,7 @@ class ResponseMeta:
     def logprobs(self, lps, offset: int = 0) -> dict | None:
         """OpenAI's logprobs object for some tokens: chat {"content": [{token, logprob,
         bytes, top_logprobs}]}; completions {tokens, token_logprobs, top_logprobs,
-        text_offset} (offsets from the completion's start, counted from `offset`)."""
+        text_offset} (`text_offsets` from `offset`: the token texts before these)."""
         if lps is None:
             return None
         tok = self.tokenizer
@@ -488,14 +581,24 @@ class ResponseMeta:
             return {"content": [dict(entry(lp.token_id, lp.logprob), top_logprobs=[
                 entry(i, p) for i, p in lp.top_logprobs]) for lp in lps]}
         texts = [token_text(tok, lp.token_id) for lp in lps]
-        offsets = []
-        for text in texts:
-            offsets.append(offset)
-            offset += len(text)
         return {"tokens": texts, "token_logprobs": [_finite(lp.logprob) for lp in lps],
                 "top_logprobs": [{token_text(tok, i): _finite(p) for i, p in lp.top_logprobs}
                                  for lp in lps],
-                "text_offset": offsets}
+                "text_offset": text_offsets(texts, offset)}
+
+
+def text_offsets(texts: Sequence[str], start: int = 0) -> list[int]:
+    """Each token's text_offset: `start` plus the lengths of the token texts before it. The
+    one rule for both paths: a stream starts each chunk where the previous chunk's token
+    texts ended (not where its shown text ended: a stop-string prefix held back makes the
+    shown text shorter), so streamed offsets equal the response's. Tokens of the request's
+    end that a stop string cut from the text keep their entries and offsets (vLLM also
+    reports every generated token), so an offset may reach past the text's end."""
+    offsets = []
+    for text in texts:
+        offsets.append(start)
+        start += len(text)
+    return offsets
 
 
 def _finite(x: float) -> float:
@@ -541,7 +644,8 @@ class StreamWriter:
         m, i = self.meta, delta.index
         m.completion_tokens[i] += len(delta.token_ids)
         logprobs = m.logprobs(delta.logprobs, self.offsets[i])
-        self.offsets[i] += len(delta.text)
+        if logprobs is not None and not m.chat:   # the next chunk's tokens start here
+            self.offsets[i] += sum(len(text) for text in logprobs["tokens"])
         reason = delta.finish_reason if delta.finished else None
         if delta.finished:
             self.finished.add(i)

@@ -1,6 +1,6 @@
 """S19, serving: an OpenAI-compatible streaming HTTP server over the step engine.
 
-What is new since S11
+What is new since S13
     Part II built an engine that takes requests at any time (`add_request`), advances all of
     them one step at a time (`step() -> list[RequestOutput]`, one text delta per request per
     step) and drops any of them at once (`abort`, its KV freed). A server is that loop with a
@@ -26,18 +26,24 @@ What is new since S11
     - Errors have OpenAI's schema and a 4xx status for every bad request, FastAPI's 422 and
       Starlette's 404/405 included; an error after streaming has begun is one SSE event with
       the error object, then [DONE]. A step that raises fails only the requests in it (500, or
-      the error event), and the loop goes on.
+      the error event), and the loop goes on; when S04 says the request's own parameters
+      broke its row (a repetition_penalty past float32's range), it is a 400 naming the field.
     - `record_stream`: one request run in-process, its SSE lines beside the engine steps that
       produced them (the chapter's simulator shows this trace).
-    - The engine is a seam: `ENGINE_CLASS` (S11's `LLMEngine` today) and `make_engine`; S12's
-      or S13's engine is one line away.
+    - The engine is a seam: `ENGINE_CLASS` and `make_engine`. It serves Part II's most complete
+      engine, S13's `LLMEngine` (code/s13_engine.py: prefix caching over S12's paged KV, with
+      S11's chunked prefill); S11's or S12's is the same one-line swap. The engine's trace
+      keeps its last TRACE_LIMIT steps (1024), so a server running for days holds a bounded
+      trace.
 
 What it does not handle yet
     One model, one engine thread, one process: the engine's steps and the server's JSON work
     share one Python interpreter (the GIL), which the benchmark measures as the overhead
-    ratio. No authentication (the api_key is ignored), no rate limits, no request queue
-    limit, no TLS. The steps it serves get cheaper in Part III (S14-S18); S20 load-tests the
-    whole engine.
+    ratio. A request body over MAX_BODY_BYTES (4 MiB) is refused with a 413, and a prompt
+    with more characters than the context can hold with a 400 before it is encoded (so a
+    megabyte of text never stalls the event loop in the tokenizer). No authentication (the
+    api_key is ignored), no rate limits, no request queue limit, no TLS. The steps it serves
+    get cheaper in Part III (S14-S18); S20 load-tests the whole engine.
 
 Run it
     python code/s19_server.py                       # the bundled model on 127.0.0.1:8000
@@ -92,30 +98,37 @@ from starlette.exceptions import HTTPException
 import s01_generation_loop as s01
 import s03_checkpoint
 import s03_transformer as s03
+import s04_sampling as s04
 import s06_torch as s06
-import s11_chunked_prefill as s11
+import s13_engine as s13
 import s19_protocol as proto
 from s19_protocol import APIError, Delta
 
 log = logging.getLogger("s19_server")
 
-ENGINE_CLASS = s11.LLMEngine     # the engine served: S12's or S13's LLMEngine drops in here
+ENGINE_CLASS = s13.LLMEngine     # the engine served; S11's or S12's LLMEngine drops in here
 DEFAULT_MODEL_NAME = "bundled"
 DEFAULT_PORT = 8000
+TRACE_LIMIT = 1024               # engine.trace keeps the last 1024 step records (S09's StepTrace)
+MAX_BODY_BYTES = 4 * 2**20       # a larger request body is a 413, unread
+OFF_LOOP_BYTES = 64 * 2**10      # a larger body is parsed and tokenized in a worker thread
 
 
 def make_engine(model, tokenizer, max_num_seqs: int = 32,
                 max_num_batched_tokens: int | None = None, max_context: int | None = None,
-                engine_class=None):
-    """The served engine: `engine_class` (default ENGINE_CLASS) over the model, with the
-    tokenizer wrapped in `ServingTokenizer` (so the engine runs the ids the server counted).
-    max_context: default the model's window, at most 4096. Raises ValueError naming the rule
-    (the engine's)."""
+                engine_class=None, trace_limit: int | None = TRACE_LIMIT):
+    """The served engine: `engine_class` (default ENGINE_CLASS, S13's) over the model, with
+    the tokenizer wrapped in `ServingTokenizer` (so the engine runs the ids the server
+    counted). max_context: default the model's window, at most 4096. trace_limit: the step
+    records engine.trace keeps (the latest; None keeps all). Raises ValueError naming the
+    rule (the engine's)."""
     engine_class = ENGINE_CLASS if engine_class is None else engine_class
     window = model.config.max_position_embeddings
     max_context = min(window, 4096) if max_context is None else max_context
-    return engine_class(model, proto.ServingTokenizer(tokenizer), max_context, max_num_seqs,
-                        max_num_batched_tokens=max_num_batched_tokens)
+    engine = engine_class(model, proto.ServingTokenizer(tokenizer), max_context, max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens)
+    engine.trace.limit = trace_limit
+    return engine
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,12 +137,24 @@ def make_engine(model, tokenizer, max_num_seqs: int = 32,
 
 @dataclass(frozen=True)
 class EngineFailure:
-    """Sent to a request's sink instead of a Delta when a step that ran it raised."""
+    """Sent to a request's sink instead of a Delta when a step that ran it raised: status 500
+    (the server's fault), or 400 with the field at fault for S04's known per-request failures
+    (`REQUEST_FAILURES`: the request's own sampling parameters broke its row)."""
 
     message: str
+    status: int = 500
+    param: str | None = None
+
+    def api_error(self) -> APIError:
+        return APIError(self.status, self.message, self.param)
 
 
 _REQUEST_PREFIX = re.compile(r"^request '([^']+)': ")
+# S04's errors a row raises because of its request's own parameters (S09 names the request):
+# the message -> the field to blame. A 400, not a 500: the same request fails every time.
+REQUEST_FAILURES = {s04.PENALTY_OVERFLOW: "repetition_penalty",
+                    s04.PENALTY_RULED_OUT: "repetition_penalty",
+                    s04.MIN_TOKENS_RULED_OUT: "min_tokens"}
 
 
 class EngineLoop:
@@ -259,7 +284,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         engine = self.engine
-        traced = len(engine.trace)
+        traced = engine.trace.num_recorded
         try:
             outputs = engine.step()
         except Exception as err:            # fail the requests of this step, keep serving
@@ -268,7 +293,7 @@ class EngineLoop:
             return
         self.steps += 1
         # The trace's number of this step; None when it ran no model (only last outputs).
-        trace_step = engine.trace[-1].step if len(engine.trace) > traced else None
+        trace_step = engine.trace[-1].step if engine.trace.num_recorded > traced else None
         batch = []
         for out in outputs:
             entry = self._sinks.get(out.request_id)
@@ -285,8 +310,9 @@ class EngineLoop:
 
     def _fail(self, err: Exception) -> None:
         """A step raised. S09's step names the request a bad row belongs to ("request 'id':
-        ..."): only it fails. Otherwise every request the step scheduled fails (S10's
-        `revert` gave their KV back). Each is aborted and told; the others go on."""
+        ..."): only it fails, with a 400 naming the field when the error is one of S04's
+        REQUEST_FAILURES. Otherwise every request the step scheduled fails (S10's `revert`
+        gave their KV back), a 500. Each is aborted and told; the others go on."""
         match = _REQUEST_PREFIX.match(str(err))
         out = getattr(self.engine, "scheduler_output", None)
         if match:
@@ -296,14 +322,20 @@ class EngineLoop:
         else:
             ids = list(self._sinks)         # nothing else to blame: fail all, never spin
         log.error("engine step failed for %s: %s: %s", ids, type(err).__name__, err)
-        message = f"the engine failed while running this request ({type(err).__name__}: {err})"
+        reason = str(err)[match.end():] if match else None
+        if reason in REQUEST_FAILURES:
+            failure = EngineFailure(f"this request's sampling parameters failed while it ran: "
+                                    f"{reason}", 400, REQUEST_FAILURES[reason])
+        else:
+            failure = EngineFailure(f"the engine failed while running this request "
+                                    f"({type(err).__name__}: {err})")
         batch = []
         for rid in ids:
             entry = self._sinks.pop(rid, None)
             self._seqs.pop(rid, None)
             self.engine.abort(rid)
             if entry is not None:
-                batch.append((entry[0], EngineFailure(message)))
+                batch.append((entry[0], failure))
         if batch:
             self.deliver(batch)
 
@@ -341,6 +373,7 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
     loop_ = engine_loop or EngineLoop(engine)
     template = chat_template or proto.ChatTemplate(None)
     tokenizer = engine.tokenizer
+    tokenizer.max_token_chars          # computed once now, not on the first request
     created_at = int(time.time())
 
     @asynccontextmanager
@@ -355,7 +388,9 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
         finally:
             loop_.stop()
 
-    app = FastAPI(title="LLM course, chapter 19", lifespan=lifespan)
+    # redirect_slashes off: POST /v1/completions/ is a 404 with the error schema, not
+    # Starlette's empty 307 to the path without the slash.
+    app = FastAPI(title="LLM course, chapter 19", lifespan=lifespan, redirect_slashes=False)
     app.state.engine_loop = loop_
 
     @app.exception_handler(APIError)
@@ -394,19 +429,27 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
                                             "created": created_at, "owned_by": "llm-course",
                                             "max_model_len": engine.max_context}]}
 
+    def parse(raw: bytes, kind: str) -> proto.ParsedRequest:
+        return proto.parse_request(kind, proto.parse_json_body(raw), model_name, tokenizer,
+                                   engine.max_context, template)
+
     async def serve(request: Request, kind: str):
-        body = proto.parse_json_body(await request.body())
-        parsed = proto.parse_request(kind, body, model_name, tokenizer, engine.max_context,
-                                     template)
+        raw = await read_body(request)
+        if len(raw) > OFF_LOOP_BYTES:       # the JSON parser and the tokenizer, off the loop
+            parsed = await asyncio.get_running_loop().run_in_executor(None, parse, raw, kind)
+        else:
+            parsed = parse(raw, kind)
         if parsed.ignored:
             log.warning("ignoring unknown fields %s", list(parsed.ignored))
         queue: asyncio.Queue = asyncio.Queue()
         try:
             ids = await asyncio.wrap_future(loop_.submit(
                 [(parsed.prompt, p) for p in parsed.params], queue.put_nowait))
-        except ValueError as err:           # the engine refused the prompt (its rule named)
-            raise APIError(400, str(err), "messages" if kind == proto.CHAT else "prompt") \
-                from None
+        except ValueError as err:           # the engine refused the request (its rule named)
+            field = str(err).split(" ", 1)[0]
+            param = field if field in proto.SAMPLING_FIELDS else (
+                "messages" if kind == proto.CHAT else "prompt")
+            raise APIError(400, str(err), param) from None
         prefix = "chatcmpl-" if kind == proto.CHAT else "cmpl-"
         meta = proto.ResponseMeta(prefix + uuid.uuid4().hex, int(time.time()), model_name,
                                   parsed, tokenizer)
@@ -425,7 +468,7 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
         while not writer.done:
             item = await queue.get()
             if isinstance(item, EngineFailure):
-                for line in writer.error(APIError(500, item.message)):
+                for line in writer.error(item.api_error()):
                     yield line
                 return
             for line in writer.feed(item):
@@ -446,7 +489,7 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
                     raise ClientGone()
                 item = get.result()
                 if isinstance(item, EngineFailure):
-                    raise APIError(500, item.message)
+                    raise item.api_error()
                 deltas.append(item)
                 finished += item.finished
         finally:
@@ -464,6 +507,27 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
         return await serve(request, proto.CHAT)
 
     return app
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused with a 413 when larger than MAX_BODY_BYTES: at once when its
+    Content-Length says so, else as soon as that many bytes have come."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise _too_large(int(length))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int) -> APIError:
+    return APIError(413, f"the request body is {size} bytes or more; this server takes at most "
+                         f"{MAX_BODY_BYTES} ({MAX_BODY_BYTES // 2**20} MiB)", None,
+                    "request_too_large")
 
 
 class EventStream(StreamingResponse):
@@ -596,9 +660,9 @@ def record_stream(engine, body: dict, kind: str = proto.COMPLETION,
     for _ in range(max_steps):
         if not engine.has_unfinished_requests():
             break
-        traced = len(engine.trace)
+        traced = engine.trace.num_recorded
         outputs = engine.step()
-        ran = len(engine.trace) > traced     # a step that only returned last outputs ran none
+        ran = engine.trace.num_recorded > traced   # a step that only returned outputs ran none
         record = engine.trace[-1] if ran else None
         lines = []
         for out in outputs:
@@ -628,7 +692,9 @@ def record_stream(engine, body: dict, kind: str = proto.COMPLETION,
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        description="Chapter 19: an OpenAI-compatible streaming server over the step engine.")
+        description="Chapter 19: an OpenAI-compatible streaming server over the step engine "
+                    f"({ENGINE_CLASS.__module__}.{ENGINE_CLASS.__name__}: S13's prefix "
+                    "caching over S12's paged KV and S11's chunked prefill).")
     parser.add_argument("--model", default=None,
                         help="checkpoint directory, or a Hugging Face hub id when it is not a "
                              "directory (default: the bundled model)")

@@ -129,6 +129,11 @@ def test_serving_tokenizer_hands_the_engine_the_counted_ids(tok):
     ({"prompt": "\ud800"}, 400, "prompt", "Unicode"),
     ({"prompt": [5] * CONTEXT}, 400, "prompt", "no room"),
     ({"prompt": [5] * 250, "max_tokens": 7}, 400, "max_tokens", "at most 6"),
+    # Issue 20: values the user sent, rules checked before the request runs.
+    ({"prompt": "O", "seed": 2**63 - 1, "n": 2}, 400, "seed", "seed + n - 1 must be < 2**63"),
+    ({"prompt": "O", "stop_token_ids": [2048]}, 400, "stop_token_ids", "[0, 2048)"),
+    ({"prompt": "O", "min_tokens": 1, "max_tokens": 2, "stop_token_ids": list(range(2047))},
+     400, "min_tokens", "nothing is left to sample"),
 ])
 def test_refusals_name_the_rule_and_the_field(tok, body, status, param, fragment):
     with pytest.raises(APIError) as err:
@@ -225,3 +230,103 @@ def test_collect_response_and_logprobs_formats(tok):
 
 def test_a_special_token_is_named_in_logprobs(tok):
     assert proto.token_text(tok, 2047) == "<|endoftext|>"
+
+
+# --- issue 20: the reviewers' findings --------------------------------------------------------
+
+def test_deeply_nested_json_is_a_400_not_a_recursion_error():
+    for raw in (b"[" * 5000 + b"]" * 5000, b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"):
+        with pytest.raises(APIError) as err:
+            proto.parse_json_body(raw)
+        assert err.value.status == 400 and "nests" in err.value.message
+
+
+@pytest.mark.parametrize("content", ["ab\ud800", [{"type": "text", "text": "ok"},
+                                                   {"type": "text", "text": "\udfff"}]])
+def test_a_lone_surrogate_in_chat_content_is_a_400(tok, content):
+    with pytest.raises(APIError) as err:
+        parse(tok, {"messages": [{"role": "user", "content": "Hi"},
+                                 {"role": "user", "content": content}]}, proto.CHAT)
+    assert (err.value.status, err.value.param) == (400, "messages[1].content")
+    assert "lone surrogate" in err.value.message
+
+
+def test_messages_use_the_names_the_request_sent(tok):
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    with pytest.raises(APIError) as err:
+        parse(tok, dict(chat, max_completion_tokens=0), proto.CHAT)
+    assert err.value.param == "max_completion_tokens"
+    assert err.value.message.startswith("max_completion_tokens must be")
+    assert "max_tokens" not in err.value.message
+    with pytest.raises(APIError) as err:
+        parse(tok, dict(chat, logprobs=True, top_logprobs=30), proto.CHAT)
+    assert err.value.param == "top_logprobs" and err.value.message.startswith("top_logprobs")
+    with pytest.raises(APIError) as err:
+        parse(tok, dict(chat, max_completion_tokens=3, min_tokens=4), proto.CHAT)
+    assert "max_completion_tokens=3" in err.value.message
+    # The largest seed that still works with n = 2: each choice draws from seed + i.
+    r = parse(tok, {"prompt": "O", "seed": 2**63 - 2, "n": 2})
+    assert [p.seed for p in r.params] == [2**63 - 2, 2**63 - 1]
+
+
+def test_min_tokens_with_eos_ignored_leaves_eos_to_sample(tok):
+    # stop_token_ids holds every id but EOS (2047). Without ignore_eos, min_tokens bans EOS
+    # too (refused above); with it, EOS does not end the request, is not banned, and is left.
+    ids = list(range(2047))
+    assert parse(tok, {"prompt": "O", "min_tokens": 1, "stop_token_ids": ids,
+                       "ignore_eos": True}).params[0].min_tokens == 1
+
+
+class NoEncodeTokenizer(proto.ServingTokenizer):
+    """Fails the test if a prompt is encoded or decoded (it must be refused before)."""
+
+    def encode(self, text, *args, **kwargs):
+        if len(text) > 10_000:
+            raise AssertionError("the huge prompt was encoded")
+        return super().encode(text, *args, **kwargs)
+
+    def decode(self, ids, *args, **kwargs):
+        if len(ids) > 10_000:
+            raise AssertionError("the huge id prompt was decoded")
+        return self.inner.decode(ids, *args, **kwargs)
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_encoding(tok):
+    guard = NoEncodeTokenizer(tok.inner)
+    per_token = guard.max_token_chars
+    # Independent of the helper: the longest token text of the vocabulary, or special name.
+    assert per_token == max([len(tok.inner.decode([i])) for i in range(tok.vocab_size)]
+                            + [len(n) for n in tok.inner.special_tokens])
+    limit = CONTEXT * per_token
+    assert proto.prompt_char_limit(guard, CONTEXT) == limit
+    for body, kind, param in [({"prompt": "x" * 1_000_000}, proto.COMPLETION, "prompt"),
+                              ({"prompt": [5] * 1_000_000}, proto.COMPLETION, "prompt"),
+                              ({"messages": [{"role": "user", "content": "x" * (limit + 1)}]},
+                               proto.CHAT, "messages")]:
+        with pytest.raises(APIError) as err:
+            parse(guard, body, kind)
+        assert (err.value.status, err.value.param, err.value.code) == (
+            400, param, "context_length_exceeded")
+    # At the limit the prompt is encoded and counted as before (here: too many tokens).
+    with pytest.raises(APIError) as err:
+        parse(tok, {"prompt": "x" * limit})
+    assert "tokens but the model's context holds" in err.value.message
+
+
+def test_text_offsets_count_token_texts_in_both_paths(tok):
+    # A stop-string prefix held back: the stream's first delta shows "" for two tokens, the
+    # next shows their text and its own. Offsets come from the token texts either way.
+    ids = tok.encode("To be or not")
+    lp = [s04.TokenLogprobs(i, -0.5, ()) for i in ids]
+    m = meta(tok, {"prompt": "O", "logprobs": 0, "stream": True})
+    w = proto.StreamWriter(m)
+    deltas = [Delta(0, (ids[0],), "", False, None, (lp[0],)),
+              Delta(0, (ids[1],), "", False, None, (lp[1],)),
+              Delta(0, tuple(ids[2:]), "To be or not", True, "length", tuple(lp[2:]))]
+    streamed = [o for d in deltas for c in events(w.feed(d))
+                for o in c["choices"][0]["logprobs"]["text_offset"]]
+    whole = proto.collect_response(meta(tok, {"prompt": "O", "logprobs": 0}), deltas)
+    texts = [tok.decode([i]) for i in ids]
+    want = [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
+    assert streamed == whole["choices"][0]["logprobs"]["text_offset"] == want
+    assert proto.text_offsets(["ab", "c", ""], 5) == [5, 7, 8]

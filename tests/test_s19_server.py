@@ -1,7 +1,8 @@
 """Tests for chapter S19, the OpenAI-compatible server (code/s19_server.py), over real HTTP.
 
 A module fixture starts the real server (uvicorn in a thread, on a port the OS picks on the
-loopback interface) over the bundled model and S11's engine; the official `openai` client (and
+loopback interface) over the bundled model and the engine it serves (srv.ENGINE_CLASS, S13's:
+prefix caching, paged KV, chunked prefill); the official `openai` client (and
 httpx, for raw bytes and for disconnecting) talks to it. Oracles: the same engine class run in
 process, alone, on the same prompt (greedy text, token ids, seeded samples, logprobs); the
 tokenizer for usage counts; the chat prompt written out by hand (the course's template in the
@@ -28,7 +29,7 @@ import pytest
 
 import s04_sampling as s04
 import s06_torch as s06
-import s11_chunked_prefill as s11
+import s13_engine as s13
 import s19_server as srv
 
 pytestmark = pytest.mark.slow   # a real server, a few hundred requests: about a minute
@@ -64,7 +65,7 @@ def client(server):
 def local(loaded):
     """The same engine class, in process, one request at a time: the oracle."""
     model, tok = loaded
-    engine = s11.LLMEngine(model, tok, model.config.max_position_embeddings, MAX_NUM_SEQS)
+    engine = srv.ENGINE_CLASS(model, tok, model.config.max_position_embeddings, MAX_NUM_SEQS)
     cache = {}
 
     def run(prompt, **kwargs):
@@ -82,16 +83,23 @@ def chat_text(user: str) -> str:
 
 
 def engine_state(server):
-    """(unfinished requests?, KV tokens in use), read in the engine thread between steps."""
-    return server.loop.call(lambda e: (e.has_unfinished_requests(),
-                                       e.scheduler.kv.num_used_tokens)).result(WAIT_S)
+    """(unfinished requests?, KV tokens in use, KV blocks held), read in the engine thread
+    between steps. Held = usable - free blocks, S13's notion: a cached block nobody holds is
+    in the free queue (still hittable, taken first-in-first-out), so it counts as free."""
+    return server.loop.call(lambda e: (
+        e.has_unfinished_requests(), e.scheduler.kv.num_used_tokens,
+        e.scheduler.kv.pool.num_usable_blocks - e.scheduler.kv.pool.num_free_blocks)
+    ).result(WAIT_S)
+
+
+IDLE = (False, 0, 0)
 
 
 def wait_idle(server):
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         state = engine_state(server)
-        if state == (False, 0):
+        if state == IDLE:
             return state
         time.sleep(0.02)
     return engine_state(server)
@@ -174,7 +182,7 @@ def test_streamed_chat_sends_the_role_first_then_content(client, local):
 
 def test_an_idle_loop_takes_no_steps(server):
     # The engine thread sleeps on a condition when nothing is unfinished: no step, no spin.
-    assert wait_idle(server) == (False, 0)
+    assert wait_idle(server) == IDLE
     before = server.loop.steps
     time.sleep(0.2)
     assert server.loop.steps == before and server.loop.alive
@@ -257,8 +265,8 @@ def test_chat_logprobs_match_the_engine(client, local):
 STEP_S = 0.004
 
 
-class FlakyEngine(s11.LLMEngine):
-    """S11's engine through its model seam, `execute_model`: the next model step raises when
+class FlakyEngine(srv.ENGINE_CLASS):
+    """The served engine through its model seam, `execute_model`: the next model step raises when
     `fail_next` is set (an injected fault), and every step takes at least STEP_S (the
     bundled model makes 240 tokens faster than a client reads its first chunk, so a
     disconnect test needs steps of a real model's length)."""
@@ -291,7 +299,7 @@ def test_g4_disconnect_mid_stream_aborts_and_frees_every_kv_token(flaky):
     server = flaky
     # G4, vllm-project/vllm #24584 / PR #24586: read one chunk, close; the request must stop
     # within a few steps and its KV go back (the free count returns to its idle value).
-    assert wait_idle(server) == (False, 0)
+    assert wait_idle(server) == IDLE
     body = {"model": MODEL, "prompt": "ROMEO.\n", "max_tokens": 240, "ignore_eos": True,
             "temperature": 0, "stream": True}
     with httpx.Client(timeout=WAIT_S) as http:
@@ -301,7 +309,7 @@ def test_g4_disconnect_mid_stream_aborts_and_frees_every_kv_token(flaky):
             assert next(line for line in lines if line.startswith("data: "))
             ids = server.loop.call(lambda e: list(e.requests)).result(WAIT_S)
             assert len(ids) == 1                  # still running while the client reads
-    assert wait_idle(server) == (False, 0)
+    assert wait_idle(server) == IDLE
     ran = server.loop.call(lambda e: sum(ids[0] in r.running for r in e.trace)).result(WAIT_S)
     assert ran < 240            # it stopped long before its 240 tokens
     print(f"G4: the abandoned request ran {ran} steps of 240")
@@ -309,14 +317,14 @@ def test_g4_disconnect_mid_stream_aborts_and_frees_every_kv_token(flaky):
 
 def test_a_non_streaming_client_that_leaves_is_aborted_too(flaky):
     server = flaky
-    assert wait_idle(server) == (False, 0)
-    before = server.loop.call(lambda e: len(e.trace)).result(WAIT_S)
+    assert wait_idle(server) == IDLE
+    before = server.loop.call(lambda e: e.trace.num_recorded).result(WAIT_S)
     body = {"model": MODEL, "prompt": "O", "max_tokens": 255, "ignore_eos": True,
             "temperature": 0}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(server.url + "/v1/completions", json=body, timeout=0.1)
-    assert wait_idle(server) == (False, 0)
-    steps = server.loop.call(lambda e: len(e.trace) - before).result(WAIT_S)
+    assert wait_idle(server) == IDLE
+    steps = server.loop.call(lambda e: e.trace.num_recorded - before).result(WAIT_S)
     assert steps < 255          # only this request ran: it was cut off before its end
     print(f"non-streaming disconnect: {steps} steps of 255")
 
@@ -347,7 +355,7 @@ def test_64_concurrent_streams_each_equal_the_request_alone(server, local):
     for prompt, text, reason in filter(None, results):
         want = local(prompt, max_tokens=16)
         assert (text, reason) == (want.text, want.finish_reason)
-    assert wait_idle(server) == (False, 0)
+    assert wait_idle(server) == IDLE
 
 
 def test_requests_from_many_threads_with_the_sync_client(server, local):
@@ -430,6 +438,22 @@ BAD = [
      "context_length_exceeded"),
     ("max_tokens past the context", C, dict(GOOD_C, max_tokens=300), 400, "max_tokens",
      "context_length_exceeded"),
+    # Issue 20 (reviewers' findings, each a 500 before).
+    ("JSON nested 5000 deep", C, b"[" * 5000 + b"]" * 5000, 400, None, None),
+    ("JSON nested 5000 deep in the prompt", C,
+     b'{"model": "bundled", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, None, None),
+    ("lone surrogate in chat content", CH,
+     b'{"model": "bundled", "messages": [{"role": "user", "content": "\\ud800"}]}', 400,
+     "messages[0].content", None),
+    ("lone surrogate in a content part", CH,
+     b'{"model": "bundled", "messages": [{"role": "user", "content": '
+     b'[{"type": "text", "text": "\\udfff"}]}]}', 400, "messages[0].content", None),
+    ("stop_token_ids past the vocabulary", C, dict(GOOD_C, stop_token_ids=[5000]), 400,
+     "stop_token_ids", None),
+    ("min_tokens with every token banned", C, dict(GOOD_C, min_tokens=1, max_tokens=3,
+                                                    stop_token_ids=list(range(2048))),
+     400, "min_tokens", None),
+    ("seed + n - 1 past 2**63", C, dict(GOOD_C, seed=2**63 - 1, n=2), 400, "seed", None),
 ]
 
 
@@ -451,6 +475,9 @@ def test_wrong_paths_and_methods_use_the_schema(server):
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
     r = httpx.post(server.url + "/v1/embeddings", json={}, timeout=WAIT_S)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    for path in (C + "/", CH + "/"):        # no 307 with an empty body: the schema's 404
+        r = httpx.post(server.url + path, json=GOOD_C, timeout=WAIT_S)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
 
 
 def test_the_official_client_raises_its_typed_errors(client):
@@ -531,7 +558,7 @@ def test_a_failed_step_is_a_500_and_the_loop_goes_on(flaky):
     assert r.status_code == 500
     assert r.json()["error"]["type"] == "server_error"
     assert "injected fault" in r.json()["error"]["message"]
-    assert wait_idle(flaky) == (False, 0)
+    assert wait_idle(flaky) == IDLE
     r = httpx.post(flaky.url + C, json=dict(GOOD_C, max_tokens=4), timeout=WAIT_S)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
 
@@ -546,7 +573,7 @@ def test_a_failure_after_streaming_began_is_an_error_event_then_done(flaky):
         rest = [line for line in lines if line.startswith("data: ")]
     error = json.loads(rest[-2][len("data: "):])
     assert error["error"]["type"] == "server_error" and rest[-1] == "data: [DONE]"
-    assert wait_idle(flaky) == (False, 0)
+    assert wait_idle(flaky) == IDLE
     assert flaky.loop.failed_steps >= 1
 
 
@@ -616,3 +643,108 @@ def test_the_figure_is_the_benchmarks_json_drawn_with_its_legend_off_the_data():
     done = subprocess.run([sys.executable, str(root / "scripts" / "s19_figure.py"), "--check"],
                           cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- issue 20: the reviewers' findings over HTTP ----------------------------------------------
+
+def test_the_served_engine_is_s13_and_says_so(server, capsys):
+    assert srv.ENGINE_CLASS is s13.LLMEngine
+    assert server.loop.call(lambda e: type(e)).result(WAIT_S) is s13.LLMEngine
+    with pytest.raises(SystemExit):
+        srv.main(["--help"])
+    assert "s13_engine.LLMEngine" in " ".join(capsys.readouterr().out.split())
+    # After a request the engine is idle with every block free, though blocks of its prompt
+    # stay cached (free and hittable): S13's notion of free.
+    httpx.post(server.url + C, json=dict(GOOD_C, prompt=PROMPTS[3], max_tokens=2),
+               timeout=WAIT_S)
+    assert wait_idle(server) == IDLE
+    assert server.loop.call(lambda e: e.scheduler.kv.pool.num_cached_free_blocks
+                            ).result(WAIT_S) > 0
+
+
+def test_a_penalty_overflow_is_a_400_naming_the_field_streaming_or_not(server):
+    # repetition_penalty 1e-40 divides a positive logit of a prompt token by 1e-40: past
+    # float32's range, S04's PENALTY_OVERFLOW in the step. The request's own fault: a 400.
+    body = dict(GOOD_C, prompt="ROMEO.\n", max_tokens=8, repetition_penalty=1e-40)
+    r = httpx.post(server.url + C, json=body, timeout=WAIT_S)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "repetition_penalty")
+    assert s04.PENALTY_OVERFLOW in error["message"]
+    chat = dict(GOOD_CH, max_tokens=8, repetition_penalty=1e-40, stream=True)
+    with httpx.stream("POST", server.url + CH, json=chat, timeout=WAIT_S) as response:
+        assert response.status_code == 200       # streaming had begun: the error is an event
+        events = sse_events(response)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-2]["error"]["type"] == "invalid_request_error"
+    assert events[-2]["error"]["param"] == "repetition_penalty" and events[-1] == "[DONE]"
+    assert wait_idle(server) == IDLE
+    r = httpx.post(server.url + C, json=dict(GOOD_C, max_tokens=2), timeout=WAIT_S)
+    assert r.status_code == 200
+
+
+def test_a_huge_prompt_gets_a_4xx_quickly_and_health_answers_meanwhile(server):
+    latencies, stop = [], threading.Event()
+
+    def poll():
+        with httpx.Client(timeout=WAIT_S) as http:
+            while not stop.is_set():
+                start = time.monotonic()
+                assert http.get(server.url + "/health").status_code == 200
+                latencies.append(time.monotonic() - start)
+                time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        time.sleep(0.2)
+        megabyte = "To be, or not to be, " * 50_000                # 1.05 MB of text
+        cases = [(C, dict(GOOD_C, prompt=megabyte), 400, "prompt"),
+                 (CH, dict(GOOD_CH, messages=[{"role": "user", "content": megabyte}]), 400,
+                  "messages"),
+                 (C, dict(GOOD_C, prompt="x" * (srv.MAX_BODY_BYTES + 1)), 413, None)]
+        for path, body, status, param in cases:
+            start = time.monotonic()
+            r = httpx.post(server.url + path, json=body, timeout=WAIT_S)
+            took = time.monotonic() - start
+            assert r.status_code == status, r.text[:200]
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+            assert r.json()["error"]["param"] == param
+            assert took < 5.0, f"{path} took {took:.2f} s"  # 66 kB encodes in 0.07 s here
+            print(f"{len(r.request.content) / 1e6:.1f} MB body: {status} in {took:.3f} s")
+    finally:
+        stop.set()
+        poller.join(WAIT_S)
+    assert latencies and max(latencies) < 2.0, max(latencies)
+
+
+@pytest.mark.parametrize("prompt, stop", [("ROMEO.\n", "I w"), ("O", "an")])
+def test_streamed_text_offsets_equal_the_response_when_a_stop_string_holds_text(
+        client, prompt, stop):
+    body = dict(model=MODEL, prompt=prompt, max_tokens=30, temperature=0, logprobs=0,
+                stop=[stop])
+    whole = client.completions.create(**body).choices[0].logprobs
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **body)]
+    streamed = [o for c in chunks if c.logprobs for o in c.logprobs.text_offset]
+    tokens = [t for c in chunks if c.logprobs for t in c.logprobs.tokens]
+    assert tokens == whole.tokens
+    want = [sum(len(t) for t in whole.tokens[:k]) for k in range(len(whole.tokens))]
+    assert streamed == whole.text_offset == want
+    # The case at hand: some chunk showed less text than its tokens (a stop prefix held).
+    assert any(c.logprobs and c.text != "".join(c.logprobs.tokens) for c in chunks)
+
+
+def test_the_trace_keeps_its_last_records_and_record_stream_still_works(loaded, server):
+    assert server.loop.call(lambda e: e.trace.limit).result(WAIT_S) == srv.TRACE_LIMIT == 1024
+    model, tok = loaded
+    engine = srv.make_engine(model, tok, 4, trace_limit=8)
+    engine.add_request("O", s04.SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    n = engine.trace.num_recorded
+    assert n >= 20 and len(engine.trace) == 8
+    assert [r.step for r in engine.trace] == list(range(n - 8, n))
+    body = dict(GOOD_C, prompt="ROMEO.\n", max_tokens=5, temperature=0)
+    full, short = (srv.record_stream(srv.make_engine(model, tok, 4, 16, trace_limit=limit),
+                                     body) for limit in (None, 2))
+    assert short == full and len(full["steps"]) >= 5
