@@ -8,10 +8,12 @@ Fill in each function, then grade your work:
 The chapter's code is in code/s19_protocol.py (`StreamWriter`, `collect_response`,
 `parse_request`, `APIError`) and code/s19_server.py (the server around them). Write your own
 versions here: the graded tests compare you with the OpenAI Python client's own SSE decoder
-(`openai._streaming.SSEDecoder`), with the non-streaming response the server's code builds
-from the same engine outputs, with the status, param and code S19's `parse_request` gives
-the same request body, and with the exception the official client raises when it reads your
-error object. Reference solutions are in exercises/solutions/ -- try first, peek later.
+(`openai._streaming.SSEDecoder`); with streams worked by hand and with S06's single-request
+engine run alone on the same prompts (the text and finish reason a stream must join to) and the
+tokenizer's count of each prompt (its usage); with the status, param and code S19's
+`parse_request` gives the same request body; and with the exception the official client raises
+when it reads your error object. Reference solutions are in exercises/solutions/ -- try first,
+peek later.
 
 The wire format, in short. A streamed response is a byte stream of events; an event is one or
 more lines ending with a blank line; a line is ended by LF, CR or CRLF. A line "data: x" adds
@@ -73,8 +75,11 @@ def join_stream(data: Sequence[str]) -> dict:
 # Exercise 3: the server's first line of defence (3 points) -----------------------------------
 # A request the client got wrong is answered with a 4xx status and OpenAI's error object,
 # {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}, never with a 500, and
-# never by running the engine. The rules below are a subset of S19's (each request in the tests
-# breaks at most one of them); the chapter's Deep dive lists them all.
+# never by running the engine. The rules below are a subset of S19's; the chapter's Deep dive
+# lists them all. A request may break several rules at once (a prompt too long for the context
+# and a bad temperature, say): then only the FIRST one broken, in the order listed, answers,
+# as in S19's parse_request. The order is part of the specification and the tests hold you
+# to it.
 
 def check_request(kind: str, body: dict, model_name: str, prompt_tokens: int,
                   max_context: int) -> tuple[int, dict] | None:
@@ -83,21 +88,22 @@ def check_request(kind: str, body: dict, model_name: str, prompt_tokens: int,
     kind: "completion" (the body has a prompt) or "chat" (it has messages); prompt_tokens: the
     prompt's length in tokens (chat: after the chat template), counted by the caller. The
     error object is {"error": {"message": a non-empty explanation, "type":
-    "invalid_request_error", "param": the field at fault, "code": a code or None}}. Rules:
-      - model missing or not a non-empty string: 400, param "model", code None; another model
-        than model_name: 404, param "model", code "model_not_found";
-      - n (default 1) not an integer in [1, 128]: 400, "n";
-      - stream (default false) not a boolean: 400, "stream";
-      - stream_options present (not null) while stream is not true: 400, "stream_options";
-      - prompt_tokens >= max_context (no room for one token): 400, param "prompt" (completion)
-        or "messages" (chat), code "context_length_exceeded";
-      - stop a list of more than 4 strings: 400, "stop";
-      - max_tokens present and not an integer >= 1 (for chat, max_completion_tokens wins over
-        it when both are given, and is the param named): 400, that field;
-      - temperature present and not a number in [0, 100]: 400, "temperature"; top_p present
-        and not a number in [0, 1]: 400, "top_p";
-      - prompt_tokens + max_tokens > max_context (an explicit max_tokens that does not fit):
-        400, the max-tokens field, code "context_length_exceeded".
+    "invalid_request_error", "param": the field at fault, "code": a code or None}}. The rules,
+    checked in this order (the first one broken answers; code None unless one is named):
+      1. model missing or not a non-empty string: 400, param "model"; another model than
+         model_name: 404, param "model", code "model_not_found";
+      2. n (default 1) not an integer in [1, 128]: 400, "n";
+      3. stream (default false) not a boolean: 400, "stream";
+      4. stream_options present (not null) while stream is not true: 400, "stream_options";
+      5. prompt_tokens >= max_context (no room for one token): 400, param "prompt"
+         (completion) or "messages" (chat), code "context_length_exceeded";
+      6. stop a list of more than 4 strings: 400, "stop";
+      7. temperature present and not a number in [0, 100]: 400, "temperature";
+      8. top_p present and not a number in [0, 1]: 400, "top_p";
+      9. max_tokens present and not an integer >= 1 (for chat, max_completion_tokens wins
+         over it when both are given, and is the param named): 400, that field;
+      10. prompt_tokens + max_tokens > max_context (an explicit max_tokens that does not
+         fit): 400, the max-tokens field, code "context_length_exceeded".
     A boolean is not an integer or a number here (as in Python's JSON, true is not 1).
     """
     raise NotImplementedError("exercise 3")

@@ -103,3 +103,72 @@ def test_concurrent_streams_and_the_benchmark(executed):
     assert "each stream's text equals its prompt run alone: True" in text
     ratios = re.findall(r"^concurrency\s+(\d+): server / in-process", text, re.MULTILINE)
     assert [int(c) for c in ratios] == [1, 8, 32, 64]
+
+
+# The chapter's benchmark prose against the committed JSON ----------------------------------
+# Try it quotes the run in chapters/figures/s19_server.json (the notebook plots the same
+# file). These checks keep the prose from drifting when the benchmark is re-recorded: every
+# ratio, every millisecond figure and every load average the chapter writes must be the JSON's,
+# rounded as written.
+
+CHAPTER = ROOT / "chapters" / "s19-server.md"
+BENCH_JSON = ROOT / "chapters" / "figures" / "s19_server.json"
+
+
+def _paragraph(text: str, opening: str) -> str:
+    start = text.index(opening)
+    return text[start:text.index("\n\n", start)]
+
+
+def _rounded(value: float, written: str) -> str:
+    decimals = len(written.split(".")[1]) if "." in written else 0
+    return f"{value:,.{decimals}f}"
+
+
+def _loads(uptime: str) -> list[str]:
+    return re.search(r"load average: ([\d.]+), ([\d.]+), ([\d.]+)", uptime).groups()
+
+
+def test_the_chapter_quotes_the_committed_benchmark():
+    import json
+    bench = json.loads(BENCH_JSON.read_text())
+    text = CHAPTER.read_text()
+    prose = _paragraph(text, "The ratios, server over in process")
+    caption = _paragraph(text, "The benchmark, `python benchmarks/bench_s19_server.py`")
+    levels = [r["concurrency"] for r in bench["ratios"]]
+    ratios = {r["concurrency"]: r for r in bench["ratios"]}
+    assert levels == bench["config"]["concurrency"]
+    listed = ", ".join(map(str, levels[:-1])) + f" and {levels[-1]}"
+    assert f"at {listed} requests in flight" in " ".join(prose.split())
+    for key, label in (("ttft_p50", "median TTFT"), ("itl_p50", "median inter-token latency"),
+                       ("output_tokens_per_s", "output tokens per second")):
+        number = r"×\d+(?:\.\d+)?"
+        found = re.search(re.escape(label) + rf"\s+((?:{number}(?:,\s+|\s+and\s+)?)+)", prose)
+        assert found, label
+        written = re.findall(r"×(\d+(?:\.\d+)?)", found.group(1))
+        assert len(written) == len(levels), (label, written)
+        assert written == [_rounded(ratios[c][key], w) for c, w in zip(levels, written)], label
+    # Every decimal number the paragraph writes is one of the JSON's, rounded as written: a
+    # ratio (median or one repeat's), a latency of a summary row or a run, a throughput, a
+    # load average. The one exception is the sentence that quotes a reviewer's --quick run.
+    values = [v for r in bench["ratios"] for k, v in r.items() if k != "concurrency"
+              for v in (v if isinstance(v, list) else [v])]
+    values += [row[metric][stat] for row in bench["summary"] + bench["runs"]
+               for metric in ("ttft", "itl", "e2e")
+               for stat in ("p50_ms", "p90_ms", "p99_ms", "mean_ms")]
+    values += [row["output_tokens_per_s"] for row in bench["summary"] + bench["runs"]]
+    values += [float(x) for key in ("uptime_before", "uptime_after")
+               for x in _loads(bench[key])]
+    own = " ".join(sentence for sentence in re.split(r"(?<=\.)\s+", prose)
+                   if "reviewer" not in sentence)
+    written = re.findall(r"(?<![\w.])(\d[\d,]*\.\d+)", own)
+    assert len(written) >= 20, written
+    for w in written:
+        assert any(_rounded(v, w) == w for v in values), f"{w} is not in the JSON"
+    # The load averages: one-minute values before and after, as `uptime` recorded them.
+    before, after = _loads(bench["uptime_before"])[0], _loads(bench["uptime_after"])[0]
+    for where in (prose, caption):
+        loads = re.findall(r"load average (?:of )?([\d.]+) before and ([\d.]+) after", where)
+        assert loads == [(before, after)], where[:80]
+    assert f"{bench['config']['requests']} corpus" in caption
+    assert f"{bench['config']['max_tokens']} tokens each" in caption

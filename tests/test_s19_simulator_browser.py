@@ -14,6 +14,8 @@ every position (before any step, after each engine step, after the last one):
 - the client pane shows, per choice, the text joined from the lines so far (worked out here
   from the exported lines with json), its finish_reason once sent, the usage once sent, and
   [DONE] only at the end, where the texts are the exported "expected" ones;
+- the wire pane (which scrolls) shows its newest line at every position, and at the end the
+  usage chunk and [DONE];
 - the consistency banner stays hidden and there are no console errors; the buttons move one
   position; at a page as narrow as the site's text column nothing overflows sideways.
 Skipped when Playwright or Chromium is missing.
@@ -120,6 +122,44 @@ def test_every_position_shows_the_stream_and_the_client_reading(page, data):
                 "[DONE] received" if done else "[DONE] not received")
         assert texts == [c["text"] for c in sc["expected"]["choices"]]
         assert done and k == len(pos) - 1
+    assert page.problems == []
+
+
+def test_the_wire_pane_scrolls_to_its_newest_line(page, data):
+    # At every position the last line sent so far is inside the pane's visible box, and at
+    # the end the last two lines are the usage chunk (when asked for) and [DONE]; at least
+    # one scenario's stream is taller than the pane, so the pane really had to scroll.
+    scrolled = 0
+    for index, sc in enumerate(data["scenarios"]):
+        page.select_option(".sse-pick", str(index))
+        pos = positions(sc)
+        for k in range(len(pos)):
+            go_to(page, k, len(pos))
+            box = page.evaluate("""() => {
+                const pane = document.querySelector('.sse-lines');
+                const lines = pane.querySelectorAll('.sse-line');
+                if (!lines.length) return null;
+                const last = lines[lines.length - 1].getBoundingClientRect();
+                const view = pane.getBoundingClientRect();
+                return {top: last.top - view.top, bottom: view.bottom - last.bottom,
+                        overflow: pane.scrollHeight - pane.clientHeight,
+                        scrollTop: pane.scrollTop, text: lines[lines.length - 1].textContent};
+            }""")
+            if box is None:
+                continue
+            assert box["top"] >= -1 and box["bottom"] >= -1, (sc["id"], k, box)
+            if k == len(pos) - 1:
+                assert box["text"] == "data: [DONE]"
+                if box["overflow"] > 0:
+                    scrolled += 1
+                    assert box["scrollTop"] > 0
+        shown = page.locator(".sse-line").all_inner_texts()
+        if sc["expected"]["usage"] is not None:
+            assert '"usage": {' in shown[-2] and '"choices": []' in shown[-2]
+            usage_line = page.locator(".sse-line").nth(len(shown) - 2).bounding_box()
+            pane = page.locator(".sse-lines").bounding_box()
+            assert usage_line["y"] >= pane["y"] - 1, sc["id"]      # the usage chunk is in view
+    assert scrolled >= 1, "no stream outgrew the pane: the scroll went untested"
     assert page.problems == []
 
 

@@ -2,8 +2,9 @@
 independent oracles.
 
 site/simulators/sse-stream/export.py records three streaming requests with the server's own
-code (`s19_server.record_stream`: its parser and StreamWriter over S11's engine, another
-request beside it, 16 tokens per step) and what the official client reads from them. Here:
+code (`s19_server.record_stream`: its parser and StreamWriter over the served engine, S13's,
+another request beside it, 16 tokens per step) and what the official client reads from them.
+Here:
 
 - every choice's text and finish reason equal S06's single-request engine run alone on the
   same prompt (the completion's prompt, or the course's chat template written out here from
@@ -18,8 +19,9 @@ request beside it, 16 tokens per step) and what the official client reads from t
   whose prompt chunk reaches the end of the prompt; the prompt's pieces are contiguous and sum
   to its length, cut over more than one step; no step computes more than its budget;
 - the scenarios show what they are there to show: the stop string never reaches the client,
-  its last chunk carries "" and "stop"; chat's two choices interleave and end on different
-  steps.
+  its last chunk carries "" and "stop"; chat's two choices start in the steps that complete
+  their own prompts, share every step from the later start until the first one ends, and end
+  on different steps; the companion is named "other", never a choice-like "c0".
 """
 from __future__ import annotations
 
@@ -175,5 +177,18 @@ def test_the_scenarios_show_the_stop_string_and_interleaved_choices(scenarios):
             if c["finish_reason"] is not None:
                 ends[c["index"]] = s["step"]
     assert len(ends) == 2 and ends[0] != ends[1]
+    starts = {}
+    for s in chat["steps"]:
+        for line in s["lines"]:
+            starts.setdefault(json.loads(line[6:])["choices"][0]["index"], s["step"])
+    for i, rid in enumerate(chat["choice_ids"]):      # the step that completes its prompt
+        assert starts[i] == next(s["step"] for s in chat["steps"] for x in s["scheduled"]
+                                 if x["id"] == rid and x["sampled"])
+    assert [s["step"] for s in both] == list(range(max(starts.values()),
+                                                   min(ends.values()) + 1))
+    for sc in scenarios.values():
+        assert sc["companion"]["id"] == "other"
+        assert {x["id"] for s in sc["steps"] for x in s["scheduled"]} <= {
+            "other", *sc["choice_ids"]}
     texts = [c["text"] for c in chat["expected"]["choices"]]
     assert texts[0] != texts[1]                 # seed and seed + 1 drew different tokens

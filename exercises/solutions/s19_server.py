@@ -119,16 +119,16 @@ def check_request(kind: str, body: dict, model_name: str, prompt_tokens: int,
     stop = body.get("stop")
     if isinstance(stop, list) and len(stop) > 4:
         return _error(400, f"stop may hold at most 4 sequences (got {len(stop)})", "stop")
+    for name, high in (("temperature", 100), ("top_p", 1)):     # S04 checks these first
+        value = body.get(name)
+        if value is not None and not (_is_number(value) and 0 <= value <= high):
+            return _error(400, f"{name} must be a number in [0, {high}] (got {value!r})", name)
     field = "max_tokens"
     if kind == "chat" and body.get("max_completion_tokens") is not None:
         field = "max_completion_tokens"
     max_tokens = body.get(field)
     if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
         return _error(400, f"{field} must be an integer >= 1 (got {max_tokens!r})", field)
-    for name, high in (("temperature", 100), ("top_p", 1)):
-        value = body.get(name)
-        if value is not None and not (_is_number(value) and 0 <= value <= high):
-            return _error(400, f"{name} must be a number in [0, {high}] (got {value!r})", name)
     if max_tokens is not None and prompt_tokens + max_tokens > max_context:
         return _error(400, f"{prompt_tokens} prompt tokens + {max_tokens} > {max_context}",
                       field, "context_length_exceeded")

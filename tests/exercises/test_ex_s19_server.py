@@ -3,14 +3,16 @@
 Oracles, none of them the solution:
 - exercise 1: the official OpenAI client's own SSE decoder (`openai._streaming.SSEDecoder`,
   what `client.completions.create(stream=True)` reads streams with), on streams the server's
-  code writes (`s19_server.record_stream`, the server's parser and `StreamWriter` on S11's
+  code writes (`s19_server.record_stream`, the server's parser and `StreamWriter` on the served
   engine) cut into random pieces, and on hand-made streams with comments, CR / LF / CRLF line
   ends, multi-line data and multi-byte characters cut in half;
 - exercise 2: streams worked by hand, and real streams of the bundled model whose joined
   text, finish reason and usage must equal S06's single-request engine run alone on the same
   prompt (greedy) and the tokenizer's own count of the prompt;
-- exercise 3: S19's `parse_request` (code/s19_protocol.py) on random request bodies that each
-  break at most one rule (status, param and code must match it), and the official client,
+- exercise 3: S19's `parse_request` (code/s19_protocol.py) on random request bodies that
+  break no rule, one, or several (a long prompt breaks the context rule beside whatever else
+  is broken; some bodies break two fields): status, param and code must match the first rule
+  broken in the order the stub lists, which is parse_request's; and the official client,
   which must raise the exception class of your status and read your param and code.
 """
 import json
@@ -72,7 +74,7 @@ BODIES = [
 
 @pytest.fixture(scope="module")
 def streams(bundled):
-    """[(kind, body, SSE bytes)] recorded by the server's own code on S11's engine."""
+    """[(kind, body, SSE bytes)] recorded by the server's own code on the served engine (S13's)."""
     import s19_server as srv
     model, tokenizer = bundled
     out = []
@@ -240,8 +242,10 @@ def random_body(kind: str, rng: random.Random) -> dict:
             body[name] = rng.choice(values)
     if body.get("stream") is True and rng.random() < 0.5:
         body["stream_options"] = {"include_usage": rng.random() < 0.5}
-    if rng.random() < 0.8:                       # break one rule (sometimes none)
-        name = rng.choice([k for k in BREAKS if kind == "chat" or k != "max_completion_tokens"])
+    # Break one rule (sometimes none, sometimes a second one, so that the order counts).
+    breaks = 0 if rng.random() < 0.2 else (2 if rng.random() < 0.25 else 1)
+    names = [k for k in BREAKS if kind == "chat" or k != "max_completion_tokens"]
+    for name in rng.sample(names, breaks):
         value = rng.choice(BREAKS[name])
         if name == "stream_options":
             body.pop("stream", None)
@@ -266,15 +270,21 @@ def expected(kind: str, body: dict, tokenizer):
 def test_check_request_answers_as_the_server_does(bundled):
     _, tokenizer = bundled
     rng = random.Random(1919)
-    seen = {}
+    seen, shadowed = {}, 0
     for _ in range(600):
         kind = rng.choice(["completion", "chat"])
         body = random_body(kind, rng)
         want = expected(kind, body, tokenizer)
         text = body.get("prompt") if kind == "completion" else proto.course_chat_prompt(
             body["messages"])
-        got = ex.check_request(kind, json.loads(json.dumps(body)), MODEL,
-                               len(tokenizer.encode(text)), MAX_CONTEXT)
+        prompt_tokens = len(tokenizer.encode(text))
+        got = ex.check_request(kind, json.loads(json.dumps(body)), MODEL, prompt_tokens,
+                               MAX_CONTEXT)
+        broken = [k for k, values in BREAKS.items() if k != "model" and k in body
+                  and any(body[k] == v and type(body[k]) is type(v) for v in values)]
+        if prompt_tokens >= MAX_CONTEXT:
+            broken.append("context")
+        shadowed += len(broken) > 1          # the order decides which rule answers
         if want is None:
             assert got is None, (kind, body)
             continue
@@ -292,6 +302,7 @@ def test_check_request_answers_as_the_server_does(bundled):
             "top_p", "prompt", "messages"} <= reasons, sorted(reasons)
     assert any(code == "context_length_exceeded" and param == "max_tokens"
                for _, param, code in seen)
+    assert shadowed >= 50, shadowed          # bodies that break two rules or more
 
 
 @needs_model

@@ -3,11 +3,12 @@ steps that produced them.
 
 Each scenario is one streaming request to chapter 19's server, recorded at build time with
 `code/s19_server.py`'s `record_stream`: the server's own request parser and `StreamWriter`
-driving its engine (S11's `LLMEngine`, served through `make_engine`) on the bundled model, on
-the CPU in float32, with no HTTP in between, so the lines are byte for byte what the server
-sends (id "cmpl-0" / "chatcmpl-0" and created 0, to be reproducible). Another request runs
-beside it, and the budget is 16 tokens per step, so its prompt is chunked (S11) and batched
-with the other request's decodes:
+driving its engine (`s19_server.ENGINE_CLASS`, S13's `LLMEngine`, built by `make_engine`) on
+the bundled model, on the CPU in float32, with no HTTP in between, so the lines are byte for
+byte what the server sends (id "cmpl-0" / "chatcmpl-0" and created 0, to be reproducible).
+Another request runs beside it (record_stream names it "c0"; here it is renamed "other", so
+that it does not read as "choice 0"), and the budget is 16 tokens per step, so its prompt is
+chunked (S11) and batched with the other request's decodes:
 
 - "completion": a completion with stream_options.include_usage: nothing is sent until the
   step whose chunk completes the prompt samples, then one chunk per token, the usage chunk
@@ -15,7 +16,9 @@ with the other request's decodes:
 - "stop": a completion with a stop string: the text that could be the start of the stop
   string is held back, and the last chunk carries "" and finish_reason "stop";
 - "chat": a chat completion with n = 2 seeded choices: one role chunk per choice before any
-  step, then both choices' chunks interleaved by index, each ending on its own step.
+  step; each choice's first chunk in the step that completes its own prompt (choice 1's prompt
+  is scheduled after choice 0's, so it completes a step later); from then on both choices'
+  chunks in the same steps, until each ends on its own step.
 
 Per scenario: the request body, the prompt as the engine sees it (chat: after the course's
 template) and its token count, the lines sent before any step ("start", chat's role chunks),
@@ -52,6 +55,7 @@ import s19_server as srv  # noqa: E402
 MAX_NUM_SEQS = 4
 MAX_NUM_BATCHED_TOKENS = 16    # small, so a prompt is chunked beside the other request
 MODEL_NAME = srv.DEFAULT_MODEL_NAME
+OTHER = "other"                # the page's name for the companion record_stream calls "c0"
 COMPANION = ("KING.\nWhat say you?",
              dict(temperature=0.0, max_tokens=6, ignore_eos=True))   # decodes beside it
 SCENARIOS = (
@@ -102,13 +106,18 @@ def record(model, tokenizer, kind: str, body: dict) -> dict:
     companion = (COMPANION[0], s04.SamplingParams(**COMPANION[1]))
     body = dict(body, model=MODEL_NAME)
     trace = srv.record_stream(engine, body, kind, MODEL_NAME, companions=[companion])
+    choice_ids = [f"choice{i}" for i in range(body.get("n", 1))]
     steps = []
     for rec in trace["steps"]:
         if rec["step"] is None:
             raise RuntimeError("the scenarios must not abort")
         t = engine.trace[rec["step"]]           # the engine's own record of the step
-        scheduled = [{"id": rid, "tokens": n, "kind": kind_, "start": start,
-                      "end": start + n, "total": total, "sampled": rid in t.sampled}
+        for rid in t.running:
+            if rid != "c0" and rid not in choice_ids:
+                raise RuntimeError(f"unexpected request {rid!r} in step {rec['step']}")
+        scheduled = [{"id": OTHER if rid == "c0" else rid, "tokens": n, "kind": kind_,
+                      "start": start, "end": start + n, "total": total,
+                      "sampled": rid in t.sampled}
                      for rid, n, kind_, start, total in zip(
                          t.running, t.num_scheduled_tokens, t.kinds, t.num_computed_tokens,
                          t.request_num_tokens)]
@@ -122,8 +131,8 @@ def record(model, tokenizer, kind: str, body: dict) -> dict:
               else body["prompt"])
     return {"kind": kind, "request": dict(trace["request"]), "prompt": prompt,
             "prompt_tokens": trace["prompt_tokens"],
-            "choice_ids": [f"choice{i}" for i in range(body.get("n", 1))],
-            "companion": {"id": "c0", "prompt": COMPANION[0], **COMPANION[1]},
+            "choice_ids": choice_ids,
+            "companion": {"id": OTHER, "prompt": COMPANION[0], **COMPANION[1]},
             "start": trace["start"], "steps": steps, "end": trace["end"],
             "expected": client_reading(lines, kind)}
 

@@ -2,8 +2,8 @@
  *
  * The data is real: export.py (beside this file) ran each request at build time through
  * code/s19_server.py's record_stream, the server's own request parser and StreamWriter over
- * its engine (S11's LLMEngine) on the bundled model, with another request running beside it
- * at 16 tokens per step. For every engine step it recorded what the step scheduled (from the
+ * its engine (s19_server.ENGINE_CLASS, S13's LLMEngine) on the bundled model, with another
+ * request ("other") running beside it at 16 tokens per step. For every engine step it recorded what the step scheduled (from the
  * engine's trace) and the server-sent-event lines the step produced for this request; the
  * lines are byte for byte what the server sends.
  *
@@ -14,7 +14,9 @@
  * scenario, that its reading of all the lines is what the official client read at build time
  * ("expected"), that each step sent exactly one chunk for each of the request's choices that
  * sampled a token in it and none otherwise, and that each choice has exactly one chunk with a
- * finish_reason, its last (a console error and a visible banner if not).
+ * finish_reason, its last (a console error and a visible banner if not; the banner shows only
+ * then). The wire pane scrolls to its newest line at every position, so the usage chunk and
+ * [DONE] are in view at the end.
  */
 (function () {
   "use strict";
@@ -139,6 +141,11 @@
     var panes = el("div", "sse-panes");
     var left = el("div", "sse-pane sse-engine");
     left.appendChild(el("h4", "sse-title", "The engine's steps"));
+    left.appendChild(el("p", "sse-legend", "Each row lists what the step computed, as id:tokens. " +
+      "choice0, choice1, ... are this request's choices (bold); other is another request " +
+      "running beside it, whose chunks go to its own client and are not shown here. " +
+      "choice0:10p 10/13 = 10 prompt tokens computed, reaching token 10 of 13; " +
+      "*: the row sampled a token."));
     var stepsBox = el("div", "sse-steps");
     left.appendChild(stepsBox);
     var right = el("div", "sse-pane sse-wire");
@@ -166,7 +173,7 @@
       var s = p.step, mine = s.scheduled.filter(function (x) { return sc.choice_ids.indexOf(x.id) >= 0; });
       var parts = ["Step " + s.step + " computed " + s.num_tokens + " of " + s.token_budget + " tokens"];
       s.scheduled.forEach(function (x) {
-        var who = sc.choice_ids.indexOf(x.id) >= 0 ? x.id + " (choice " + sc.choice_ids.indexOf(x.id) + ")" : x.id + " (the other request)";
+        var who = sc.choice_ids.indexOf(x.id) >= 0 ? x.id + " (choice " + sc.choice_ids.indexOf(x.id) + ")" : "the other request";
         if (x.kind === "decode") {
           parts.push(who + " decodes one token");
         } else {
@@ -190,7 +197,7 @@
       stepsBox.textContent = "";
       var table = el("table", "sse-step-table");
       var head = el("tr");
-      ["step", "tokens", "scheduled (id: tokens, p = prompt chunk reaching k/of, * = sampled)", "chunks"].forEach(function (h) {
+      ["step", "tokens", "scheduled", "chunks"].forEach(function (h) {
         head.appendChild(el("th", null, h));
       });
       table.appendChild(head);
@@ -217,6 +224,7 @@
         });
       }
       if (!linesBox.children.length) linesBox.appendChild(el("div", "sse-empty", "(nothing sent yet)"));
+      linesBox.scrollTop = linesBox.scrollHeight;   // the newest lines in view (at the end: usage, [DONE])
 
       var got = read([].concat.apply([], pos.slice(0, at + 1).map(function (p) { return p.lines; })), sc.choice_ids.length);
       client.textContent = "";
