@@ -6,10 +6,11 @@ What is new since S11
     the keys and values there and runs the model against them.
 
     - `PagedKVCache`: k, v (L, num_blocks, block_size, Hkv, D), zeroed; block 0 (the null
-      block) is never written. A running request has a row of `block_tables` (max_num_seqs,
+      block) is never written, and a block is zeroed again when it is handed out
+      (`zero_blocks`). A running request has a row of `block_tables` (max_num_seqs,
       max_blocks_per_seq), int64 on the device, its block ids then the null block (vLLM's
-      persistent `BlockTable`); `allocate` / `free` hand out rows as S09's slots were, so S09's
-      and S10's engine code runs unchanged (`seq.slot` is now the request's row).
+      persistent `BlockTable`); `allocate` / `free` hand out rows as S09's slots were, so
+      S09's and S10's engine code runs unchanged (`seq.slot` is now the request's row).
     - Writes: the slot of position p of a request is block_tables[row, p // block_size] *
       block_size + p % block_size (`slot_mapping`); each layer writes the step's keys with one
       index_copy_ into its cache seen as (num_blocks block_size, Hkv, D).
@@ -63,8 +64,8 @@ import s08_static_batching as s08
 import s09_continuous_batching as s09
 import s10_engine as s10
 import s11_chunked_prefill as s11
-from s12_paged_attention import (NULL_BLOCK_ID, BlockPool, PagedScheduler,
-                                 PagedSchedulerOutput, cdiv, slot_mapping)
+from s12_paged_attention import (NULL_BLOCK_ID, PagedScheduler, PagedSchedulerOutput, cdiv,
+                                 check_pool_sizes, slot_mapping)
 
 DEFAULT_BLOCK_SIZE = 16
 TRACE_SLOTS = 64        # slots of one request's scheduled tokens kept in a StepRecord
@@ -74,6 +75,14 @@ TRACE_SLOTS = 64        # slots of one request's scheduled tokens kept in a Step
 # The storage
 # ---------------------------------------------------------------------------------------------
 
+def device_memory(device: str | torch.device) -> int:
+    """Bytes of memory of the device: a GPU's total, or the host's physical memory."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class PagedKVCache:
     """k, v (L, num_blocks, block_size, Hkv, D) and the block tables of up to num_rows running
     requests, block_tables int64 (num_rows, cdiv(max_seq_len, block_size)) on the device.
@@ -81,22 +90,36 @@ class PagedKVCache:
     Rows are handed out as S09's slots (`allocate`: the lowest free row; `free`: the row's
     table back to the null block). `set_block_table(row, ids)` writes a request's table;
     `slot_mapping(rows, positions)` gives the pool slot of each token; `gather(layer, rows,
-    length)` is the only read. Raises ValueError for sizes < 1, no free row, a row not in use,
-    or a table longer than a row.
+    length)` is the only read; `zero_blocks(ids)` clears blocks newly handed out. Raises
+    ValueError for sizes < 1, a pool whose two tensors would not fit the device's memory
+    (checked before they are allocated), no free row, a row not in use, a table longer than a
+    row or holding an id outside 1 .. num_blocks - 1.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, num_rows: int, max_seq_len: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        BlockPool(num_blocks, block_size)            # its checks of the two sizes
+        check_pool_sizes(num_blocks, block_size)
         for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim), ("num_rows", num_rows),
                             ("max_seq_len", max_seq_len)):
             if not s01.is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, blocks, bs, Hkv, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        need = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        have = device_memory(device)
+        if need > have:
+            raise ValueError(
+                f"the KV pool would take {need / 2**30:,.1f} GiB (2 x {num_layers} layers x "
+                f"{num_blocks} blocks x {block_size} tokens x {num_kv_heads} KV heads x "
+                f"{head_dim} x {dtype}), more than the {have / 2**30:,.1f} GiB of memory of "
+                f"{device}: use fewer or smaller blocks")
+        try:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, blocks, bs, Hkv, D)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
+        except RuntimeError as err:      # out of memory (on a GPU, what others hold counts)
+            raise ValueError(f"the KV pool of {need / 2**30:,.1f} GiB could not be allocated "
+                             f"on {device}: use fewer or smaller blocks ({err})") from err
         self.block_size, self.max_seq_len = int(block_size), int(max_seq_len)
         self.block_tables = torch.full((num_rows, cdiv(max_seq_len, block_size)),
                                        NULL_BLOCK_ID, dtype=torch.int64, device=device)
@@ -130,12 +153,24 @@ class PagedKVCache:
         bisect.insort(self.free_slots, int(row))
 
     def set_block_table(self, row: int, block_ids: Sequence[int]) -> None:
+        if not s01.is_int(row) or not 0 <= row < self.num_slots:
+            raise ValueError(f"row must be an integer in [0, {self.num_slots}) (got {row!r})")
         if len(block_ids) > self.block_tables.shape[1]:
             raise ValueError(f"a block table of {len(block_ids)} blocks does not fit a row of "
                              f"{self.block_tables.shape[1]}")
+        if block_ids and not (NULL_BLOCK_ID < min(block_ids) and max(block_ids) < self.num_blocks):
+            raise ValueError(f"block ids must be in 1 .. {self.num_blocks - 1} (block 0 is the "
+                             f"null block) (got {list(block_ids)!r})")
         table = torch.full((self.block_tables.shape[1],), NULL_BLOCK_ID, dtype=torch.int64)
         table[:len(block_ids)] = torch.tensor(block_ids, dtype=torch.int64)
         self.block_tables[row] = table.to(self.block_tables.device)
+
+    def zero_blocks(self, block_ids: Sequence[int]) -> None:
+        """Zero the keys and values of these blocks in every layer (blocks just taken from the
+        free queue: what an earlier holder left there is never read, even masked)."""
+        ids = torch.tensor(block_ids, dtype=torch.int64, device=self.k.device)
+        self.k.index_fill_(1, ids, 0)
+        self.v.index_fill_(1, ids, 0)
 
     def slot_mapping(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """rows, positions int64 (N,) -> int64 (N,): block_tables[row, p // block_size] *
@@ -268,11 +303,7 @@ class LLMEngine(s11.LLMEngine):
                  max_num_batched_tokens: int | None = None, policy: str = "fcfs",
                  long_prefill_token_threshold: int = 0,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None):
-        if not s01.is_int(block_size) or block_size < 1:
-            raise ValueError(f"block_size must be an integer >= 1 (got {block_size!r})")
-        if num_blocks is not None and (not s01.is_int(num_blocks) or num_blocks < 2):
-            raise ValueError(f"num_blocks must be an integer >= 2, block 0 being the null "
-                             f"block (got {num_blocks!r})")
+        check_pool_sizes(2 if num_blocks is None else num_blocks, block_size)
         self._block_size, self._num_blocks = int(block_size), num_blocks  # read by the seams
         super().__init__(model, tokenizer, max_context, max_num_seqs, batch_invariant,
                          attention, logprobs_mode, sync_timing, pad_id,
@@ -314,8 +345,13 @@ class LLMEngine(s11.LLMEngine):
         return prompt_ids
 
     def schedule(self) -> list[str]:
-        """S11's, then each scheduled request's block table into its row of the cache."""
+        """S11's, then the blocks the plan took from the free queue are zeroed (see
+        `BlockPool.take_new_blocks`; S13's hits are not new, and keep their KV) and each
+        scheduled request's block table goes into its row of the cache."""
         joined = super().schedule()
+        new = self.scheduler.kv.pool.take_new_blocks()
+        if new:
+            self.runner.cache.zero_blocks(new)
         out = self.scheduler_output
         for rid, table in out.block_tables.items():
             self.runner.cache.set_block_table(self.requests[rid].slot, table)
@@ -375,6 +411,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "(default: max(16, max-num-seqs))",
         "compute every request alone, a chunked prompt again whole at its last chunk: slow, "
         "bitwise equal to each request run alone")
+    for action in parser._actions:       # S10's token capacity: refused here, so not listed
+        if action.dest == "kv_capacity":
+            action.help = argparse.SUPPRESS
     parser.add_argument("--long-prefill-token-threshold", type=int, default=0,
                         help="most tokens one request computes in a step, 0 = only the "
                              "budget limits it (default: %(default)s)")
@@ -415,7 +454,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"\n--- request {rid}: prompt ({len(tokenizer.encode(prompt))} tokens) ---\n"
               f"{prompt}\n--- completion (finish_reason={run.reasons[rid]}) ---\n"
               f"{''.join(run.texts.get(rid, []))}")
-    used = max((engine.num_blocks - 1 - r.free_blocks for r in engine.trace), default=0)
+    # held while the step ran: the plan's free tokens (free blocks x block_size), before the
+    # step's finished requests gave theirs back
+    used = max((engine.num_blocks - 1 - r.kv_free_tokens // r.block_size
+                for r in engine.trace), default=0)
     print(f"\n--- {run.made} tokens in {len(engine.trace)} steps, {run.wall_s:.2f} s, "
           f"{engine.scheduler.num_preemptions} preemptions, at most {used} blocks in use ---")
     print(format_block_table(engine.trace))

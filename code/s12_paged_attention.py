@@ -40,9 +40,11 @@ Tests
     tests/test_s12_paged_attention.py: the pool and the manager (all-or-nothing, errors,
     free order), logits against S11's contiguous cache at every step, greedy equal to S05
     and HF alone with block sizes 1, 16 and one larger than any prompt, block accounting after
-    every step, the public bugs G1 (in blocks), G2 (recompute after a block preemption),
-    G5 (everything free once idle). tests/test_s12_properties.py: hypothesis state machines
-    over the manager and over the scheduler with a fake model.
+    every step, a failed step (its blocks back, the trace still replays), stale NaN in
+    reused blocks, the public bugs G1 (in blocks), G2 (recompute after a block preemption),
+    G4 (a stream closed mid-chunk), G5 (everything free once idle).
+    tests/test_s12_properties.py: hypothesis state machines over the manager and over the
+    scheduler with a fake model (failed steps included).
 
 References
     Kwon et al., "Efficient Memory Management for Large Language Model Serving with
@@ -52,7 +54,7 @@ References
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, fields
 from typing import Iterable, Iterator
 
@@ -60,6 +62,7 @@ import s01_generation_loop as s01
 from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerOutput
 
 NULL_BLOCK_ID = 0
+MAX_NUM_BLOCKS = 2**24  # a Python object per block: 16.8M blocks is ~2 GB of them already
 
 
 class BlockPoolError(ValueError):
@@ -128,16 +131,13 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
-        if not s01.is_int(num_blocks) or num_blocks < 2:
-            raise ValueError(f"num_blocks must be an integer >= 2, block 0 being the null "
-                             f"block (got {num_blocks!r})")
-        if not s01.is_int(block_size) or block_size < 1:
-            raise ValueError(f"block_size must be an integer >= 1 (got {block_size!r})")
+        check_pool_sizes(num_blocks, block_size)     # before one object per block is built
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)
         self.blocks = [KVCacheBlock(i) for i in range(self.num_blocks)]
         self.null_block = self.blocks[NULL_BLOCK_ID]
         self.null_block.ref_cnt = 1          # held by nobody, handed to nobody, never freed
         self.free_block_queue = FreeBlockQueue(self.blocks[1:])
+        self._new: dict[int, None] = {}      # allocated since take_new_blocks (ordered set)
 
     @property
     def num_usable_blocks(self) -> int:
@@ -162,13 +162,24 @@ class BlockPool:
         for block in blocks:
             assert block.ref_cnt == 0, "a block in the free queue is held"
             block.ref_cnt = 1
+            self._new[block.block_id] = None
         return blocks
+
+    def take_new_blocks(self) -> list[int]:
+        """Ids of the blocks allocated since the last call, each once, in order taken (at
+        most num_blocks - 1 of them). Their storage still holds an earlier holder's KV: the
+        engine zeroes it before the step writes (a masked read of the unwritten tail of a
+        request's last block must meet finite numbers: -inf + NaN and 0 x NaN are NaN). A
+        block `touch` takes back (S13's hit) is not new: its KV is what the hit reuses."""
+        new, self._new = list(self._new), {}
+        return new
 
     def free(self, blocks: Iterable[KVCacheBlock]) -> None:
         blocks = list(blocks)
         self._check(blocks, "free")
-        for block in blocks:                 # checked first: nothing changes on an error
-            if block.ref_cnt < blocks.count(block):
+        times = Counter(blocks)              # KVCacheBlock hashes by identity (eq=False)
+        for block, k in times.items():       # checked first: nothing changes on an error
+            if block.ref_cnt < k:
                 raise BlockPoolError(f"block {block.block_id} is freed more times than it is "
                                      f"held (ref_cnt {block.ref_cnt}): a double free")
         for block in blocks:
@@ -202,6 +213,20 @@ class BlockPool:
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for integers a >= 0, b >= 1."""
     return -(-a // b)
+
+
+def check_pool_sizes(num_blocks, block_size) -> None:
+    """The pool's two sizes, checked before anything is built (ValueError naming the rule):
+    num_blocks an integer in [2, MAX_NUM_BLOCKS] (block 0 is the null block; every block is
+    a Python object), block_size an integer >= 1."""
+    if not s01.is_int(num_blocks) or num_blocks < 2:
+        raise ValueError(f"num_blocks must be an integer >= 2, block 0 being the null "
+                         f"block (got {num_blocks!r})")
+    if num_blocks > MAX_NUM_BLOCKS:
+        raise ValueError(f"num_blocks must be at most {MAX_NUM_BLOCKS:,} (one Python object "
+                         f"per block) (got {num_blocks:,})")
+    if not s01.is_int(block_size) or block_size < 1:
+        raise ValueError(f"block_size must be an integer >= 1 (got {block_size!r})")
 
 
 class KVCacheManager:
@@ -387,6 +412,14 @@ class PagedScheduler(ChunkedScheduler):
     def make_kv_pool(self, num_blocks: int) -> KVCacheManager:
         return KVCacheManager(num_blocks, self.block_size)
 
+    def revert(self, scheduler_output) -> None:
+        """S10's `revert` of a failed step. The failed plan's pool changes (its block_events,
+        taken from the manager when it was planned) go back in front of the changes since,
+        so the next plan reports them, then the trim's frees: a trace replayed from its
+        records never sees a block freed that nobody was seen taking."""
+        self.kv.events[:0] = getattr(scheduler_output, "block_events", ())
+        super().revert(scheduler_output)
+
     @property
     def num_blocks(self) -> int:
         return self.kv.num_blocks
@@ -425,7 +458,11 @@ def slot_mapping(block_table: list[int] | tuple[int, ...], start: int, n: int,
                  block_size: int) -> list[int]:
     """The pool slots of positions start .. start + n - 1 of a request:
     block_table[p // block_size] * block_size + p % block_size. Raises ValueError for a
-    position past the table's blocks."""
+    start or n that is not an integer >= 0, a block_size < 1, a position past the table's
+    blocks."""
+    for name, value, least in (("start", start, 0), ("n", n, 0), ("block_size", block_size, 1)):
+        if not s01.is_int(value) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least} (got {value!r})")
     if start + n > len(block_table) * block_size:
         raise ValueError(f"positions up to {start + n - 1} need {cdiv(start + n, block_size)} "
                          f"blocks but the block table has {len(block_table)}")

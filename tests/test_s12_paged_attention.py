@@ -10,7 +10,8 @@ Public bug reports (../shared/cases/public-bugs.md, section (g)), each a test be
 PR #1534 (a prompt needing more blocks than the pool must be refused, not block the queue:
 the check is in blocks), G2 vllm #16832 (output incomplete after recompute preemption: here
 the victim's blocks are freed and it recomputes into new ones), G5 sglang PR #2238 / PR #1674
-/ #6778 (aborted or finished requests leaked KV: once idle, free blocks == usable blocks).
+/ #6778 (aborted or finished requests leaked KV: once idle, free blocks == usable blocks),
+G4 vllm #24584 / PR #24586 (a stream closed mid-request must free what it holds).
 """
 import numpy as np
 import pytest
@@ -19,9 +20,10 @@ import torch
 import s04_sampling as s04
 import s11_chunked_prefill as s11
 from engine_testing import id_text, tiny_references
+import s12_engine
 from s12_engine import LLMEngine, PagedKVCache, format_block_table, main
-from s12_paged_attention import (NULL_BLOCK_ID, BlockPool, BlockPoolError, KVCacheManager,
-                                 PagedScheduler, slot_mapping)
+from s12_paged_attention import (MAX_NUM_BLOCKS, NULL_BLOCK_ID, BlockPool, BlockPoolError,
+                                 KVCacheManager, PagedScheduler, slot_mapping)
 from test_s03_transformer import V, IdTokenizer
 from test_s10_scheduler import Req
 
@@ -74,10 +76,13 @@ def test_block_pool_hands_out_from_the_front_and_takes_back_at_the_back():
     assert b[0].ref_cnt == 1 and pool.free_block_queue.block_ids() == [2, 1]
     pool.free([b[0]])
     assert pool.free_block_queue.block_ids() == [2, 1, 3]
+    assert pool.take_new_blocks() == [1, 2, 3, 4, 5] and pool.take_new_blocks() == []
     pool.touch([pool.blocks[1]])      # a free block touched leaves the queue (S13's hit)
     assert pool.free_block_queue.block_ids() == [2, 3] and pool.blocks[1].ref_cnt == 1
+    assert pool.take_new_blocks() == []               # not new: a hit keeps the block's KV
     assert pool.null_block.block_id == NULL_BLOCK_ID
     assert NULL_BLOCK_ID not in [x.block_id for x in pool.allocate(2)]
+    assert pool.take_new_blocks() == [2, 3]
 
 
 def test_block_pool_errors_name_the_rule_and_change_nothing():
@@ -103,6 +108,8 @@ def test_block_pool_errors_name_the_rule_and_change_nothing():
         BlockPool(1, 4)
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
         BlockPool(4, 0)
+    with pytest.raises(ValueError, match="num_blocks must be at most .*one Python object"):
+        BlockPool(MAX_NUM_BLOCKS + 1, 4)         # refused before a block is built
 
 
 # --- the manager --------------------------------------------------------------------------------
@@ -169,6 +176,25 @@ def test_slot_mapping_by_hand():
     assert slot_mapping([7, 2, 5], 6, 3, 4) == [10, 11, 20]
     with pytest.raises(ValueError, match="need 4 blocks"):
         slot_mapping([7, 2, 5], 10, 3, 4)
+    for args, rule in ((([7], -1, 2, 4)), "start must be an integer >= 0"), \
+                      ((([7], 0, -1, 4)), "n must be an integer >= 0"), \
+                      ((([7], 0, 2, 0)), "block_size must be an integer >= 1"):
+        with pytest.raises(ValueError, match=rule):
+            slot_mapping(*args)
+
+
+def test_paged_cache_refuses_bad_rows_block_ids_and_a_pool_too_big_for_memory():
+    cache = PagedKVCache(1, 4, 2, 1, 4, 2, 8)      # blocks 1..3 usable, rows 0..1
+    for row in (-1, 2, 1.0, True):
+        with pytest.raises(ValueError, match=r"row must be an integer in \[0, 2\)"):
+            cache.set_block_table(row, [1])
+    for ids in ([4], [0, 1], [-1]):
+        with pytest.raises(ValueError, match="block ids must be in 1 .. 3 .*null block"):
+            cache.set_block_table(0, ids)
+    assert not cache.block_tables.any()
+    # 2 x 1 layer x 4 blocks x 10**9 tokens x 1 head x 4 x 4 bytes = 119.2 GiB > this host's
+    with pytest.raises(ValueError, match=r"the KV pool would take 119\.2 GiB .*more than"):
+        PagedKVCache(1, 4, 10**9, 1, 4, 2, 8)
 
 
 def test_paged_cache_writes_by_slot_and_gathers_by_block_table():
@@ -366,6 +392,116 @@ def test_g5_everything_free_after_aborts_while_waiting_running_and_mid_chunk(tin
     assert not ran["3"]                                                 # aborted waiting
 
 
+class NaNFor(LLMEngine):
+    """Gives request `bad`'s sampled row NaN logits from its second token on (S09-S11's)."""
+
+    bad = None
+
+    def execute_model(self, batch):
+        logits = super().execute_model(batch)
+        out = self.scheduler_output
+        rows = sorted((self.requests[r] for r in out.num_scheduled_tokens), key=lambda s: s.slot)
+        for i, seq in enumerate(rows):
+            if seq.request_id == self.bad and seq.output_ids and seq.request_id in out.sample_ids:
+                logits = logits.clone()
+                logits[i] = float("nan")
+        return logits
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_a_failed_step_gives_its_blocks_back_and_the_trace_still_replays(tiny, block_size):
+    """A row S04 refuses fails step() while another request starts its chunked prompt: the
+    blocks the step took go back (each running request holds ceil(computed / block_size)),
+    after the abort the other request equals S05 and HF alone, and the trace's block_events
+    (the failed plan's allocations included, then the revert's frees) replay to every
+    record's free_blocks."""
+    _, _, model, references = tiny
+    engine = NaNFor(model, IdTokenizer(), CONTEXT, 2, max_num_batched_tokens=8,
+                    block_size=block_size, num_blocks=80)
+    engine.bad = "b"
+    engine.add_request(id_text(PROMPTS[2]), greedy(), request_id="b")       # 7 tokens
+    engine.step()
+    engine.add_request(id_text(PROMPTS[5]), greedy(), request_id="a")       # 50 tokens
+    with pytest.raises(ValueError, match="^request 'b': logits must not contain NaN"):
+        engine.step()                              # b decodes (NaN), a's first chunk
+    kv = engine.scheduler.kv
+    kv.check()
+    assert kv.block_table("a") == [] and engine.requests["a"].num_computed_tokens == 0
+    for seq in engine.running:
+        assert len(kv.block_table(seq.request_id)) == ceil_div(seq.num_computed_tokens,
+                                                               block_size)
+    engine.abort("b")
+    tokens = []
+    while engine.has_unfinished_requests():
+        tokens += [t for o in engine.step() if o.request_id == "a" for t in o.new_token_ids]
+        kv.check()
+    assert tokens == references[5][0].token_ids == references[5][1]
+    assert len(replay_events(engine.trace, 80)) == 79 == kv.num_free_blocks
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_stale_kv_in_reused_blocks_never_reaches_attention(tiny, poison):
+    """Every free block (not the null block) filled with NaN or inf after a request
+    finished, then two requests of different lengths decode together (the masked batch
+    reads past the shorter one's context into the tail of its last block): their outputs
+    equal an unpoisoned run's, because a block is zeroed when it is handed out."""
+    _, _, model, _ = tiny
+
+    def run(value):
+        engine = LLMEngine(model, IdTokenizer(), 64, 2, block_size=4, num_blocks=20)
+        engine.generate([id_text(PROMPTS[3])], greedy(6))       # frees its blocks
+        if value is not None:
+            free = engine.scheduler.kv.pool.free_block_queue.block_ids()
+            assert NULL_BLOCK_ID not in free and len(free) == 19
+            engine.runner.cache.k[:, free] = value
+            engine.runner.cache.v[:, free] = value
+        out = engine.generate([id_text(PROMPTS[1]), id_text(PROMPTS[2][:6])], greedy(6))
+        return [o.token_ids for o in out]
+
+    assert run(poison) == run(None)
+
+
+def test_g4_a_stream_closed_mid_chunk_frees_its_blocks_and_row(tiny):
+    """G4 (vllm #24584 / PR #24586: a client that disconnects must not leave its request
+    holding KV). The stream is closed after its first output while the 30-token prompt is
+    part-way through its chunks; once idle every block and block-table row is free, and the
+    next request's greedy ids equal S05's and HF's alone."""
+    _, _, model, references = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, max_num_batched_tokens=8,
+                       block_size=4, num_blocks=30)
+    stream = engine.stream([id_text(PROMPTS[1]), id_text(PROMPTS[4][:30])], greedy(30))
+    next(stream)
+    long = engine.requests["1"]
+    assert 0 < long.num_computed_tokens < 30 and engine.scheduler.kv.block_table("1")
+    stream.close()
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.scheduler.kv.num_free_blocks == 29 and not engine.scheduler.kv.req_blocks
+    assert engine.runner.cache.free_slots == [0, 1]
+    assert not engine.runner.cache.block_tables.any()
+    got = engine.generate([id_text(PROMPTS[2])], greedy())[0].token_ids
+    assert got == references[2][0].token_ids == references[2][1]
+
+
+def replay_events(trace, num_blocks) -> set[int]:
+    """Replay every record's block_events on the free set {1 .. num_blocks - 1}: each
+    allocation takes free blocks, each free gives back the tail of its holder's table, last
+    block first, and after each record the free set has its free_blocks. Returns the set."""
+    free, held = set(range(1, num_blocks)), {}
+    for r in trace:
+        for kind, rid, ids in r.block_events:
+            if kind == "allocated":
+                assert free >= set(ids), (r.step, rid, ids)
+                free -= set(ids)
+                held.setdefault(rid, []).extend(ids)
+            else:                      # given back last block first, by their holder
+                assert held.get(rid, [])[::-1][:len(ids)] == list(ids), (r.step, rid, ids)
+                del held[rid][len(held[rid]) - len(ids):]
+                free |= set(ids)
+        assert len(free) == r.free_blocks, r.step
+    return free
+
+
 def test_trace_replays_the_pool(tiny):
     """Replaying every record's block_events on a set of free blocks gives each record's
     free_blocks, and each record's tables are blocks allocated and not freed since."""
@@ -373,34 +509,43 @@ def test_trace_replays_the_pool(tiny):
     engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, max_num_batched_tokens=16,
                        block_size=8, num_blocks=16)
     drive(engine, [(id_text(p), greedy()) for p in PROMPTS[:6]], [0, 0, 0, 1, 2, 3])
-    free, held = set(range(1, 16)), {}
     for r in engine.trace:
-        for kind, rid, ids in r.block_events:
-            if kind == "allocated":
-                assert free >= set(ids)
-                free -= set(ids)
-                held.setdefault(rid, []).extend(ids)
-            else:                      # given back last block first, by their holder
-                assert held[rid][::-1][:len(ids)] == list(ids)
-                del held[rid][len(held[rid]) - len(ids):]
-                free |= set(ids)
-        assert len(free) == r.free_blocks
         for rid, table, slots, start in zip(r.running, r.block_tables, r.slot_mapping,
                                             r.num_computed_tokens):
             assert list(slots) == slot_mapping(table, start, len(slots), 8)
-    assert len(free) == 15
+    assert len(replay_events(engine.trace, 16)) == 15
     text = format_block_table(engine.trace, max_rows=6)
     assert "steps not shown" in text and "| " in text
 
 
-def test_command_line_prints_the_block_tables(capsys):
-    main(["--max-tokens", "4", "--num-prompts", "3", "--block-size", "4", "--num-blocks",
-          "30", "--max-num-seqs", "2"])
+def test_command_line_prints_the_block_tables(capsys, monkeypatch):
+    """The block-table view; "at most N blocks in use" is the most held while a step ran
+    (the plan's free blocks, before that step's finished requests gave theirs back), from
+    the trace the CLI drew; --kv-capacity is refused and not listed; a block size whose
+    pool cannot fit in memory ends with exit status 2 naming the rule."""
+    traces = []
+    draw = s12_engine.format_block_table
+    monkeypatch.setattr(s12_engine, "format_block_table",
+                        lambda trace, *a: traces.append(list(trace)) or draw(trace, *a))
+    main(["--max-tokens", "24", "--block-size", "4", "--num-blocks", "40", "--max-num-seqs",
+          "4"])
     out = capsys.readouterr().out
-    assert "KV pool 30 blocks of 4 tokens" in out and "block tables (id:[blocks]+tokens)" in out
+    assert "KV pool 40 blocks of 4 tokens" in out and "block tables (id:[blocks]+tokens)" in out
+    (trace,) = traces
+    planned = max(39 - r.kv_free_tokens // 4 for r in trace)
+    after = max(39 - r.free_blocks for r in trace)
+    assert planned > after, "this workload no longer tells the two apart"
+    assert f"at most {planned} blocks in use" in out
     with pytest.raises(SystemExit):
         main(["--kv-capacity", "64"])
     assert "--num-blocks" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "--kv-capacity" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--block-size", str(10**8), "--max-tokens", "2"])
+    assert exit_info.value.code == 2
+    assert "the KV pool would take" in capsys.readouterr().err
 
 
 # --- the chapter's figure -------------------------------------------------------------------

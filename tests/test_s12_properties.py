@@ -12,6 +12,11 @@
    id per pool slot, written through each step's slot mapping (no slot written twice in a
    step) and read back through the block table; the fake model samples from what it read.
    So a block handed to two requests, or reused while held, changes some request's tokens.
+   The blocks each plan takes from the free queue (`take_new_blocks`) are the ones its
+   block_events allocate, and their slots are cleared (the engine zeroes them), so a read of
+   a slot nobody wrote since would show. A step may fail (the engine's `revert`, nothing
+   computed). Replaying each successful plan's block_events (a failed plan's come with the
+   next plan's) on a free set gives the pool's free queue as planned.
    After every step the accounting above holds; at teardown everything is free (the G5 class)
    and every request not aborted has exactly the fake model's tokens for it alone, as many as
    its max_tokens, its context or the capacity allow (tests/test_s10_scheduler.py's closed
@@ -126,13 +131,54 @@ class PagedFakeModel(FakeModel):
     def __init__(self, scheduler: PagedScheduler):
         super().__init__(scheduler)
         self.memory = [None] * (scheduler.num_blocks * scheduler.block_size)
+        self.free = set(range(1, scheduler.num_blocks))   # replayed from block_events
+        self.carried = 0      # events of a failed plan, reported again at the next plan's head
 
-    def step(self):
+    def plan(self):
+        """schedule(), then what the engine does before the model runs: the new blocks'
+        slots cleared."""
         s = self.scheduler
         out = s.schedule()
-        self.outputs.append(out)
         for rid in out.finished_ids:
             self.ended[rid] = "length"
+        new = s.kv.pool.take_new_blocks()
+        assert len(new) == len(set(new))
+        assert set(new) == {b for kind, _, ids in out.block_events[self.carried:]
+                            if kind == "allocated" for b in ids}
+        if out.block_events:
+            self.carried = 0
+        for block in new:
+            bs = s.block_size
+            self.memory[block * bs:(block + 1) * bs] = [None] * bs
+        return out
+
+    def fail(self):
+        """A step whose model run failed: planned, then reverted (a plan that computes
+        nothing runs no model, so it cannot fail: it goes on as a step)."""
+        out = self.plan()
+        if not out.num_scheduled_tokens:
+            return self.run(out)
+        self.scheduler.revert(out)
+        self.scheduler.kv.check()
+        self.carried = len(out.block_events)
+        return out
+
+    def step(self):
+        return self.run(self.plan())
+
+    def run(self, out):
+        s = self.scheduler
+        self.outputs.append(out)
+        for kind, _, ids in out.block_events:
+            if kind == "allocated":
+                assert self.free >= set(ids)
+                self.free -= set(ids)
+            else:
+                assert not self.free & set(ids)
+                self.free |= set(ids)
+        if out.num_scheduled_tokens or out.preempted_ids or out.finished_ids:
+            # (an idle plan leaves the changes since the last one for the next)
+            assert self.free == set(s.kv.pool.free_block_queue.block_ids())
         written, finished = set(), []
         for rid, n in out.num_scheduled_tokens.items():
             req, start = self.by_id[rid], out.num_computed_tokens[rid]
@@ -148,6 +194,7 @@ class PagedFakeModel(FakeModel):
             if start + n == len(req.token_ids):
                 context = [self.memory[k] for k in slot_mapping(table, 0, start + n,
                                                                 s.block_size)]
+                assert None not in context, "a slot read before it was written"
                 token = next_token(context)   # from the paged memory, not from req
                 req.token_ids.append(token)
                 req.output_ids.append(token)
@@ -206,6 +253,10 @@ class PagedSchedulerMachine(RuleBasedStateMachine):
     @rule()
     def step(self):
         self.model.step()
+
+    @rule()
+    def failed_step(self):
+        self.model.fail()
 
     @invariant()
     def accounting(self):
