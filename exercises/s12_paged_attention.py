@@ -17,6 +17,11 @@ Vocabulary (the chapter's): the KV pool holds `num_blocks` blocks of `block_size
 each; a request's `block_table` lists the ids of its blocks in order, so its token at position
 p lives in block `block_table[p // block_size]`, at offset `p % block_size`; that block's
 slots are numbered `block_id * block_size + offset` in the flat pool.
+
+Block ids here are arbitrary: the null block is not modelled. The chapter's pool never hands out
+block 0 (the null block that pads block tables on the device), but these functions only move ids
+between tables and a free queue, so any id, 0 included, is an ordinary block in the examples and
+the tests.
 """
 from __future__ import annotations
 

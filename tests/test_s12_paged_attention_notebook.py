@@ -8,7 +8,8 @@ data (tests/legend_check.py); the memory run made S11's tokens and its peaks are
 paged engine ran at least 3 times the requests at once (the issue's target) with the same tokens;
 the block-size sweep covers 1 to 256, wastes nothing at block size 1, never more than
 block_size - 1 per request, more as blocks grow, with tables that shrink as cdiv(longest
-context, block_size), every block size making the same tokens; the printed slot mapping equals
+context, block_size), every block size making the same tokens, a mean waste per request and
+step that agrees with the share printed and the tokens a request holds on average; the printed slot mapping equals
 the block-table arithmetic worked here (table[p // 8] * 8 + p % 8) and the pool is empty after
 the run, with the preemptions the small pool forces.
 """
@@ -88,9 +89,12 @@ def test_more_requests_fit_in_the_same_memory(executed):
 @pytest.mark.slow
 def test_waste_and_table_size_against_block_size(executed):
     text = stream_text(executed)
-    rows = [(int(b), float(w), int(worst), int(t)) for b, w, worst, t in re.findall(
+    found = re.findall(
         r"^block size\s+(\d+): waste\s+([\d.]+)% of the positions held \(worst per request\s+"
-        r"(\d+)\), longest block table\s+(\d+) blocks", text, re.M)]
+        r"(\d+)\), longest block table\s+(\d+) blocks, mean waste\s+([\d.]+) positions per "
+        r"request and step", text, re.M)
+    rows = [(int(b), float(w), int(worst), int(t)) for b, w, worst, t, _ in found]
+    means = {int(b): float(m) for b, _, _, _, m in found}
     assert [r[0] for r in rows] == BLOCK_SIZES
     assert rows[0][1] == 0.0 and rows[0][2] == 0
     waste = [r[1] for r in rows]
@@ -100,6 +104,18 @@ def test_waste_and_table_size_against_block_size(executed):
         assert worst <= bs - 1
         assert table == -(-longest // bs), (bs, table)   # cdiv(longest context, block size)
     assert "every block size made the same tokens: True" in text
+    assert means[1] == 0.0
+    for bs, _, worst, _ in rows:
+        assert 0 <= means[bs] <= worst
+    # Per request, held - used is the mean waste at the first run's block size (16), and the
+    # share printed for 16 is that waste over the positions held.
+    m = re.search(r"a running request holds ([\d.]+) tokens on average over its steps, in "
+                  r"([\d.]+) positions at block size 16", text)
+    assert m, text[-2000:]
+    tokens, positions = map(float, m.groups())
+    assert abs((positions - tokens) - means[16]) < 0.11
+    share16 = next(w for b, w, _, _ in rows if b == 16)
+    assert abs(100 * means[16] / positions - share16) < 0.2
 
 
 @pytest.mark.slow

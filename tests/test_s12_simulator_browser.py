@@ -13,10 +13,13 @@ preemption or a finish, a middle one and the last:
 - each request's row shows the block table the trace gives it (empty once preempted or
   finished), its tokens, its waste (positions held less tokens) and the slots its scheduled
   tokens were written to;
-- the note names each preemption and finish with the blocks it gave back, last block first;
+- the note names each preemption and finish with the blocks it gave back, last block first,
+  and says why each preemption happened: which request needed which block, how many were
+  free, and that the last admitted was chosen, itself when it was the one that asked;
 - the totals line counts the blocks in use and what a contiguous cache would reserve;
 - the consistency banner stays hidden and there are no console errors; at a page as narrow as
-  the site's text column nothing overflows sideways.
+  the site's text column nothing overflows sideways; the pool's grid is one row when the
+  blocks fit, else rows of equal length (no block alone on a row).
 Skipped when Playwright or Chromium is missing.
 """
 from __future__ import annotations
@@ -101,21 +104,73 @@ def test_every_workload_replays_the_engine(page, data):
                     assert head in slots, (rid, slots)
             note = page.locator(".ba-note").inner_text()
             assert note.startswith(f"Step {step}:")
+            causes, said = list(st["preemptions"]), 0
+            assert [c["victim"] for c in causes] == st["preempted"]
             for kind, rid, ids in st["events"]:
                 words = f"block{'s' if len(ids) > 1 else ''} " + ", ".join(map(str, ids))
                 if kind == "freed" and rid in st["preempted"]:
-                    assert f"request {rid} preempted: {words} back" in note, note
+                    c = causes.pop(0)
+                    assert c["victim"] == rid
+                    asked = (f"request {c['by']} needs a {ordinal(c['needed'])} block"
+                             if c["needed"] - c["held"] == 1 else
+                             f"request {c['by']} needs {c['needed'] - c['held']} more blocks")
+                    assert asked in note and f"for {c['tokens']} tokens" in note, note
+                    assert ("none is free" if c["free"] == 0 else f"only {c['free']}") in note
+                    chosen = ("it is the last admitted, so it preempts itself: " if c["by"] == rid
+                              else f"so request {rid}, the last admitted, is preempted: ")
+                    phrase = f"{chosen}{words} back to the free queue"
                 elif kind == "freed" and rid in st["left"]:
-                    assert f"request {rid} finished: {words} back" in note, note
+                    phrase = f"request {rid} finished: {words} back"
                 elif kind == "allocated":
-                    assert f"request {rid} takes {words}" in note, note
-            said = [note.index(f"request {rid} ") for _, rid, _ in st["events"]]
-            assert said == sorted(said), note                      # in the order they happened
+                    phrase = f"request {rid} takes {words}"
+                else:
+                    phrase = f"{words} back"
+                assert phrase in note[said:], note                 # in the order they happened
+                said = note.index(phrase, said) + len(phrase)
             used = work["num_blocks"] - 1 - st["free_blocks"]
             totals = page.locator(".ba-totals").inner_text()
             assert totals.startswith(f"After the step: {used} of {work['num_blocks'] - 1} usable")
             running = len(tables)
             assert f"{running * data['max_context']}." in totals
+    assert page.problems == []
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 11 <= n % 100 <= 13 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def test_a_self_preemption_says_why(page, data):
+    # The tight run has a request that needs a block when none is free and is itself the last
+    # admitted (S10's rule picks it): the note must say so, not just that it was preempted.
+    work = next(w for w in data["workloads"] if w["id"] == "tight")
+    page.select_option(".ba-pick", str(data["workloads"].index(work)))
+    selves = [(st["step"], c) for st in work["steps"] for c in st["preemptions"]
+              if c["by"] == c["victim"]]
+    assert selves
+    for step, c in selves:
+        go_to(page, step)
+        note = page.locator(".ba-note").inner_text()
+        assert f"request {c['by']} needs" in note and "it preempts itself" in note, note
+    assert ordinal(4) == "4th" and ordinal(12) == "12th" and ordinal(22) == "22nd"
+    assert page.problems == []
+
+
+def test_the_pool_grid_fits_a_row_or_wraps_evenly(page, data):
+    try:
+        for width in (1280, 760, 420, 300):
+            page.set_viewport_size({"width": width, "height": 1400})
+            for index, work in enumerate(data["workloads"]):
+                page.select_option(".ba-pick", str(index))
+                go_to(page, 0)
+                tops = page.evaluate("""() => Array.from(document.querySelectorAll('.ba-block'))
+                    .map(c => Math.round(c.getBoundingClientRect().top))""")
+                rows = [tops.count(t) for t in sorted(set(tops))]
+                assert sum(rows) == work["num_blocks"]
+                assert rows[0] == max(rows) and max(rows) - min(rows) <= 1, (width, rows)
+                if width >= 760:
+                    assert len(rows) == 1, (width, rows)          # 14 or 15 blocks: one row
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 720})
     assert page.problems == []
 
 

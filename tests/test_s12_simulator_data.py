@@ -17,6 +17,12 @@ page replays (tests/test_s12_simulator_browser.py). Here:
   tokens after the plan holds ceil(t / block_size) blocks; no block in two tables, in a table
   and the free queue, or the null block anywhere; every slot written is the block-table
   arithmetic and no slot is written twice in a step; everything is free at the end;
+- every preemption's recorded cause agrees with the trace and S10's rule: the request that
+  asked held fewer blocks than its tokens need, more than were free; the victim is the last
+  admitted of those running (admission order rebuilt from the trace's joins and resumes); when
+  the victim
+  is another request, the asker's allocation is the pool's next change, and when it is the
+  asker itself (a self-preemption) it is not scheduled in the step;
 - the workloads show what they are there to show: in "tight" requests are preempted, each
   preemption gives back every block of the victim, and a block given back is later handed to
   another request; in "roomy" nobody is preempted and blocks freed by a finish are reused.
@@ -107,6 +113,34 @@ def test_the_accounting_holds_after_every_step(data):
             assert len(written) == len(set(written)), st["step"]         # no slot written twice
         last = work["steps"][-1]
         assert sorted(last["free_queue"]) == list(range(1, work["num_blocks"]))
+
+
+def test_each_preemption_says_who_asked_and_follows_s10s_rule(data):
+    selves = 0
+    for work in data["workloads"]:
+        bs, admitted = work["block_size"], []           # running requests, admission order
+        for st in work["steps"]:
+            causes = st["preemptions"]
+            assert [c["victim"] for c in causes] == st["preempted"], (work["id"], st["step"])
+            events = [tuple(e[:2]) for e in st["events"]]
+            for c in causes:
+                at = (work["id"], st["step"], c)
+                assert c["needed"] == math.ceil(c["tokens"] / bs) > c["held"]
+                assert c["needed"] - c["held"] > c["free"] >= 0
+                assert admitted[-1] == c["victim"], at            # the last admitted goes
+                admitted.remove(c["victim"])
+                where = events.index(("freed", c["victim"]))
+                scheduled = [r[0] for r in st["scheduled"]]
+                if c["by"] == c["victim"]:
+                    selves += 1
+                    assert c["by"] not in scheduled, at
+                else:
+                    assert c["by"] in scheduled and events[where + 1] == ("allocated", c["by"]), at
+            admitted += [rid for rid, _, _ in st["scheduled"]          # in schedule order
+                         if rid in st["joined"] or rid in st["resumed"]]
+            for rid in st["left"]:
+                admitted.remove(rid)
+    assert selves >= 1          # the tight run shows a request preempting itself
 
 
 def test_the_workloads_show_preemption_finishes_and_reuse(data):

@@ -2,7 +2,8 @@
 copy-on-write fork of a block table.
 
 Try the stubs in exercises/s12_paged_attention.py first; grade these with
-`python exercises/grade.py --solutions s12`.
+`python exercises/grade.py --solutions s12`. Block ids here are arbitrary; the null block is not
+modelled (any id, 0 included, is an ordinary block).
 
 Sources followed: vLLM's slot mapping (slot = block id * block_size + offset in the block, as
 in the paper's block table, Kwon et al., SOSP 2023, section 4.2); vLLM V1's

@@ -17,8 +17,12 @@ max_tokens, the tokens it made, its text and finish reason; and per step, from t
 trace (`StepRecord`): the scheduled requests in schedule order with the tokens each had
 computed and computes now, each one's block table and slot mapping, the pool's changes in
 order (`block_events`: "allocated" or "freed", request id, block ids), who was preempted,
-joined and finished, the free blocks after the step, and the free queue itself after the step,
-front first, read from the engine's pool (`scheduler.kv.pool.free_block_queue.block_ids()`).
+joined, resumed and finished, the free blocks after the step, and the free queue itself after
+the step, front first, read from the engine's pool (`scheduler.kv.pool.free_block_queue.block_ids()`).
+For each preemption, its cause, seen as the scheduler decided it (`WatchedScheduler`): the
+request that needed blocks, how many it held and needed, how many were free, and the victim
+chosen (under FCFS the request admitted last, which may be the one that asked: then it preempts
+itself, S10's rule).
 
 The page recomputes the pool from the events' kinds, requests and block counts alone, with
 the pool's rules (blocks are taken from the front of the free queue, a request's blocks go back
@@ -56,12 +60,54 @@ WORKLOADS = (
 )
 
 
+class WatchedScheduler(s12.PagedScheduler):
+    """S12's scheduler, recording why each preemption happens through two of S10's seams:
+    `num_new_tokens` (asked for the request about to allocate its blocks) and `_victim` (asked
+    whom to preempt when that allocation fails: the request admitted last, which may be the
+    one that asked). Nothing else changes. Each preemption appends to `causes` {"by": the
+    request that needed blocks, "victim", "tokens": what it would hold, "held": its blocks,
+    "needed": the blocks those tokens need, "free": free blocks}, read from the KV manager at
+    the moment `_victim` is asked (a failed allocation takes nothing, so it is the state the
+    allocation saw)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.causes: list[dict] = []
+        self._asking: tuple[str, int] | None = None
+
+    def num_new_tokens(self, request, budget: int) -> int:
+        n = super().num_new_tokens(request, budget)
+        self._asking = (request.request_id, n)
+        return n
+
+    def _victim(self):
+        chosen = super()._victim()
+        rid, n = self._asking
+        tokens = self.kv.num_tokens(rid) + n
+        self.causes.append({"by": rid, "victim": chosen.request_id, "tokens": tokens,
+                            "held": len(self.kv.block_table(rid)),
+                            "needed": s12.cdiv(tokens, self.kv.block_size),
+                            "free": self.kv.num_free_blocks})
+        return chosen
+
+
+class WatchedEngine(s12.LLMEngine):
+    """S12's engine over a `WatchedScheduler` (its `make_scheduler` seam)."""
+
+    def make_scheduler(self, max_num_seqs, max_num_batched_tokens, kv_capacity, max_model_len,
+                       policy) -> WatchedScheduler:
+        return WatchedScheduler(max_num_seqs, max_num_batched_tokens,
+                                self.runner.cache.num_blocks, self._block_size, max_model_len,
+                                policy, self._threshold)
+
+
 def run(model, tokenizer, prompts, arrivals, max_tokens, seats, budget, block_size,
         num_blocks) -> dict:
     """Add request i before step arrivals[i]; step until done; every output recorded."""
-    engine = s12.LLMEngine(model, tokenizer, MAX_CONTEXT, seats, max_num_batched_tokens=budget,
+    engine = WatchedEngine(model, tokenizer, MAX_CONTEXT, seats, max_num_batched_tokens=budget,
                            block_size=block_size, num_blocks=num_blocks)
-    ids, made, texts, reasons, queues = [], {}, {}, {}, []
+    causes = engine.scheduler.causes
+    ids, made, texts, reasons, queues, preemptions = [], {}, {}, {}, [], []
     while len(ids) < len(prompts) or engine.has_unfinished_requests():
         step = len(engine.trace)                   # the StepRecord the next step() appends
         while len(ids) < len(prompts) and arrivals[len(ids)] <= step:
@@ -79,11 +125,15 @@ def run(model, tokenizer, prompts, arrivals, max_tokens, seats, budget, block_si
         if len(engine.trace) != step + 1:
             raise RuntimeError(f"step {step}: expected one StepRecord per step() call")
         queues.append(engine.scheduler.kv.pool.free_block_queue.block_ids())
+        preemptions.append(causes[:])
+        causes.clear()
+        if [c["victim"] for c in preemptions[-1]] != list(engine.trace[-1].preempted):
+            raise RuntimeError(f"step {step}: the preemptions seen differ from the trace's")
     kv = engine.scheduler.kv
     if kv.num_free_blocks != kv.num_blocks - 1 or kv.block_tables():
         raise RuntimeError("every block must be free once every request has finished")
     steps = []
-    for rec, queue in zip(engine.trace, queues):
+    for rec, queue, why in zip(engine.trace, queues, preemptions):
         at = {rid: k for k, rid in enumerate(rec.running)}
         steps.append({
             "step": rec.step,
@@ -92,7 +142,8 @@ def run(model, tokenizer, prompts, arrivals, max_tokens, seats, budget, block_si
             "block_tables": {rid: list(rec.block_tables[k]) for rid, k in at.items()},
             "slot_mapping": {rid: list(rec.slot_mapping[k]) for rid, k in at.items()},
             "events": [[kind, rid, list(blocks)] for kind, rid, blocks in rec.block_events],
-            "preempted": list(rec.preempted), "joined": list(rec.joined),
+            "preempted": list(rec.preempted), "preemptions": why, "joined": list(rec.joined),
+            "resumed": list(rec.resumed),
             "left": list(rec.left), "free_blocks": rec.free_blocks, "free_queue": queue})
     requests = [{"id": rid, "prompt_len": len(tokenizer.encode(prompts[k])), "arrival": arrivals[k],
                  "max_tokens": max_tokens[k], "made": made[rid], "text": "".join(texts[rid]),

@@ -34,6 +34,11 @@
   function cdiv(a, b) { return Math.floor((a + b - 1) / b); }
   function same(a, b) { return JSON.stringify(a) === JSON.stringify(b); }
   function list(ids) { return ids.join(", "); }
+  function ordinal(n) {
+    var tens = n % 100, ones = n % 10;
+    var suffix = tens >= 11 && tens <= 13 ? "th" : ones === 1 ? "st" : ones === 2 ? "nd" : ones === 3 ? "rd" : "th";
+    return n + suffix;
+  }
   function colour(k, light) { return "hsl(" + ((k * 67) % 360) + ", 65%, " + (light ? "86%" : "62%") + ")"; }
 
   // One run of the pool's rules; one state (after the step) per step, and the problems found.
@@ -142,6 +147,19 @@
 
     var spec = null, run = null, step = 0, index = {};
 
+    // The grid: every block in one row when they fit at a readable width (2.4rem a cell), else
+    // in rows of equal length (14 blocks as 7 + 7, never 13 + 1).
+    function layoutPool() {
+      if (!spec) return;
+      var rem = parseFloat(getComputedStyle(document.documentElement).fontSize) || 16, gap = 3;
+      var width = pool.clientWidth || wrap.clientWidth || 600;
+      var fit = Math.max(1, Math.floor((width + gap) / (2.4 * rem + gap)));
+      var rows = Math.ceil(spec.num_blocks / fit);
+      pool.style.gridTemplateColumns = "repeat(" + Math.ceil(spec.num_blocks / rows) + ", minmax(0, 1fr))";
+      pool.dataset.columns = String(Math.ceil(spec.num_blocks / rows));
+    }
+    window.addEventListener("resize", layoutPool);
+
     function render() {
       var st = spec.steps[step], state = run.states[step], bs = spec.block_size;
       slider.value = String(step);
@@ -151,16 +169,25 @@
 
       // What happened in the step, in the order the pool saw it.
       var parts = ["Step " + step + ":"];
-      var byRid = {};
+      var byRid = {}, causes = (st.preemptions || []).slice();
       st.scheduled.forEach(function (row) { byRid[row[0]] = row; });
       state.log.forEach(function (ev) {
+        var blocks = (ev.ids.length === 1 ? "block " : "blocks ") + list(ev.ids);
         if (ev.kind === "allocated") {
           var row = byRid[ev.rid];
-          parts.push("request " + ev.rid + " takes " + (ev.ids.length === 1 ? "block " : "blocks ") + list(ev.ids) +
+          parts.push("request " + ev.rid + " takes " + blocks +
                      (row ? " (" + (row[1] + row[2]) + " tokens need " + count(cdiv(row[1] + row[2], bs), "block") + ")" : "") + ";");
+        } else if (ev.why === "preempted" && causes.length && causes[0].victim === ev.rid) {
+          // Why: who needed blocks, how many were free, whom the scheduler chose (S10's rule:
+          // the request admitted last, which may be the very request that asked).
+          var c = causes.shift(), more = c.needed - c.held;
+          var need = "request " + c.by + " needs " + (more === 1 ? "a " + ordinal(c.needed) + " block" :
+                     more + " more blocks (" + c.needed + " in all)") + " for " + count(c.tokens, "token") +
+                     " and " + (c.free ? "only " + c.free + " " + (c.free === 1 ? "is" : "are") : "none is") + " free";
+          parts.push(need + (c.by === ev.rid ? "; it is the last admitted, so it preempts itself: " :
+                     ", so request " + ev.rid + ", the last admitted, is preempted: ") + blocks + " back to the free queue;");
         } else {
-          parts.push("request " + ev.rid + " " + ev.why + ": " + (ev.ids.length === 1 ? "block " : "blocks ") +
-                     list(ev.ids) + " back to the free queue;");
+          parts.push("request " + ev.rid + " " + ev.why + ": " + blocks + " back to the free queue;");
         }
       });
       if (parts.length === 1) parts.push("no block changes hands;");
@@ -220,6 +247,7 @@
         }
         pool.appendChild(cell);
       }
+      layoutPool();
       queueLine.textContent = "Free queue, front first (" + count(state.queue.length, "block") + "): " +
         (state.queue.length ? list(state.queue) : "empty");
 
