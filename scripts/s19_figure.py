@@ -13,9 +13,6 @@ legend below the panels, off the data (tests/legend_check.py checks it).
 """
 from __future__ import annotations
 
-import argparse
-import io
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from figure_io import figure_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "chapters" / "figures" / "s19_server.json"
@@ -80,29 +78,8 @@ def build_figure(figures: dict):
     return fig
 
 
-def render(figures: dict) -> bytes:
-    fig = build_figure(figures)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(DATA),
-                        help="the benchmark's JSON (default: %(default)s)")
-    parser.add_argument("--check", action="store_true",
-                        help="compare with the committed file instead of writing it")
-    args = parser.parse_args(argv)
-    png = render(json.loads(Path(args.data).read_text()))
-    if args.check:
-        same = OUT.exists() and OUT.read_bytes() == png
-        print("up to date" if same else f"{OUT} differs from what {args.data} draws")
-        return 0 if same else 1
-    OUT.write_bytes(png)
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return figure_main(__doc__.splitlines()[0], build_figure, DATA, OUT, argv)
 
 
 if __name__ == "__main__":

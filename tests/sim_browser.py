@@ -9,7 +9,13 @@ Chromium with Playwright:
 - `load_exporter(name, module_name)`: site/simulators/NAME/export.py, loaded as a module;
 - `write_page(folder, name, data, css=True)`: writes the page into folder, returns index.html;
 - `open_page(html_path, wait_selector, profile_prefix)`: a context manager yielding a Playwright
-  page whose `.problems` collects console errors and uncaught page errors.
+  page whose `.problems` collects console errors and uncaught page errors;
+- `bundled_export(name, module_name, requires=())`: the exporter's data on the bundled model
+  (skips without data/model or without a module in requires); `data_fixture(...)` and
+  `page_fixture(name, wait_selector, profile_prefix)` make a test module's module-scoped `data`
+  and `page` fixtures from it (`data = data_fixture(...)`, `page = page_fixture(...)`);
+- `go_to(pg, prefix, step)`: moves a simulator built with CourseSim.stepControls(prefix) to step
+  with its slider and waits until its label shows that step.
 """
 from __future__ import annotations
 
@@ -92,3 +98,43 @@ def open_page(html_path: Path, wait_selector: str, profile_prefix: str, query: s
                 context.close()
     finally:
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def bundled_export(name: str, module_name: str, requires: tuple[str, ...] = ()):
+    """site/simulators/NAME/export.py's export() on the bundled model; skips the calling test
+    when data/model has no model or a module named in requires cannot be imported."""
+    import s03_transformer as s03
+    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
+        pytest.skip("data/model has no bundled model")
+    for module in requires:
+        pytest.importorskip(module)
+    return load_exporter(name, module_name).export()
+
+
+def data_fixture(name: str, module_name: str, requires: tuple[str, ...] = ()):
+    """A module-scoped fixture `data`: bundled_export(name, module_name, requires)."""
+    @pytest.fixture(scope="module", name="data")
+    def data():
+        return bundled_export(name, module_name, requires)
+    return data
+
+
+def page_fixture(name: str, wait_selector: str, profile_prefix: str):
+    """A module-scoped fixture `page`: simulator NAME on a minimal page (write_page) of the
+    module's `data` fixture, opened with open_page(html, wait_selector, profile_prefix)."""
+    @pytest.fixture(scope="module", name="page")
+    def page(data, tmp_path_factory):
+        html = write_page(tmp_path_factory.mktemp(f"{name}_page"), name, data)
+        with open_page(html, wait_selector, profile_prefix) as pg:
+            yield pg
+    return page
+
+
+def go_to(pg, prefix: str, step: int, label: str = "step-label",
+          ends_with: str | None = None) -> None:
+    """Move the simulator's slider (.PREFIX-slider; fill fires "input") to step and wait until
+    its label (.PREFIX-LABEL) starts with "step STEP of", or, with ends_with, ends with it."""
+    pg.locator(f".{prefix}-slider").fill(str(step))
+    shown = (f".endsWith({json.dumps(ends_with)})" if ends_with is not None
+             else f".startsWith('step {step} of')")
+    pg.wait_for_function(f"document.querySelector('.{prefix}-{label}').textContent{shown}")

@@ -27,31 +27,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from sim_browser import load_exporter, open_page, skip_without_browser, write_page
+from sim_browser import data_fixture, go_to, page_fixture, skip_without_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 skip_without_browser()
 
 
-@pytest.fixture(scope="module")
-def data():
-    import s03_transformer as s03
-    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip("data/model has no bundled model")
-    return load_exporter("scheduler-stepper", "s10_sim_export_browser").export()
-
-
-@pytest.fixture(scope="module")
-def page(data, tmp_path_factory):
-    html = write_page(tmp_path_factory.mktemp("ss_sim_page"), "scheduler-stepper", data)
-    with open_page(html, ".ss-grid", "s10-chromium-") as pg:
-        yield pg
-
-
-def go_to(pg, step: int) -> None:
-    pg.locator(".ss-slider").fill(str(step))          # fires "input"
-    pg.wait_for_function(f"document.querySelector('.ss-step-label').textContent"
-                         f".startsWith('step {step} of')")
+data = data_fixture("scheduler-stepper", "s10_sim_export_browser")
+page = page_fixture("scheduler-stepper", ".ss-grid", "s10-chromium-")
 
 
 def grid(pg) -> list[list[tuple[str, str]]]:
@@ -100,7 +83,7 @@ def test_every_workload_replays_the_engine(page, data):
         events = [k for k, r in enumerate(trace) if r["preempted"] or r["resumed"]]
         assert events, work["id"]                     # the workloads are there to show them
         for step in sorted({0, 1, last // 2, last, *events}):
-            go_to(page, step)
+            go_to(page, "ss", step)
             shown = grid(page)
             assert len(shown) == len(work["requests"])
             for req, allowed, got in zip(work["requests"], want, shown):
@@ -175,7 +158,7 @@ def test_the_grid_follows_the_step_and_nothing_overflows_or_reads_wrong(page, da
                 if step == last:
                     page.locator(".ss-end").click()
                 else:
-                    go_to(page, step)
+                    go_to(page, "ss", step)
                 seen = page.evaluate("""() => {
                     const box = document.querySelector('.ss-grid-box').getBoundingClientRect();
                     const now = document.querySelectorAll('.ss-grid tr')[0]
@@ -192,7 +175,7 @@ def test_the_grid_follows_the_step_and_nothing_overflows_or_reads_wrong(page, da
                 assert not re.search(r"\b1 (requests|tokens)\b", seen["text"]), (work["id"], step)
             single = [k for k, rec in enumerate(work["trace"]) if len(rec["running"]) == 1]
             if single:                                 # a step with one request: singular
-                go_to(page, single[0])
+                go_to(page, "ss", single[0])
                 note = page.locator(".ss-note").inner_text()
                 n = work["trace"][single[0]]["num_tokens"]
                 assert f"{n} token{'' if n == 1 else 's'} for 1 request;" in note, note

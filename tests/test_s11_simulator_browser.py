@@ -25,31 +25,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from sim_browser import load_exporter, open_page, skip_without_browser, write_page
+from sim_browser import data_fixture, go_to, page_fixture, skip_without_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 skip_without_browser()
 
 
-@pytest.fixture(scope="module")
-def data():
-    import s03_transformer as s03
-    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip("data/model has no bundled model")
-    return load_exporter("step-timeline", "s11_sim_export_browser").export()
-
-
-@pytest.fixture(scope="module")
-def page(data, tmp_path_factory):
-    html = write_page(tmp_path_factory.mktemp("st_sim_page"), "step-timeline", data)
-    with open_page(html, ".st-grid", "s11-chromium-") as pg:
-        yield pg
-
-
-def go_to(pg, step: int) -> None:
-    pg.locator(".st-slider").fill(str(step))          # fires "input"
-    pg.wait_for_function(f"document.querySelector('.st-step-label').textContent"
-                         f".startsWith('step {step} of')")
+data = data_fixture("step-timeline", "s11_sim_export_browser")
+page = page_fixture("step-timeline", ".st-grid", "s11-chromium-")
 
 
 def grids(pg) -> list[list[list[tuple[str, str]]]]:
@@ -87,7 +70,7 @@ def test_every_workload_replays_the_engine(page, data):
                       and rec["kinds"][rec["running"].index(work["long_id"])] == "prefill"}
         assert long_steps, work["id"]
         for step in sorted({0, last // 2, last, *long_steps}):
-            go_to(page, step)
+            go_to(page, "st", step)
             shown = grids(page)
             assert len(shown) == 2
             notes = page.locator(".st-note").all_inner_texts()
@@ -140,7 +123,7 @@ def test_every_workload_replays_the_engine(page, data):
             first = run["summary"]["first_token_step"][work["long_id"]]
             arrival = next(r["arrival"] for r in run["requests"] if r["id"] == work["long_id"])
             assert f"first token in step {first}, {first - arrival} step" in text, text
-        go_to(page, last)
+        go_to(page, "st", last)
         texts = page.locator(".st-text").all_inner_texts()
         statuses = page.locator(".st-status").all_inner_texts()
         firsts = page.locator(".st-first").all_inner_texts()
@@ -178,7 +161,7 @@ def test_the_grids_follow_the_step_and_nothing_overflows_or_reads_wrong(page, da
                 if step == last:
                     page.locator(".st-end").click()
                 else:
-                    go_to(page, step)
+                    go_to(page, "st", step)
                 seen = page.evaluate("""() => {
                     const out = [];
                     for (const p of document.querySelectorAll('.st-panel')) {

@@ -27,31 +27,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from sim_browser import load_exporter, open_page, skip_without_browser, write_page
+from sim_browser import data_fixture, go_to, page_fixture, skip_without_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 skip_without_browser()
 
 
-@pytest.fixture(scope="module")
-def data():
-    import s03_transformer as s03
-    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip("data/model has no bundled model")
-    return load_exporter("block-allocator", "s12_sim_export_browser").export()
-
-
-@pytest.fixture(scope="module")
-def page(data, tmp_path_factory):
-    html = write_page(tmp_path_factory.mktemp("ba_sim_page"), "block-allocator", data)
-    with open_page(html, ".ba-pool", "s12-chromium-") as pg:
-        yield pg
-
-
-def go_to(pg, step: int) -> None:
-    pg.locator(".ba-slider").fill(str(step))          # fires "input"
-    pg.wait_for_function(f"document.querySelector('.ba-step-label').textContent"
-                         f".startsWith('step {step} of')")
+data = data_fixture("block-allocator", "s12_sim_export_browser")
+page = page_fixture("block-allocator", ".ba-pool", "s12-chromium-")
 
 
 def held_after(st: dict) -> dict[str, list[int]]:
@@ -69,7 +52,7 @@ def test_every_workload_replays_the_engine(page, data):
         busy = {k for k, st in enumerate(steps) if st["preempted"] or st["left"]}
         assert busy, work["id"]
         for step in sorted({0, last // 2, last, *busy}):
-            go_to(page, step)
+            go_to(page, "ba", step)
             st = steps[step]
             tables = held_after(st)
             tokens = {rid: c + n for rid, c, n in st["scheduled"]}
@@ -148,7 +131,7 @@ def test_a_self_preemption_says_why(page, data):
               if c["by"] == c["victim"]]
     assert selves
     for step, c in selves:
-        go_to(page, step)
+        go_to(page, "ba", step)
         note = page.locator(".ba-note").inner_text()
         assert f"request {c['by']} needs" in note and "it preempts itself" in note, note
     assert ordinal(4) == "4th" and ordinal(12) == "12th" and ordinal(22) == "22nd"
@@ -161,7 +144,7 @@ def test_the_pool_grid_fits_a_row_or_wraps_evenly(page, data):
             page.set_viewport_size({"width": width, "height": 1400})
             for index, work in enumerate(data["workloads"]):
                 page.select_option(".ba-pick", str(index))
-                go_to(page, 0)
+                go_to(page, "ba", 0)
                 tops = page.evaluate("""() => Array.from(document.querySelectorAll('.ba-block'))
                     .map(c => Math.round(c.getBoundingClientRect().top))""")
                 rows = [tops.count(t) for t in sorted(set(tops))]

@@ -28,31 +28,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from sim_browser import load_exporter, open_page, skip_without_browser, write_page
+from sim_browser import data_fixture, go_to, page_fixture, skip_without_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 skip_without_browser()
 
 
-@pytest.fixture(scope="module")
-def data():
-    import s03_transformer as s03
-    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip("data/model has no bundled model")
-    return load_exporter("prefix-cache", "s13_sim_export_browser").export()
-
-
-@pytest.fixture(scope="module")
-def page(data, tmp_path_factory):
-    html = write_page(tmp_path_factory.mktemp("pc_sim_page"), "prefix-cache", data)
-    with open_page(html, ".pc-grid", "s13-chromium-") as pg:
-        yield pg
-
-
-def go_to(pg, step: int) -> None:
-    pg.locator(".pc-slider").fill(str(step))          # fires "input"
-    pg.wait_for_function(f"document.querySelector('.pc-step-label').textContent"
-                         f".startsWith('step {step} of')")
+data = data_fixture("prefix-cache", "s13_sim_export_browser")
+page = page_fixture("prefix-cache", ".pc-grid", "s13-chromium-")
 
 
 def expected_pool(work: dict, k: int) -> list[tuple[str, int, str]]:
@@ -92,7 +75,7 @@ def test_every_workload_replays_the_engine(page, data):
             ev == "evicted" for ev, _, _ in rec["block_events"])}
         assert busy, work["id"]
         for k in sorted({0, last // 2, last, *busy}):
-            go_to(page, k)
+            go_to(page, "pc", k)
             cells = page.evaluate("""() => Array.from(document.querySelectorAll('.pc-grid .pc-block'))
                 .map(c => [c.className, Number(c.dataset.block), Number(c.dataset.ref), c.dataset.name])""")
             want = expected_pool(work, k)
@@ -134,7 +117,7 @@ def test_every_workload_replays_the_engine(page, data):
                     want_chips = [f"{b}\u00d7{want[b][1]}" if want[b][1] > 1 else str(b)
                                   for b in trace[k]["block_tables"][at]]
                     assert chips == want_chips, (work["id"], k, req["id"], chips)
-        go_to(page, last)
+        go_to(page, "pc", last)
         texts = page.locator(".pc-text").all_inner_texts()
         statuses = page.locator(".pc-status").all_inner_texts()
         assert len(texts) == len(work["requests"])
@@ -191,7 +174,7 @@ def test_nothing_overflows_or_reads_wrong_on_a_narrow_page(page, data):
             page.select_option(".pc-pick", str(index))
             last = len(work["trace"]) - 1
             for step in sorted({0, last // 2, last}):
-                go_to(page, step)
+                go_to(page, "pc", step)
                 seen = page.evaluate("""() => {
                     const body = document.querySelector('.pc-body');
                     const req = document.querySelector('.pc-requests');

@@ -25,36 +25,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from sim_browser import load_exporter, open_page, skip_without_browser, write_page
+from sim_browser import data_fixture, go_to, page_fixture, skip_without_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 skip_without_browser()
 
 
-@pytest.fixture(scope="module")
-def data():
-    import s03_transformer as s03
-    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip("data/model has no bundled model")
-    pytest.importorskip("openai")
-    return load_exporter("sse-stream", "s19_sim_export_browser").export()
-
-
-@pytest.fixture(scope="module")
-def page(data, tmp_path_factory):
-    html = write_page(tmp_path_factory.mktemp("sse_sim_page"), "sse-stream", data)
-    with open_page(html, ".sse-lines", "s19-chromium-") as pg:
-        yield pg
+data = data_fixture("sse-stream", "s19_sim_export_browser", requires=("openai",))
+page = page_fixture("sse-stream", ".sse-lines", "s19-chromium-")
 
 
 def positions(sc: dict) -> list[list[str]]:
     return [sc["start"]] + [s["lines"] for s in sc["steps"]] + [sc["end"]]
-
-
-def go_to(pg, k: int, total: int) -> None:
-    pg.locator(".sse-slider").fill(str(k))               # fires "input"
-    pg.wait_for_function(f"document.querySelector('.sse-label').textContent"
-                         f".endsWith('({k + 1} of {total})')")
 
 
 def client_view(lines: list[str], n: int) -> tuple[list[str], list[str], dict | None, bool]:
@@ -81,7 +63,7 @@ def test_every_position_shows_the_stream_and_the_client_reading(page, data):
         pos = positions(sc)
         n = len(sc["choice_ids"])
         for k in range(len(pos)):
-            go_to(page, k, len(pos))
+            go_to(page, "sse", k, label="label", ends_with=f"({k + 1} of {len(pos)})")
             sent = [line for p in pos[:k + 1] for line in p]
             shown = page.evaluate("""() => Array.from(document.querySelectorAll('.sse-line'))
                 .map(e => [e.textContent, e.classList.contains('sse-new')])""")
@@ -134,7 +116,7 @@ def test_the_wire_pane_scrolls_to_its_newest_line(page, data):
         page.select_option(".sse-pick", str(index))
         pos = positions(sc)
         for k in range(len(pos)):
-            go_to(page, k, len(pos))
+            go_to(page, "sse", k, label="label", ends_with=f"({k + 1} of {len(pos)})")
             box = page.evaluate("""() => {
                 const pane = document.querySelector('.sse-lines');
                 const lines = pane.querySelectorAll('.sse-line');

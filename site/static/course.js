@@ -7,6 +7,8 @@
  * CourseSim.setData(NAME, data)). When the page has loaded, every placeholder is mounted with
  * mount(element, data). Data travels as a script, not as fetched JSON, so the site also works
  * when opened straight from disk (file:// pages cannot fetch).
+ * Simulators that step through a run build their row of controls (choice, buttons, slider,
+ * label) with CourseSim.stepControls(prefix, options), below.
  *
  * Quizzes. ```{quiz} NAME``` becomes <div class="course-quiz"> holding the quiz JSON (schema:
  * site/ext/course_quiz.py) in a <script type="application/json">; renderQuiz turns it into radio
@@ -49,8 +51,84 @@
         }
         mounts[name](root, datasets[name]);
       });
-    }
+    },
+    stepControls: stepControls
   };
+
+  // The row of step controls the stepping simulators share. With prefix "pc-": an optional
+  // select.pc-pick of options.choices (titles; its value is the index, options.onChoose(index)
+  // on change; with options.pickLabel it sits in label.pc-field after span.pc-label), buttons
+  // .pc-reset .pc-back .pc-next (then one button per [name, text] in options.extra, class
+  // prefix + name, none wired) .pc-end, a range input.pc-slider and span.pc-step-label
+  // (options.labelClass renames it), all in div.pc-row, which the caller places. options.labels
+  // may rename the buttons ({reset, back, next, end}). Steps run from options.min (default 0)
+  // to the last, set by setLast(n). go(s) clamps s to the range, shows it (slider, label text
+  // options.text(step, last), default "step S of LAST"; reset and back disabled at the first
+  // step, next and end at the last), then calls options.onStep(step). The buttons and the
+  // slider call go; the returned object holds the elements, buttons (by name), step, go and
+  // setLast.
+  function stepControls(prefix, options) {
+    options = options || {};
+    var min = options.min || 0;
+    var names = Object.assign({reset: "back to step " + min, back: "\u25c0 step",
+                               next: "step \u25b6", end: "to the end"}, options.labels || {});
+    var text = options.text || function (step, last) { return "step " + step + " of " + last; };
+    function make(tag, name, content) {
+      var node = document.createElement(tag);
+      node.className = prefix + name;
+      if (content !== undefined) node.textContent = content;
+      return node;
+    }
+    var ctl = {row: make("div", "row"), buttons: {}, step: min, last: min, pick: null};
+    if (options.choices) {
+      ctl.pick = make("select", "pick");
+      options.choices.forEach(function (title, i) {
+        var opt = document.createElement("option");
+        opt.textContent = title;
+        opt.value = String(i);
+        ctl.pick.appendChild(opt);
+      });
+      ctl.pick.addEventListener("change", function () { options.onChoose(Number(ctl.pick.value)); });
+      var holder = ctl.row;
+      if (options.pickLabel) {
+        holder = make("label", "field");
+        holder.appendChild(make("span", "label", options.pickLabel));
+        ctl.row.appendChild(holder);
+      }
+      holder.appendChild(ctl.pick);
+    }
+    var order = [["reset", names.reset], ["back", names.back], ["next", names.next]]
+      .concat(options.extra || [], [["end", names.end]]);
+    order.forEach(function (pair) {
+      var b = make("button", pair[0], pair[1]);
+      b.type = "button";
+      ctl.row.appendChild(b);
+      ctl.buttons[pair[0]] = b;
+    });
+    ["reset", "back", "next", "end"].forEach(function (name) { ctl[name] = ctl.buttons[name]; });
+    ctl.slider = make("input", "slider");
+    ctl.slider.type = "range";
+    ctl.slider.min = String(min);
+    ctl.row.appendChild(ctl.slider);
+    ctl.label = make("span", options.labelClass || "step-label");
+    ctl.row.appendChild(ctl.label);
+
+    ctl.setLast = function (last) { ctl.last = last; ctl.slider.max = String(last); };
+    ctl.go = function (s) {
+      var step = ctl.step = Math.max(min, Math.min(ctl.last, s));
+      ctl.slider.value = String(step);
+      ctl.label.textContent = text(step, ctl.last);
+      ctl.back.disabled = ctl.reset.disabled = step <= min;
+      ctl.next.disabled = ctl.end.disabled = step >= ctl.last;
+      if (options.onStep) options.onStep(step);
+    };
+    ctl.reset.addEventListener("click", function () { ctl.go(min); });
+    ctl.back.addEventListener("click", function () { ctl.go(ctl.step - 1); });
+    ctl.next.addEventListener("click", function () { ctl.go(ctl.step + 1); });
+    ctl.end.addEventListener("click", function () { ctl.go(ctl.last); });
+    ctl.slider.addEventListener("input", function () { ctl.go(Number(ctl.slider.value)); });
+    return ctl;
+  }
 
   function el(tag, attrs, text) {
     var node = document.createElement(tag);

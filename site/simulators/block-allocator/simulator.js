@@ -111,26 +111,12 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = el("div", "ba-row");
-    var pick = el("select", "ba-pick");
-    data.workloads.forEach(function (w, i) {
-      var opt = el("option", null, w.title);
-      opt.value = String(i);
-      pick.appendChild(opt);
+    var controls = window.CourseSim.stepControls("ba-", {
+      choices: data.workloads.map(function (w) { return w.title; }),
+      onChoose: choose,
+      onStep: function (s) { step = s; render(); }
     });
-    controls.appendChild(pick);
-    var reset = el("button", "ba-reset", "back to step 0");
-    var back = el("button", "ba-back", "\u25c0 step");
-    var next = el("button", "ba-next", "step \u25b6");
-    var end = el("button", "ba-end", "to the end");
-    [reset, back, next, end].forEach(function (b) { b.type = "button"; controls.appendChild(b); });
-    var slider = el("input", "ba-slider");
-    slider.type = "range";
-    slider.min = "0";
-    controls.appendChild(slider);
-    var stepLabel = el("span", "ba-step-label");
-    controls.appendChild(stepLabel);
-    wrap.appendChild(controls);
+    wrap.appendChild(controls.row);
 
     var config = el("p", "ba-config");
     wrap.appendChild(config);
@@ -162,10 +148,6 @@
 
     function render() {
       var st = spec.steps[step], state = run.states[step], bs = spec.block_size;
-      slider.value = String(step);
-      stepLabel.textContent = "step " + step + " of " + (spec.steps.length - 1);
-      back.disabled = reset.disabled = step <= 0;
-      next.disabled = end.disabled = step >= spec.steps.length - 1;
 
       // What happened in the step, in the order the pool saw it.
       var parts = ["Step " + step + ":"];
@@ -297,18 +279,10 @@
         spec.max_num_seqs + " seats, " + spec.max_num_batched_tokens + " tokens per step; " +
         count(spec.requests.length, "request") + ", greedy on the bundled model; " +
         count(spec.num_preemptions, "preemption") + " in the run.";
-      slider.max = String(spec.steps.length - 1);
-      step = 0;
-      render();
+      controls.setLast(spec.steps.length - 1);
+      controls.go(0);
     }
 
-    function go(s) { step = Math.max(0, Math.min(spec.steps.length - 1, s)); render(); }
-    pick.addEventListener("change", function () { choose(Number(pick.value)); });
-    reset.addEventListener("click", function () { go(0); });
-    back.addEventListener("click", function () { go(step - 1); });
-    next.addEventListener("click", function () { go(step + 1); });
-    end.addEventListener("click", function () { go(spec.steps.length - 1); });
-    slider.addEventListener("input", function () { go(Number(slider.value)); });
     choose(0);
   }
 

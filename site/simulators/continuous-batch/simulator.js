@@ -138,26 +138,13 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = el("div", "cb-row");
-    var pick = el("select", "cb-pick");
-    data.workloads.forEach(function (w, i) {
-      var opt = el("option", null, w.title);
-      opt.value = String(i);
-      pick.appendChild(opt);
+    var controls = window.CourseSim.stepControls("cb-", {
+      min: 1,
+      choices: data.workloads.map(function (w) { return w.title; }),
+      onChoose: choose,
+      onStep: function (s) { step = s; render(); }
     });
-    controls.appendChild(pick);
-    var reset = el("button", "cb-reset", "back to step 1");
-    var back = el("button", "cb-back", "\u25c0 step");
-    var next = el("button", "cb-next", "step \u25b6");
-    var end = el("button", "cb-end", "to the end");
-    [reset, back, next, end].forEach(function (b) { b.type = "button"; controls.appendChild(b); });
-    var slider = el("input", "cb-slider");
-    slider.type = "range";
-    slider.min = "1";
-    controls.appendChild(slider);
-    var stepLabel = el("span", "cb-step-label");
-    controls.appendChild(stepLabel);
-    wrap.appendChild(controls);
+    wrap.appendChild(controls.row);
 
     var legend = el("p", "cb-legend");
     [["cb-prefill", "joins: prompt computed, first token"], ["cb-run", "running: one token"],
@@ -222,10 +209,6 @@
     }
 
     function render() {
-      slider.value = String(step);
-      stepLabel.textContent = "step " + step + " of " + work.steps;
-      back.disabled = reset.disabled = step <= 1;
-      next.disabled = end.disabled = step >= work.steps;
       drawGrid(panels.static, work.st.cells, "cb-grid-static");
       drawGrid(panels.cont, work.cb.cells, "cb-grid-cont");
       fill(panels.static, counts(work.st.cells, work.outputs, step), work.st.steps);
@@ -274,17 +257,10 @@
       } else {
         banner.hidden = true;
       }
-      slider.max = String(work.steps);
-      step = 1;
-      render();
+      controls.setLast(work.steps);
+      controls.go(1);
     }
 
-    pick.addEventListener("change", function () { choose(Number(pick.value)); });
-    reset.addEventListener("click", function () { step = 1; render(); });
-    back.addEventListener("click", function () { step = Math.max(1, step - 1); render(); });
-    next.addEventListener("click", function () { step = Math.min(work.steps, step + 1); render(); });
-    end.addEventListener("click", function () { step = work.steps; render(); });
-    slider.addEventListener("input", function () { step = Number(slider.value); render(); });
     choose(0);
   }
 

@@ -177,26 +177,12 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = el("div", "pc-row");
-    var pick = el("select", "pc-pick");
-    data.workloads.forEach(function (w, i) {
-      var opt = el("option", null, w.title);
-      opt.value = String(i);
-      pick.appendChild(opt);
+    var controls = window.CourseSim.stepControls("pc-", {
+      choices: data.workloads.map(function (w) { return w.title; }),
+      onChoose: choose,
+      onStep: function (s) { step = s; render(); }
     });
-    controls.appendChild(pick);
-    var reset = el("button", "pc-reset", "back to step 0");
-    var back = el("button", "pc-back", "\u25c0 step");
-    var next = el("button", "pc-next", "step \u25b6");
-    var end = el("button", "pc-end", "to the end");
-    [reset, back, next, end].forEach(function (b) { b.type = "button"; controls.appendChild(b); });
-    var slider = el("input", "pc-slider");
-    slider.type = "range";
-    slider.min = "0";
-    controls.appendChild(slider);
-    var stepLabel = el("span", "pc-step-label");
-    controls.appendChild(stepLabel);
-    wrap.appendChild(controls);
+    wrap.appendChild(controls.row);
 
     var config = el("p", "pc-config");
     wrap.appendChild(config);
@@ -243,11 +229,7 @@
     }
 
     function render() {
-      var s = snaps[step], t = work.trace[step], last = snaps.length - 1;
-      slider.value = String(step);
-      stepLabel.textContent = "step " + step + " of " + last;
-      back.disabled = reset.disabled = step <= 0;
-      next.disabled = end.disabled = step >= last;
+      var s = snaps[step], t = work.trace[step];
       body.textContent = "";
 
       var note = el("p", "pc-note");
@@ -343,18 +325,10 @@
         ", a pool of " + count(work.num_blocks, "block") + " (block 0 is the null block), at most " +
         work.max_num_seqs + " running. A block is named once it is full and its KV written; its name is the first " +
         data.hash_digits + " hex digits of its SHA-256 chain hash.";
-      slider.max = String(snaps.length - 1);
-      step = 0;
-      render();
+      controls.setLast(snaps.length - 1);
+      controls.go(0);
     }
 
-    function go(s) { step = Math.max(0, Math.min(snaps.length - 1, s)); render(); }
-    pick.addEventListener("change", function () { choose(Number(pick.value)); });
-    reset.addEventListener("click", function () { go(0); });
-    back.addEventListener("click", function () { go(step - 1); });
-    next.addEventListener("click", function () { go(step + 1); });
-    end.addEventListener("click", function () { go(snaps.length - 1); });
-    slider.addEventListener("input", function () { go(Number(slider.value)); });
     choose(0);
   }
 

@@ -216,27 +216,13 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = el("div", "ss-row");
-    var pick = el("select", "ss-pick");
-    data.workloads.forEach(function (w, i) {
-      var opt = el("option", null, w.title);
-      opt.value = String(i);
-      pick.appendChild(opt);
+    var controls = window.CourseSim.stepControls("ss-", {
+      choices: data.workloads.map(function (w) { return w.title; }),
+      extra: [["next-preempt", "next preemption"]],
+      onChoose: choose,
+      onStep: function (s) { step = s; render(); }
     });
-    controls.appendChild(pick);
-    var reset = el("button", "ss-reset", "back to step 0");
-    var back = el("button", "ss-back", "\u25c0 step");
-    var next = el("button", "ss-next", "step \u25b6");
-    var nextPre = el("button", "ss-next-preempt", "next preemption");
-    var end = el("button", "ss-end", "to the end");
-    [reset, back, next, nextPre, end].forEach(function (b) { b.type = "button"; controls.appendChild(b); });
-    var slider = el("input", "ss-slider");
-    slider.type = "range";
-    slider.min = "0";
-    controls.appendChild(slider);
-    var stepLabel = el("span", "ss-step-label");
-    controls.appendChild(stepLabel);
-    wrap.appendChild(controls);
+    wrap.appendChild(controls.row);
 
     var config = el("p", "ss-config");
     wrap.appendChild(config);
@@ -286,10 +272,6 @@
 
     function render() {
       var rec = work.records[step], spec = work.spec, t = spec.trace[step];
-      slider.value = String(step);
-      stepLabel.textContent = "step " + step + " of " + (work.steps - 1);
-      back.disabled = reset.disabled = step <= 0;
-      next.disabled = end.disabled = step >= work.steps - 1;
       var tokensOf = {};
       rec.scheduled.forEach(function (s) { tokensOf[s.id] = s.n; });
       var kindOf = function (id) {
@@ -412,24 +394,16 @@
       cmd.textContent = "";
       cmd.appendChild(document.createTextNode("The same run on your machine: "));
       cmd.appendChild(el("code", null, s.command));
-      slider.max = String(work.steps - 1);
-      step = 0;
-      render();
+      controls.setLast(work.steps - 1);
+      controls.go(0);
     }
 
-    function go(s) { step = Math.max(0, Math.min(work.steps - 1, s)); render(); }
-    pick.addEventListener("change", function () { choose(Number(pick.value)); });
-    reset.addEventListener("click", function () { go(0); });
-    back.addEventListener("click", function () { go(step - 1); });
-    next.addEventListener("click", function () { go(step + 1); });
-    end.addEventListener("click", function () { go(work.steps - 1); });
-    nextPre.addEventListener("click", function () {
+    controls.buttons["next-preempt"].addEventListener("click", function () {
       for (var s = step + 1; s < work.steps; s++) {
-        if (work.records[s].ids.preempted.length) { go(s); return; }
+        if (work.records[s].ids.preempted.length) { controls.go(s); return; }
       }
-      go(work.steps - 1);
+      controls.go(work.steps - 1);
     });
-    slider.addEventListener("input", function () { go(Number(slider.value)); });
     choose(0);
   }
 

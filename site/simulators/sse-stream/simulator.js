@@ -113,26 +113,15 @@
       console.error("sse-stream: " + problems.join("; "));
     }
 
-    var controls = el("div", "sse-row");
-    var pick = el("select", "sse-pick");
-    data.scenarios.forEach(function (sc, i) {
-      var opt = el("option", null, sc.title);
-      opt.value = String(i);
-      pick.appendChild(opt);
+    var controls = window.CourseSim.stepControls("sse-", {
+      choices: data.scenarios.map(function (s) { return s.title; }),
+      labels: {reset: "back to the start", back: "\u25c0 back", next: "next \u25b6"},
+      labelClass: "label",
+      text: function (k, last) { return pos[k].label + " (" + (k + 1) + " of " + (last + 1) + ")"; },
+      onChoose: choose,
+      onStep: function (k) { at = k; render(); }
     });
-    controls.appendChild(pick);
-    var reset = el("button", "sse-reset", "back to the start");
-    var back = el("button", "sse-back", "\u25c0 back");
-    var next = el("button", "sse-next", "next \u25b6");
-    var end = el("button", "sse-end", "to the end");
-    [reset, back, next, end].forEach(function (b) { b.type = "button"; controls.appendChild(b); });
-    var slider = el("input", "sse-slider");
-    slider.type = "range";
-    slider.min = "0";
-    controls.appendChild(slider);
-    var label = el("span", "sse-label");
-    controls.appendChild(label);
-    wrap.appendChild(controls);
+    wrap.appendChild(controls.row);
 
     var request = el("pre", "sse-request");
     wrap.appendChild(request);
@@ -188,10 +177,6 @@
     }
 
     function render() {
-      slider.value = String(at);
-      label.textContent = pos[at].label + " (" + (at + 1) + " of " + pos.length + ")";
-      back.disabled = reset.disabled = at <= 0;
-      next.disabled = end.disabled = at >= pos.length - 1;
       note.textContent = describe(pos[at]);
 
       stepsBox.textContent = "";
@@ -252,18 +237,10 @@
       sc = data.scenarios[index];
       pos = positions(sc);
       request.textContent = "POST /v1/" + (sc.kind === "chat" ? "chat/completions" : "completions") + "\n" + JSON.stringify(sc.request);
-      slider.max = String(pos.length - 1);
-      at = 0;
-      render();
+      controls.setLast(pos.length - 1);
+      controls.go(0);
     }
 
-    function go(k) { at = Math.max(0, Math.min(pos.length - 1, k)); render(); }
-    pick.addEventListener("change", function () { choose(Number(pick.value)); });
-    reset.addEventListener("click", function () { go(0); });
-    back.addEventListener("click", function () { go(at - 1); });
-    next.addEventListener("click", function () { go(at + 1); });
-    end.addEventListener("click", function () { go(pos.length - 1); });
-    slider.addEventListener("input", function () { go(Number(slider.value)); });
     choose(0);
   }
 

@@ -89,29 +89,16 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = el("div", "sb-row");
-    var pickLabel = el("label", "sb-field");
-    pickLabel.appendChild(el("span", "sb-label", "batch"));
-    var pick = el("select", "sb-pick");
-    data.batches.forEach(function (b, i) {
-      var opt = el("option", null, b.title);
-      opt.value = String(i);
-      pick.appendChild(opt);
+    var controls = window.CourseSim.stepControls("sb-", {
+      min: 1,
+      choices: data.batches.map(function (b) { return b.title; }),
+      pickLabel: "batch",
+      labels: {reset: "back to the prefill"},
+      text: function (s, last) { return "step " + s + " of " + last + " (" + (s === 1 ? "prefill" : "decode") + ")"; },
+      onChoose: choose,
+      onStep: function (s) { step = s; render(); }
     });
-    pickLabel.appendChild(pick);
-    controls.appendChild(pickLabel);
-    var reset = el("button", "sb-reset", "back to the prefill");
-    var back = el("button", "sb-back", "\u25c0 step");
-    var next = el("button", "sb-next", "step \u25b6");
-    var end = el("button", "sb-end", "to the end");
-    [reset, back, next, end].forEach(function (b) { b.type = "button"; controls.appendChild(b); });
-    var slider = el("input", "sb-slider");
-    slider.type = "range";
-    slider.min = "1";
-    controls.appendChild(slider);
-    var stepLabel = el("span", "sb-step-label");
-    controls.appendChild(stepLabel);
-    wrap.appendChild(controls);
+    wrap.appendChild(controls.row);
 
     var gridBox = el("div", "sb-grid-box");
     wrap.appendChild(gridBox);
@@ -227,28 +214,16 @@
     }
 
     function render() {
-      slider.max = String(batch.steps);
-      slider.value = String(step);
-      stepLabel.textContent = "step " + step + " of " + batch.steps + " (" +
-        (step === 1 ? "prefill" : "decode") + ")";
-      back.disabled = reset.disabled = step === 1;
-      next.disabled = end.disabled = step === batch.steps;
       drawGrid();
       drawCounters();
     }
 
     function choose(i) {
       batch = new Batch(data.batches[i], data.eos_id);
-      step = 1;
-      render();
+      controls.setLast(batch.steps);
+      controls.go(1);
     }
 
-    pick.addEventListener("change", function () { choose(Number(pick.value)); });
-    reset.addEventListener("click", function () { step = 1; render(); });
-    back.addEventListener("click", function () { step = Math.max(1, step - 1); render(); });
-    next.addEventListener("click", function () { step = Math.min(batch.steps, step + 1); render(); });
-    end.addEventListener("click", function () { step = batch.steps; render(); });
-    slider.addEventListener("input", function () { step = Number(slider.value); render(); });
     choose(0);
   }
 

@@ -163,26 +163,12 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = el("div", "st-row");
-    var pick = el("select", "st-pick");
-    data.workloads.forEach(function (w, i) {
-      var opt = el("option", null, w.title);
-      opt.value = String(i);
-      pick.appendChild(opt);
+    var controls = window.CourseSim.stepControls("st-", {
+      choices: data.workloads.map(function (w) { return w.title; }),
+      onChoose: choose,
+      onStep: function (s) { step = s; render(); }
     });
-    controls.appendChild(pick);
-    var reset = el("button", "st-reset", "back to step 0");
-    var back = el("button", "st-back", "\u25c0 step");
-    var next = el("button", "st-next", "step \u25b6");
-    var end = el("button", "st-end", "to the end");
-    [reset, back, next, end].forEach(function (b) { b.type = "button"; controls.appendChild(b); });
-    var slider = el("input", "st-slider");
-    slider.type = "range";
-    slider.min = "0";
-    controls.appendChild(slider);
-    var stepLabel = el("span", "st-step-label");
-    controls.appendChild(stepLabel);
-    wrap.appendChild(controls);
+    wrap.appendChild(controls.row);
 
     var config = el("p", "st-config");
     wrap.appendChild(config);
@@ -320,10 +306,6 @@
     }
 
     function render() {
-      slider.value = String(step);
-      stepLabel.textContent = "step " + step + " of " + (maxSteps - 1);
-      back.disabled = reset.disabled = step <= 0;
-      next.disabled = end.disabled = step >= maxSteps - 1;
       var keep = Array.prototype.map.call(panels.querySelectorAll(".st-grid-box"), function (g) { return g.scrollLeft; });
       panels.textContent = "";
       work.runs.forEach(function (run, i) {
@@ -363,18 +345,10 @@
       config.textContent = "The same " + count(spec.runs[0].requests.length, "request") +
         " in both runs, greedy on the bundled model; at most " + data.max_num_seqs +
         " running; context " + data.max_context + " tokens. Every running request makes a token in every step once its prompt is in.";
-      slider.max = String(maxSteps - 1);
-      step = 0;
-      render();
+      controls.setLast(maxSteps - 1);
+      controls.go(0);
     }
 
-    function go(s) { step = Math.max(0, Math.min(maxSteps - 1, s)); render(); }
-    pick.addEventListener("change", function () { choose(Number(pick.value)); });
-    reset.addEventListener("click", function () { go(0); });
-    back.addEventListener("click", function () { go(step - 1); });
-    next.addEventListener("click", function () { go(step + 1); });
-    end.addEventListener("click", function () { go(maxSteps - 1); });
-    slider.addEventListener("input", function () { go(Number(slider.value)); });
     choose(0);
   }
 
