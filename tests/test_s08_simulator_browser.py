@@ -18,7 +18,8 @@ from __future__ import annotations
 
 
 import pytest
-from sim_browser import load_exporter, open_page, skip_without_browser, write_page
+import sim_browser
+from sim_browser import data_fixture, page_fixture, skip_without_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 skip_without_browser()
@@ -27,26 +28,12 @@ CLASSES = {".": "sb-pad", "P": "sb-prompt", "G": "sb-gen", "-": "sb-idle"}
 FIELDS = ("kind", "rows", "columns", "useful", "padding", "idle", "masked_keys")
 
 
-@pytest.fixture(scope="module")
-def data():
-    import s03_transformer as s03
-    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip("data/model has no bundled model")
-    module = load_exporter("static-batch", "s08_sim_export_browser")
-    return module.export()
-
-
-@pytest.fixture(scope="module")
-def page(data, tmp_path_factory):
-    html = write_page(tmp_path_factory.mktemp("sb_sim_page"), "static-batch", data)
-    with open_page(html, ".sb-grid", "s08-chromium-") as pg:
-        yield pg
+data = data_fixture("static-batch", "s08_sim_export_browser")
+page = page_fixture("static-batch", ".sb-grid", "s08-chromium-")
 
 
 def go_to(pg, step: int) -> None:
-    pg.locator(".sb-slider").fill(str(step))          # fires "input"
-    pg.wait_for_function(f"document.querySelector('.sb-step-label').textContent"
-                         f".startsWith('step {step} of')")
+    sim_browser.go_to(pg, "sb", step)
 
 
 def grid_classes(pg) -> list[list[str]]:

@@ -19,33 +19,19 @@ from __future__ import annotations
 
 
 import pytest
-from sim_browser import load_exporter, open_page, skip_without_browser, write_page
+import sim_browser
+from sim_browser import data_fixture, page_fixture, skip_without_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 skip_without_browser()
 
 
-
-@pytest.fixture(scope="module")
-def data():
-    import s03_transformer as s03
-    if not (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file():
-        pytest.skip("data/model has no bundled model")
-    module = load_exporter("continuous-batch", "s09_sim_export_browser")
-    return module.export()
-
-
-@pytest.fixture(scope="module")
-def page(data, tmp_path_factory):
-    html = write_page(tmp_path_factory.mktemp("cb_sim_page"), "continuous-batch", data)
-    with open_page(html, ".cb-grid-cont", "s09-chromium-") as pg:
-        yield pg
+data = data_fixture("continuous-batch", "s09_sim_export_browser")
+page = page_fixture("continuous-batch", ".cb-grid-cont", "s09-chromium-")
 
 
 def go_to(pg, step: int) -> None:
-    pg.locator(".cb-slider").fill(str(step))          # fires "input"
-    pg.wait_for_function(f"document.querySelector('.cb-step-label').textContent"
-                         f".startsWith('step {step} of')")
+    sim_browser.go_to(pg, "cb", step)
 
 
 def grid(pg, which: str) -> list[list[tuple[str, str]]]:
