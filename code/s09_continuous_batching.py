@@ -563,7 +563,7 @@ class LLMEngine(s08.Engine):
         if seq is None:
             return False
         if seq.status == WAITING:
-            self.waiting.remove(seq)
+            self._drop_waiting(seq)
         else:
             self._release(seq)
         self.requests.pop(request_id)
@@ -572,6 +572,11 @@ class LLMEngine(s08.Engine):
         self._final.append(s01.RequestOutput(request_id, [], "", True, FINISH_ABORT, None))
         self._aborted.append(request_id)
         return True
+
+    def _drop_waiting(self, seq: s01.Sequence) -> None:
+        """An aborted request that never ran leaves the waiting queue (the seam S10 routes
+        through its scheduler, so every scheduler subclass sees the request go)."""
+        self.waiting.remove(seq)
 
     def _id_taken(self, request_id: str) -> bool:
         return request_id in self.requests or request_id in self._stream_ids

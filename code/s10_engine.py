@@ -191,6 +191,11 @@ class LLMEngine(s09.LLMEngine):
             seq.slot = None
         self.scheduler.finish_requests([seq.request_id])
 
+    def _drop_waiting(self, seq: s01.Sequence) -> None:
+        """A waiting request aborted: the scheduler takes it out (`finish_requests`), so its
+        subclasses drop what they keep for it (S13's block hashes)."""
+        self.scheduler.finish_requests([seq.request_id])
+
     def schedule(self) -> list[str]:
         """Ask the scheduler; free the slots of the preempted and of those the capacity
         ended, give slots to those admitted. Returns the ids admitted for the first time."""

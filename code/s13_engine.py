@@ -61,7 +61,9 @@ from s13_prefix_caching import (PrefixCachingScheduler, PrefixCachingSchedulerOu
 @dataclass(frozen=True)
 class StepRecord(s12.StepRecord):
     """S12's record of one step, and: cache_hits, ((id, cached tokens, its tokens in all), ...)
-    for the requests admitted or resumed in the step (misses: tokens in all - cached);
+    for the requests admitted or resumed in the step (misses: tokens in all - cached; an
+    admission made in a step that failed is in no record's cache_hits, though its hit events
+    come back with the next record and `stats` counts it);
     ref_cnts, per running id (aligned with `running`), the ref_cnt of each block of its block
     table when scheduled (a block shared by k requests shows k); cached_blocks, ((block id,
     hash prefix), ...) of every cached block after the step, by id; free_queue, the free

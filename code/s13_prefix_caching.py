@@ -44,7 +44,12 @@ What it does not handle yet
     enable_prefix_caching. Blocks are matched only from the start of the prompt (no middle
     reuse) and only whole blocks: a prompt sharing 15 of a block's 16 tokens shares nothing
     of that block. SGLang's radix tree (RadixAttention) shares at token granularity; see the
-    chapter. No copy-on-write: a cached block is never written again.
+    chapter. No copy-on-write: a cached block is not written again, with one exception. After
+    a failed step (`revert`), a request's last block may already be named (the failed forward
+    filled it) while the request keeps fewer of its tokens; the retry computes those same
+    tokens at the same positions again and rewrites that block's tail. The values are the same
+    up to the rounding of another chunk shape (the fast mode's tolerance), so a request that
+    hits the block in the same step reads the right KV either way.
 
 Run it
     python code/s13_prefix_caching.py --shared-prefix 24 --num-prompts 4 --block-size 8

@@ -354,8 +354,8 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
         raise APIError(400, "model is required: the name of the served model (GET /v1/models)",
                        "model")
     if model != model_name:
-        raise APIError(404, f"The model '{model}' does not exist; this server serves "
-                            f"'{model_name}'", "model", "model_not_found")
+        raise APIError(404, f"The model {model!r} does not exist; this server serves "
+                            f"{model_name!r}", "model", "model_not_found")
     for name, unused in UNSUPPORTED.items():
         if name in body and body[name] is not None and body[name] not in unused:
             raise APIError(400, f"{name} is not supported by this server", name)
@@ -369,6 +369,10 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
             raise APIError(400, "prompt belongs to /v1/completions; /v1/chat/completions "
                                 "takes messages", "prompt")
         messages = check_messages(body.get("messages"))
+        if len(messages) >= max_context:   # the template gives every message a token at least
+            raise APIError(400, f"{len(messages)} messages cannot fit in the model's context of "
+                                f"{max_context} tokens, which leaves no room for a completion "
+                                "(refused before encoding)", "messages", "context_length_exceeded")
         chars, limit = sum(len(m["content"]) for m in messages), prompt_char_limit(
             tokenizer, max_context)
         if limit is not None and chars > limit:   # the template only adds characters

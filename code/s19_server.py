@@ -33,8 +33,10 @@ What is new since S13
     - The engine is a seam: `ENGINE_CLASS` and `make_engine`. It serves Part II's most complete
       engine, S13's `LLMEngine` (code/s13_engine.py: prefix caching over S12's paged KV, with
       S11's chunked prefill); S11's or S12's is the same one-line swap. The engine's trace
-      keeps its last TRACE_LIMIT steps (1024), so a server running for days holds a bounded
-      trace.
+      keeps its last TRACE_LIMIT steps (128), so a server running for days holds a bounded
+      trace. The bound is in records, not bytes: each S13 record holds snapshots of the pool
+      (its free queue and cached blocks), so a record grows with num_blocks (a reviewer
+      measured about 50-70 kB per record at 257-513 blocks, the requests' own state included).
 
 What it does not handle yet
     One model, one engine thread, one process: the engine's steps and the server's JSON work
@@ -77,6 +79,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy load
 import argparse
 import asyncio
 import concurrent.futures
+import json
 import logging
 import re
 import socket
@@ -109,9 +112,19 @@ log = logging.getLogger("s19_server")
 ENGINE_CLASS = s13.LLMEngine     # the engine served; S11's or S12's LLMEngine drops in here
 DEFAULT_MODEL_NAME = "bundled"
 DEFAULT_PORT = 8000
-TRACE_LIMIT = 1024               # engine.trace keeps the last 1024 step records (S09's StepTrace)
+TRACE_LIMIT = 128                # engine.trace keeps the last 128 step records (S09's StepTrace)
 MAX_BODY_BYTES = 4 * 2**20       # a larger request body is a 413, unread
 OFF_LOOP_BYTES = 64 * 2**10      # a larger body is parsed and tokenized in a worker thread
+
+
+class ErrorResponse(JSONResponse):
+    """An error's JSON with every non-ASCII character escaped: an error message may quote
+    what the client sent (a lone surrogate included), and that must never turn the error into
+    a 500 while it is being encoded."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False,
+                          separators=(",", ":")).encode("ascii")
 
 
 def make_engine(model, tokenizer, max_num_seqs: int = 32,
@@ -395,13 +408,13 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
 
     @app.exception_handler(APIError)
     async def api_error(request, err: APIError):
-        return JSONResponse(err.body(), status_code=err.status)
+        return ErrorResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, err):       # FastAPI's 422 -> OpenAI's 400
         first = (err.errors() or [{}])[0]
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return JSONResponse(proto.error_body(f"invalid request: {first.get('msg', err)}",
+        return ErrorResponse(proto.error_body(f"invalid request: {first.get('msg', err)}",
                                              param=param), status_code=400)
 
     @app.exception_handler(HTTPException)
@@ -410,13 +423,13 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(
             err.status_code, str(err.detail))
         code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
-        return JSONResponse(proto.error_body(message, code=code), status_code=err.status_code,
+        return ErrorResponse(proto.error_body(message, code=code), status_code=err.status_code,
                             headers=getattr(err, "headers", None))
 
     @app.exception_handler(Exception)
     async def server_error(request, err: Exception):
         log.exception("unexpected error")
-        return JSONResponse(proto.error_body(f"internal error: {type(err).__name__}: {err}",
+        return ErrorResponse(proto.error_body(f"internal error: {type(err).__name__}: {err}",
                                              "server_error"), status_code=500)
 
     @app.get("/health")

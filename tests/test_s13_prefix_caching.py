@@ -435,6 +435,27 @@ def test_g5_aborts_while_waiting_running_and_mid_chunk_leave_nothing_held(tiny):
     assert kv.pool.num_cached_free_blocks == kv.pool.num_cached_blocks > 0
 
 
+def test_aborting_a_request_still_waiting_drops_its_block_hashes(tiny):
+    """A waiting request the scheduler looked up (its hashes computed) but could not admit is
+    aborted through the engine: S09's abort takes it out through S10's scheduler
+    (`_drop_waiting` -> `finish_requests`), so its hashes go too and check() holds."""
+    model, _ = tiny
+    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, max_num_batched_tokens=16,
+                       block_size=4, num_blocks=12)          # 11 usable blocks = 44 tokens
+    engine.add_request(id_text(list(range(2, 38))), greedy(4), request_id="a")   # 9 blocks
+    for _ in range(3):
+        engine.step()
+    engine.add_request(id_text(list(range(40, 52))), greedy(4), request_id="b")  # needs 3, 2 free
+    engine.step()
+    assert engine.requests["b"].status == "waiting" and "b" in engine.scheduler._hashes
+    assert engine.abort("b")
+    assert "b" not in engine.scheduler._hashes
+    engine.scheduler.check()
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.scheduler.check()
+
+
 def test_the_engine_refuses_the_cache_in_batch_invariant_mode(tiny):
     model, _ = tiny
     with pytest.raises(ValueError, match="enable_prefix_caching needs the fast mode"):

@@ -454,6 +454,12 @@ BAD = [
                                                     stop_token_ids=list(range(2048))),
      400, "min_tokens", None),
     ("seed + n - 1 past 2**63", C, dict(GOOD_C, seed=2**63 - 1, n=2), 400, "seed", None),
+    # Second review: a surrogate quoted in an error message, and messages the template pads.
+    ("lone surrogate as the model", C, b'{"model": "\\ud800", "prompt": "O"}', 404, "model",
+     "model_not_found"),
+    ("more messages than the context has tokens", CH,
+     {"model": "bundled", "messages": [{"role": "user", "content": ""}] * 300}, 400, "messages",
+     "context_length_exceeded"),
 ]
 
 
@@ -735,7 +741,7 @@ def test_streamed_text_offsets_equal_the_response_when_a_stop_string_holds_text(
 
 
 def test_the_trace_keeps_its_last_records_and_record_stream_still_works(loaded, server):
-    assert server.loop.call(lambda e: e.trace.limit).result(WAIT_S) == srv.TRACE_LIMIT == 1024
+    assert server.loop.call(lambda e: e.trace.limit).result(WAIT_S) == srv.TRACE_LIMIT == 128
     model, tok = loaded
     engine = srv.make_engine(model, tok, 4, trace_limit=8)
     engine.add_request("O", s04.SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
