@@ -403,14 +403,14 @@ def format_block_table(trace: Sequence[StepRecord], max_rows: int = 40) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description="Chapter 12: paged attention, KV in blocks handed out as requests grow.")
+def add_paged_arguments(parser: argparse.ArgumentParser, batch_invariant_help: str,
+                        num_blocks_help: str) -> None:
+    """The command line of a paged engine (S12's, S13's): S10's scheduler flags without its
+    token capacity (listed nowhere: the pool is counted in blocks), S11's per-request limit,
+    --block-size and --num-blocks."""
     s10.add_scheduler_arguments(
         parser, "most tokens per step, from max-num-seqs up; a longer prompt is chunked "
-                "(default: max(16, max-num-seqs))",
-        "compute every request alone, a chunked prompt again whole at its last chunk: slow, "
-        "bitwise equal to each request run alone")
+                "(default: max(16, max-num-seqs))", batch_invariant_help)
     for action in parser._actions:       # S10's token capacity: refused here, so not listed
         if action.dest == "kv_capacity":
             action.help = argparse.SUPPRESS
@@ -419,11 +419,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "budget limits it (default: %(default)s)")
     parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
                         help="token positions per KV block (default: %(default)s)")
-    parser.add_argument("--num-blocks", type=int, default=None,
-                        help="KV blocks in the pool, block 0 (the null block) included; small "
-                             "values force preemptions (default: max-num-seqs x the context's "
-                             "blocks + 1, none)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--num-blocks", type=int, default=None, help=num_blocks_help)
+
+
+def check_paged_arguments(parser: argparse.ArgumentParser, args) -> tuple:
+    """S10's checks and the pool's (exit 2 with the rule broken); returns (the sampling
+    params, the token budget per step)."""
     params = s10.check_scheduler_arguments(parser, args)
     if args.kv_capacity is not None:
         parser.error("--kv-capacity counts tokens; the paged engine's capacity is "
@@ -433,6 +434,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                      "block)")
     budget = (max(16, args.max_num_seqs) if args.max_num_batched_tokens is None
               else args.max_num_batched_tokens)
+    return params, budget
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Chapter 12: paged attention, KV in blocks handed out as requests grow.")
+    add_paged_arguments(
+        parser, "compute every request alone, a chunked prompt again whole at its last chunk: "
+                "slow, bitwise equal to each request run alone",
+        "KV blocks in the pool, block 0 (the null block) included; small values force "
+        "preemptions (default: max-num-seqs x the context's blocks + 1, none)")
+    args = parser.parse_args(argv)
+    params, budget = check_paged_arguments(parser, args)
     try:
         model, tokenizer, max_context, prompts, priorities = s10.load_workload(args)
         engine = LLMEngine(model, tokenizer, max_context, args.max_num_seqs,

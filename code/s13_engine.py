@@ -238,37 +238,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 13: prefix caching, full KV blocks shared by hash and reference "
                     "count.")
-    s10.add_scheduler_arguments(
-        parser, "most tokens per step, from max-num-seqs up; a longer prompt is chunked "
-                "(default: max(16, max-num-seqs))",
-        "compute every request alone (it turns the prefix cache off: the cache needs the "
-        "fast mode)")
-    parser.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                        help="most tokens one request computes in a step, 0 = only the "
-                             "budget limits it (default: %(default)s)")
-    parser.add_argument("--block-size", type=int, default=s12.DEFAULT_BLOCK_SIZE,
-                        help="token positions per KV block (default: %(default)s)")
-    parser.add_argument("--num-blocks", type=int, default=None,
-                        help="KV blocks in the pool, block 0 (the null block) included; small "
-                             "values force evictions and preemptions (default: max-num-seqs x "
-                             "the context's blocks + 1)")
+    s12.add_paged_arguments(
+        parser, "compute every request alone (it turns the prefix cache off: the cache needs "
+                "the fast mode)",
+        "KV blocks in the pool, block 0 (the null block) included; small values force "
+        "evictions and preemptions (default: max-num-seqs x the context's blocks + 1)")
     parser.add_argument("--shared-prefix", type=int, default=0,
                         help="tokens of the first prompt put in front of every prompt, a "
                              "system prompt they share (default: %(default)s)")
     parser.add_argument("--no-prefix-caching", action="store_true",
                         help="turn the prefix cache off (S12's engine)")
     args = parser.parse_args(argv)
-    params = s10.check_scheduler_arguments(parser, args)
-    if args.kv_capacity is not None:
-        parser.error("--kv-capacity counts tokens; the paged engine's capacity is "
-                     "--num-blocks blocks of --block-size tokens")
-    if args.block_size < 1 or (args.num_blocks is not None and args.num_blocks < 2):
-        parser.error("--block-size must be >= 1 and --num-blocks >= 2 (block 0 is the null "
-                     "block)")
+    params, budget = s12.check_paged_arguments(parser, args)
     if args.shared_prefix < 0:
         parser.error(f"--shared-prefix must be >= 0 (got {args.shared_prefix})")
-    budget = (max(16, args.max_num_seqs) if args.max_num_batched_tokens is None
-              else args.max_num_batched_tokens)
     try:
         model, tokenizer, max_context, prompts, priorities = s10.load_workload(args)
         prompts = shared_prefix_prompts(tokenizer, prompts, args.shared_prefix)

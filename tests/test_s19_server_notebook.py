@@ -134,7 +134,7 @@ def test_the_chapter_quotes_the_committed_benchmark():
     bench = json.loads(BENCH_JSON.read_text())
     text = CHAPTER.read_text()
     prose = _paragraph(text, "The ratios, server over in process")
-    caption = _paragraph(text, "The benchmark, `python benchmarks/bench_s19_server.py`")
+    caption = _paragraph(text, "The benchmark, `python benchmarks/bench_s19_server.py --out")
     levels = [r["concurrency"] for r in bench["ratios"]]
     ratios = {r["concurrency"]: r for r in bench["ratios"]}
     assert levels == bench["config"]["concurrency"]
