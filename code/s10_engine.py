@@ -363,10 +363,12 @@ def _preempted(n: int) -> str:
 
 
 def add_scheduler_arguments(parser: argparse.ArgumentParser, budget_help: str,
-                            invariant_help: str) -> None:
+                            invariant_help: str, token_capacity: bool = True) -> None:
     """S08's request flags and the scheduler's (arrivals, seats, context, token budget, KV
-    capacity, policy, priorities, batch-invariant mode), shared by S10's and S11's scripts;
-    budget_help / invariant_help: each chapter's own words for its budget and its exact mode."""
+    capacity, policy, priorities, batch-invariant mode), shared by S10's to S13's scripts;
+    budget_help / invariant_help: each chapter's own words for its budget and its exact mode.
+    token_capacity=False (the paged engines, whose pool is counted in blocks): --kv-capacity
+    is still parsed, so the script can refuse it with a pointer, but not listed in --help."""
     s08.add_request_arguments(parser)
     parser.add_argument("--arrival-every", type=int, default=1,
                         help="steps between two arrivals; 0 = all at once (default: "
@@ -379,7 +381,8 @@ def add_scheduler_arguments(parser: argparse.ArgumentParser, budget_help: str,
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help=budget_help)
     parser.add_argument("--kv-capacity", type=int, default=None,
                         help="KV token positions in all; small values force preemptions "
-                             "(default: max-num-seqs x the context, none)")
+                             "(default: max-num-seqs x the context, none)"
+                        if token_capacity else argparse.SUPPRESS)
     parser.add_argument("--policy", default="fcfs", choices=POLICIES,
                         help="scheduling policy (default: %(default)s)")
     parser.add_argument("--priorities", type=priority_list, default=None,

@@ -410,10 +410,7 @@ def add_paged_arguments(parser: argparse.ArgumentParser, batch_invariant_help: s
     --block-size and --num-blocks."""
     s10.add_scheduler_arguments(
         parser, "most tokens per step, from max-num-seqs up; a longer prompt is chunked "
-                "(default: max(16, max-num-seqs))", batch_invariant_help)
-    for action in parser._actions:       # S10's token capacity: refused here, so not listed
-        if action.dest == "kv_capacity":
-            action.help = argparse.SUPPRESS
+                "(default: max(16, max-num-seqs))", batch_invariant_help, token_capacity=False)
     parser.add_argument("--long-prefill-token-threshold", type=int, default=0,
                         help="most tokens one request computes in a step, 0 = only the "
                              "budget limits it (default: %(default)s)")
