@@ -1,6 +1,8 @@
 """Test helpers shared by the engine tests: a runner that records what the engine asked of it,
 plugged in through the engine's `runner_class` seam (S05, S06), a way to drive several streams
-of one engine in turn, and the per-prompt oracles of a tiny random model (S09-S11)."""
+of one engine in turn, the per-prompt oracles of a tiny random model (S09-S11), and an
+engine whose one request gets NaN logits and one that keeps the sampled rows' logits
+(S11, S12)."""
 
 
 def counting_engine(engine_class):
@@ -65,3 +67,45 @@ def tiny_references(name: str, directory, prompts, context: int, max_new_tokens:
                               do_sample=False, eos_token_id=EOS_UNUSED, pad_token_id=PAD)
         references[i] = (s05_engine.generate(id_text(ids), params), out[0, len(ids):].tolist())
     return hf, model, references
+
+
+def nan_for(engine_class):
+    """A subclass of a chunking engine (S11 on) that gives request `engine.bad`'s sampled row
+    NaN logits from its second token on, through the `execute_model` seam (rows in batch
+    order, as `_forward_step` reads them)."""
+
+    class NaNFor(engine_class):
+        bad = None
+
+        def execute_model(self, batch):
+            logits = super().execute_model(batch)
+            out = self.scheduler_output
+            rows = sorted((self.requests[r] for r in out.num_scheduled_tokens),
+                          key=lambda s: s.slot)
+            for i, seq in enumerate(rows):
+                if (seq.request_id == self.bad and seq.output_ids
+                        and seq.request_id in out.sample_ids):
+                    logits = logits.clone()
+                    logits[i] = float("nan")
+            return logits
+
+    return NaNFor
+
+
+class SampledLogits:
+    """A mixin for a chunking engine (S11 on) that keeps a copy of the logits of every row
+    that sampled, per request, in `engine.logits`, through the `execute_model` seam (rows in
+    batch order, as `_forward_step` reads them)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.logits: dict[str, list] = {}
+
+    def execute_model(self, batch):
+        logits = super().execute_model(batch)
+        out = self.scheduler_output
+        rows = sorted((self.requests[r] for r in out.num_scheduled_tokens), key=lambda s: s.slot)
+        for i, seq in enumerate(rows):
+            if seq.request_id in out.sample_ids:
+                self.logits.setdefault(seq.request_id, []).append(logits[i].clone())
+        return logits

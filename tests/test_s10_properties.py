@@ -21,6 +21,41 @@ from test_s10_scheduler import FakeModel, Req, alone, check_invariants
 MAX_MODEL_LEN = 24
 
 
+def abort_drawn(machine, data) -> str:
+    """The `abort` rule of the fake-model machines (S10-S12): abort a drawn id among those
+    added; the scheduler says it held it exactly when it was queued. Returns the id."""
+    rid = str(data.draw(st.integers(0, machine.count - 1)))
+    held = any(r.request_id == rid for r in (*machine.s.running, *machine.s.waiting))
+    assert machine.s.abort(rid) is held
+    if held:
+        machine.aborted.add(rid)
+        machine.model.ended[rid] = "abort"
+    return rid
+
+
+def drain(machine, work: int) -> None:
+    """Step the machine until its scheduler has nothing unfinished, in at most `work` steps."""
+    steps = 0
+    while machine.s.has_unfinished_requests():
+        machine.step()
+        steps += 1
+        assert steps <= work, "the scheduler does not drain within the work it has"
+
+
+def check_outputs_alone(machine, max_model_len: int) -> None:
+    """After `drain`: every request not aborted has exactly the fake model's tokens for it
+    alone, as many as its max_tokens, its context or the capacity allow, and the finish
+    reason that says which; an aborted one has a prefix of them."""
+    for rid, req in machine.model.by_id.items():
+        want = alone(len(req.prompt_ids), req.max_tokens, max_model_len)
+        if rid in machine.aborted:
+            assert req.output_ids == want[:len(req.output_ids)]
+            continue
+        room = machine.s.kv_capacity - len(req.prompt_ids) + 1
+        assert req.output_ids == want[:min(len(want), room)], rid
+        assert machine.model.ended[rid] == ("length" if room < len(want) else "stop")
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 16),
                 capacity=st.integers(1, 60), policy=st.sampled_from(POLICIES))
@@ -54,12 +89,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.count > 0)
     @rule(data=st.data())
     def abort(self, data):
-        rid = str(data.draw(st.integers(0, self.count - 1)))
-        held = any(r.request_id == rid for r in (*self.s.running, *self.s.waiting))
-        assert self.s.abort(rid) is held
-        if held:
-            self.aborted.add(rid)
-            self.model.ended[rid] = "abort"
+        abort_drawn(self, data)
 
     @rule()
     def step(self):
@@ -91,20 +121,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "model"):
             return
         work = sum(r.max_tokens + 1 for r in self.model.by_id.values())
-        steps = 0
-        while self.s.has_unfinished_requests():
-            self.step()
-            steps += 1
-            assert steps <= work, "the scheduler does not drain within the work it has"
+        drain(self, work)
         assert self.s.kv.num_free_tokens == self.s.kv_capacity and not self.s.kv.held
-        for rid, req in self.model.by_id.items():
-            want = alone(len(req.prompt_ids), req.max_tokens, MAX_MODEL_LEN)
-            if rid in self.aborted:
-                assert req.output_ids == want[:len(req.output_ids)]
-                continue
-            room = self.s.kv_capacity - len(req.prompt_ids) + 1
-            assert req.output_ids == want[:min(len(want), room)], rid
-            assert self.model.ended[rid] == ("length" if room < len(want) else "stop")
+        check_outputs_alone(self, MAX_MODEL_LEN)
 
 
 SchedulerMachine.TestCase.settings = settings(

@@ -41,7 +41,7 @@ import s08_static_batching as s08
 import s10_engine as s10
 from s11_chunked_prefill import (DECODE, PREFILL, ChunkedScheduler, LLMEngine, StepRecord,
                                  format_chunk_table, main)
-from engine_testing import id_text, tiny_references
+from engine_testing import SampledLogits, id_text, nan_for, tiny_references
 from test_s03_transformer import V, IdTokenizer
 from test_s10_scheduler import FakeModel, Req
 
@@ -75,22 +75,8 @@ def tiny(request, tmp_path_factory):
     return request.param, hf, model, references
 
 
-class Recording(LLMEngine):
-    """Keeps a copy of the logits of every row that sampled, per request, through the
-    `execute_model` seam (rows in batch order, as `_forward_step` reads them)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.logits: dict[str, list[torch.Tensor]] = {}
-
-    def execute_model(self, batch):
-        logits = super().execute_model(batch)
-        out = self.scheduler_output
-        rows = sorted((self.requests[r] for r in out.num_scheduled_tokens), key=lambda s: s.slot)
-        for i, seq in enumerate(rows):
-            if seq.request_id in out.sample_ids:
-                self.logits.setdefault(seq.request_id, []).append(logits[i].clone())
-        return logits
+class Recording(SampledLogits, LLMEngine):
+    """Keeps a copy of the logits of every row that sampled, per request."""
 
 
 def drive(engine, requests, arrivals, aborts=None, check=None):
@@ -485,20 +471,7 @@ def test_g1_a_prompt_longer_than_the_capacity_is_refused_though_it_could_be_chun
         s10.LLMEngine(model, IdTokenizer(), CONTEXT, 2, max_num_batched_tokens=8)
 
 
-class NaNFor(LLMEngine):
-    """Gives request `bad`'s sampled row NaN logits from its second token on."""
-
-    bad = None
-
-    def execute_model(self, batch):
-        logits = super().execute_model(batch)
-        out = self.scheduler_output
-        rows = sorted((self.requests[r] for r in out.num_scheduled_tokens), key=lambda s: s.slot)
-        for i, seq in enumerate(rows):
-            if seq.request_id == self.bad and seq.output_ids and seq.request_id in out.sample_ids:
-                logits = logits.clone()
-                logits[i] = float("nan")
-        return logits
+NaNFor = nan_for(LLMEngine)   # request `bad`: NaN logits from its second token on
 
 
 def test_a_failed_step_mid_chunk_gives_back_the_chunks_kv_and_the_engine_goes_on(tiny):

@@ -34,7 +34,8 @@ import s06_torch as s06
 from s10_scheduler import POLICIES
 from s11_chunked_prefill import DECODE, PREFILL, ChunkedScheduler, LLMEngine
 from test_s03_transformer import V, IdTokenizer, build_tiny
-from test_s10_scheduler import FakeModel, Req, alone, check_invariants
+from test_s10_properties import abort_drawn, check_outputs_alone, drain
+from test_s10_scheduler import FakeModel, Req, check_invariants
 
 MAX_MODEL_LEN = 24
 
@@ -68,12 +69,7 @@ class ChunkedMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.count > 0)
     @rule(data=st.data())
     def abort(self, data):
-        rid = str(data.draw(st.integers(0, self.count - 1)))
-        held = any(r.request_id == rid for r in (*self.s.running, *self.s.waiting))
-        assert self.s.abort(rid) is held
-        if held:
-            self.aborted.add(rid)
-            self.model.ended[rid] = "abort"
+        abort_drawn(self, data)
 
     @rule()
     def step(self):
@@ -115,20 +111,9 @@ class ChunkedMachine(RuleBasedStateMachine):
         if not hasattr(self, "model"):
             return
         work = sum(len(r.prompt_ids) + r.max_tokens + 1 for r in self.model.by_id.values())
-        steps = 0
-        while self.s.has_unfinished_requests():
-            self.step()
-            steps += 1
-            assert steps <= work, "the scheduler does not drain within the work it has"
+        drain(self, work)
         assert self.s.kv.num_free_tokens == self.s.kv_capacity and not self.s.kv.held
-        for rid, req in self.model.by_id.items():
-            want = alone(len(req.prompt_ids), req.max_tokens, MAX_MODEL_LEN)
-            if rid in self.aborted:
-                assert req.output_ids == want[:len(req.output_ids)]
-                continue
-            room = self.s.kv_capacity - len(req.prompt_ids) + 1
-            assert req.output_ids == want[:min(len(want), room)], rid
-            assert self.model.ended[rid] == ("length" if room < len(want) else "stop")
+        check_outputs_alone(self, MAX_MODEL_LEN)
 
 
 ChunkedMachine.TestCase.settings = settings(

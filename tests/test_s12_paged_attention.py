@@ -19,7 +19,7 @@ import torch
 
 import s04_sampling as s04
 import s11_chunked_prefill as s11
-from engine_testing import id_text, tiny_references
+from engine_testing import SampledLogits, id_text, nan_for, tiny_references
 import s12_engine
 from s12_engine import LLMEngine, PagedKVCache, format_block_table, main
 from s12_paged_attention import (MAX_NUM_BLOCKS, NULL_BLOCK_ID, BlockPool, BlockPoolError,
@@ -223,28 +223,11 @@ def test_paged_cache_writes_by_slot_and_gathers_by_block_table():
 
 # --- the engine against S11, S05 and HF ---------------------------------------------------------
 
-class Recording:
-    """A mixin keeping every sampled row's logits per request (the `execute_model` seam)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.logits: dict[str, list[torch.Tensor]] = {}
-
-    def execute_model(self, batch):
-        logits = super().execute_model(batch)
-        out = self.scheduler_output
-        rows = sorted((self.requests[r] for r in out.num_scheduled_tokens), key=lambda s: s.slot)
-        for i, seq in enumerate(rows):
-            if seq.request_id in out.sample_ids:
-                self.logits.setdefault(seq.request_id, []).append(logits[i].clone())
-        return logits
-
-
-class PagedRecording(Recording, LLMEngine):
+class PagedRecording(SampledLogits, LLMEngine):
     pass
 
 
-class ContiguousRecording(Recording, s11.LLMEngine):
+class ContiguousRecording(SampledLogits, s11.LLMEngine):
     pass
 
 
@@ -392,20 +375,7 @@ def test_g5_everything_free_after_aborts_while_waiting_running_and_mid_chunk(tin
     assert not ran["3"]                                                 # aborted waiting
 
 
-class NaNFor(LLMEngine):
-    """Gives request `bad`'s sampled row NaN logits from its second token on (S09-S11's)."""
-
-    bad = None
-
-    def execute_model(self, batch):
-        logits = super().execute_model(batch)
-        out = self.scheduler_output
-        rows = sorted((self.requests[r] for r in out.num_scheduled_tokens), key=lambda s: s.slot)
-        for i, seq in enumerate(rows):
-            if seq.request_id == self.bad and seq.output_ids and seq.request_id in out.sample_ids:
-                logits = logits.clone()
-                logits[i] = float("nan")
-        return logits
+NaNFor = nan_for(LLMEngine)   # request `bad`: NaN logits from its second token on
 
 
 @pytest.mark.parametrize("block_size", [1, 4])

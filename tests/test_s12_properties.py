@@ -28,7 +28,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from s10_scheduler import POLICIES
 from s12_paged_attention import NULL_BLOCK_ID, KVCacheManager, PagedScheduler, slot_mapping
-from test_s10_scheduler import FakeModel, Req, alone, check_invariants, next_token
+from test_s10_properties import abort_drawn, check_outputs_alone, drain
+from test_s10_scheduler import FakeModel, Req, check_invariants, next_token
 
 MAX_MODEL_LEN = 24
 
@@ -242,12 +243,7 @@ class PagedSchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.count > 0)
     @rule(data=st.data())
     def abort(self, data):
-        rid = str(data.draw(st.integers(0, self.count - 1)))
-        held = any(r.request_id == rid for r in (*self.s.running, *self.s.waiting))
-        assert self.s.abort(rid) is held
-        if held:
-            self.aborted.add(rid)
-            self.model.ended[rid] = "abort"
+        rid = abort_drawn(self, data)
         assert not self.s.kv.block_table(rid)
 
     @rule()
@@ -276,20 +272,9 @@ class PagedSchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "model"):
             return
         work = sum(len(r.prompt_ids) + r.max_tokens + 1 for r in self.model.by_id.values())
-        steps = 0
-        while self.s.has_unfinished_requests():
-            self.step()
-            steps += 1
-            assert steps <= work, "the scheduler does not drain within the work it has"
+        drain(self, work)
         assert self.s.kv.num_free_blocks == self.s.num_blocks - 1 and not self.s.kv.req_blocks
-        for rid, req in self.model.by_id.items():
-            want = alone(len(req.prompt_ids), req.max_tokens, MAX_MODEL_LEN)
-            if rid in self.aborted:
-                assert req.output_ids == want[:len(req.output_ids)]
-                continue
-            room = self.s.kv_capacity - len(req.prompt_ids) + 1
-            assert req.output_ids == want[:min(len(want), room)], rid
-            assert self.model.ended[rid] == ("length" if room < len(want) else "stop")
+        check_outputs_alone(self, MAX_MODEL_LEN)
 
 
 PagedSchedulerMachine.TestCase.settings = settings(
