@@ -28,9 +28,9 @@ A benchmark, not a test: it prints, never asserts speed. What runs:
   S07's chat range, 16 to 64), one static batch per B: token slots computed, of which useful,
   padding and finished-idle, and the idle share of decode row-steps (a continuous batch, S09,
   would not compute those rows).
-  Batch variance (bundled model): `measure_batch_variance`, the fast mode against the
-  batch-invariant reference per B: the largest logit difference, the smallest top-2 gap, and
-  whether any greedy token flipped.
+  Batch variance (bundled model): `measure_batch_variance` (code/s08_batch_variance.py), the
+  fast mode against the batch-invariant reference per B: the largest logit difference, the
+  smallest top-2 gap, and whether any greedy token flipped.
 
 The CPU is shared with other jobs: the load average before and after is printed; compare rows
 of one run.
@@ -55,6 +55,8 @@ import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
 import s07_workloads  # noqa: E402
+import s08_batch_variance  # noqa: E402
+import s08_cli  # noqa: E402
 import s08_static_batching as s08  # noqa: E402
 
 # Qwen/Qwen3-0.6B config.json (published values; only the shape matters here), and the shape
@@ -246,6 +248,7 @@ def main(argv=None) -> None:
                         help="bundled model only, B in 1,8,32,64, 32 tokens, 1 repeat")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    s08_cli.check_common_arguments(parser, args)   # --threads, --seed, --device
     if args.quick:
         args.shapes, args.batch_sizes, args.max_tokens, args.repeats = "bundled", "1,8,32,64", 32, 1
     torch.set_num_threads(args.threads)
@@ -267,8 +270,9 @@ def main(argv=None) -> None:
             texts = [as_text(tokenizer, p) for p in prompts]
             print("\n== batch variance: fast mode vs the batch-invariant reference, greedy, "
                   "16 tokens per request ==")
-            table = s08.measure_batch_variance(ours, tokenizer, texts, batch_sizes, 16)
-            print(s08.format_variance_table(table))
+            table = s08_batch_variance.measure_batch_variance(ours, tokenizer, texts,
+                                                              batch_sizes, 16)
+            print(s08_batch_variance.format_variance_table(table))
             print(f"(tolerance of the rule: {table[0].tolerance:g}; a flip needs a top-2 gap "
                   "under twice the largest difference)")
             report[shape]["variance"] = [vars(r) | {"can_flip": r.can_flip} for r in table]

@@ -91,29 +91,44 @@ def is_finite(x) -> bool:
         return False
 
 
+class ParameterError(ValueError):
+    """A value that breaks a rule of a request or a configuration. The message names the rule;
+    `parameter` names the field it is about (None when no one field is to blame) and `value` is
+    what was given, so a caller maps the error without reading its text (S19's server answers
+    400 with OpenAI's "param" from it). It is a ValueError, so `except ValueError` still catches
+    it. vLLM's `VLLMValidationError(message, parameter=..., value=...)` (vllm/exceptions.py)."""
+
+    def __init__(self, message: str, parameter: str | None = None, value=None):
+        super().__init__(message)
+        self.parameter, self.value = parameter, value
+
+    def __reduce__(self):   # picklable with its fields (an error may cross a process boundary)
+        return type(self), (str(self), self.parameter, self.value)
+
+
 def check_text(text: str, name: str = "text") -> None:
-    """Raise ValueError unless `text` is a str that UTF-8 can encode.
+    """Raise ParameterError (parameter `name`) unless `text` is a str that UTF-8 can encode.
 
     A Python str may hold a lone surrogate (U+D800-U+DFFF), e.g. from `"\\ud800"` or from
     command-line bytes that were not UTF-8 (Python maps them to U+DC80-U+DCFF, PEP 383). Such a
     string is not valid Unicode and has no UTF-8 bytes, so no tokenizer can encode it.
     """
     if not isinstance(text, str):
-        raise ValueError(f"{name} must be a str (got {type(text).__name__})")
+        raise ParameterError(f"{name} must be a str (got {type(text).__name__})", name, text)
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as err:
-            raise ValueError(f"{name} must be valid Unicode without lone surrogates: "
-                             f"{text[err.start]!r} at index {err.start} has no UTF-8 "
-                             "encoding") from None
+            raise ParameterError(f"{name} must be valid Unicode without lone surrogates: "
+                                 f"{text[err.start]!r} at index {err.start} has no UTF-8 "
+                                 "encoding", name) from None
 
 
 def check_seed(seed) -> None:
-    """Raise ValueError unless seed is None or an integer >= 0 (what `np.random.default_rng`
-    takes; a bool is not a seed)."""
+    """Raise ParameterError unless seed is None or an integer >= 0 (what
+    `np.random.default_rng` takes; a bool is not a seed)."""
     if seed is not None and (not is_int(seed) or seed < 0):
-        raise ValueError(f"seed must be None or an integer >= 0 (got {seed!r})")
+        raise ParameterError(f"seed must be None or an integer >= 0 (got {seed!r})", "seed", seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,13 +330,15 @@ def build_default(max_vocab: int = 4096,
 # ---------------------------------------------------------------------------------------------
 
 def check_temperature(temperature) -> None:
-    """Raise ValueError unless temperature is a finite int or float (NumPy's too) >= 0.
+    """Raise ParameterError unless temperature is a finite int or float (NumPy's too) >= 0.
     A bool is not a temperature: True would silently mean 1."""
     if not is_real(temperature):
-        raise ValueError(f"temperature must be a finite number >= 0 (an int or a float, not a "
-                         f"{type(temperature).__name__}; got {temperature!r})")
+        raise ParameterError(f"temperature must be a finite number >= 0 (an int or a float, "
+                             f"not a {type(temperature).__name__}; got {temperature!r})",
+                             "temperature", temperature)
     if not is_finite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (got {temperature!r})")
+        raise ParameterError(f"temperature must be a finite number >= 0 (got {temperature!r})",
+                             "temperature", temperature)
 
 
 def sample(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
@@ -389,7 +406,7 @@ class GenerationParams:
     seed        None or an int >= 0: the request's own random stream.
     ignore_eos  bool: keep generating after EOS (benchmarks use it to fix the work per request).
 
-    Raises ValueError naming the field and its rule. Bools are not numbers here.
+    Raises ParameterError naming the field and its rule. Bools are not numbers here.
     """
 
     max_tokens: int = 16
@@ -399,11 +416,13 @@ class GenerationParams:
 
     def __post_init__(self) -> None:
         if not is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1 (got {self.max_tokens!r})")
+            raise ParameterError(f"max_tokens must be an integer >= 1 (got {self.max_tokens!r})",
+                                 "max_tokens", self.max_tokens)
         check_temperature(self.temperature)
         check_seed(self.seed)
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
-            raise ValueError(f"ignore_eos must be a bool (got {self.ignore_eos!r})")
+            raise ParameterError(f"ignore_eos must be a bool (got {self.ignore_eos!r})",
+                                 "ignore_eos", self.ignore_eos)
 
 
 @dataclass
@@ -494,7 +513,8 @@ class RequestOutput:
     new_token_ids: the ids generated in this step (one per step in Part I). text_delta: the
     text that became safe to show in this step (may be ""; the deltas of a request joined are
     its final text). finished / finish_reason / stop_reason: as in `Completion`, set on the
-    request's last output.
+    request's last output. logprobs: the new tokens' entries of the request's logprobs (S04's
+    `TokenLogprobs`, one per id in new_token_ids) when it asked for them, else None.
     """
 
     request_id: str
@@ -503,6 +523,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    logprobs: list | None = None
 
 
 @dataclass
@@ -725,16 +746,17 @@ class Engine:
     def make_params(self, max_tokens=16, temperature=None, seed=None, **options):
         """The request's params from the call's arguments: a params object passed in the place
         of max_tokens (converted to this engine's `params_class` when it is another chapter's),
-        or the fields as keywords. Raises ValueError for an unknown option, for keywords next to
+        or the fields as keywords. Raises ParameterError for an unknown option, for keywords next to
         a params object, and for a later chapter's params whose extra fields this engine would
         ignore (S04's top_p given to S01's engine)."""
         if not isinstance(max_tokens, GenerationParams) and not is_int(max_tokens):
-            raise ValueError(f"max_tokens must be an integer >= 1, or a params object "
-                             f"({self.params_class.__name__}) in its place (got {max_tokens!r})")
+            raise ParameterError(f"max_tokens must be an integer >= 1, or a params object "
+                                 f"({self.params_class.__name__}) in its place (got "
+                                 f"{max_tokens!r})", "max_tokens", max_tokens)
         if isinstance(max_tokens, GenerationParams):
             params = max_tokens
             if temperature is not None or seed is not None or options:
-                raise ValueError("pass either a params object or keyword fields, not both")
+                raise ParameterError("pass either a params object or keyword fields, not both")
             if type(params) is self.params_class:
                 return params
             # Another chapter's params: keep what this engine implements. A field it does not
@@ -743,37 +765,52 @@ class Engine:
             ignored = sorted(f.name for f in dataclass_fields(params)
                              if f.name not in known and getattr(params, f.name) != f.default)
             if ignored:
-                raise ValueError(f"this engine does not implement {ignored} (fields of "
-                                 f"{type(params).__name__}): use the engine of the chapter "
-                                 "that does, or leave them at their defaults")
+                raise ParameterError(f"this engine does not implement {ignored} (fields of "
+                                     f"{type(params).__name__}): use the engine of the chapter "
+                                     "that does, or leave them at their defaults", ignored[0])
             return self.params_class(**{f.name: getattr(params, f.name)
                                         for f in dataclass_fields(params) if f.name in known})
         known = {f.name for f in dataclass_fields(self.params_class)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise ValueError(f"unknown option(s) {unknown}: this engine takes "
-                             f"{sorted(known - {'max_tokens', 'temperature', 'seed'})}")
+            raise ParameterError(f"unknown option(s) {unknown}: this engine takes "
+                                 f"{sorted(known - {'max_tokens', 'temperature', 'seed'})}",
+                                 unknown[0])
         return self.params_class(max_tokens=max_tokens,
                                  temperature=0.0 if temperature is None else temperature,
                                  seed=seed, **options)
 
-    def check_prompt(self, prompt: str) -> list[int]:
-        """The prompt's token ids. Raises ValueError naming the rule: prompt must be a non-empty
-        str of valid Unicode (see `check_text`) that encodes to at least one token (whether
-        whitespace is a token is the tokenizer's business: S01's "\\n" is one, "   " encodes
-        to nothing), and no longer than max_context tokens (no silent truncation)."""
-        if not isinstance(prompt, str) or not prompt:
-            got = "''" if isinstance(prompt, str) else f"a {type(prompt).__name__}"
-            raise ValueError(f"prompt must be a non-empty string (got {got})")
-        check_text(prompt, "prompt")
-        prompt_ids = list(self.tokenizer.encode(prompt))
-        if not prompt_ids:
-            raise ValueError("prompt must contain at least one token (the tokenizer encodes "
-                             "it to none)")
+    def check_prompt(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's token ids. A prompt is a non-empty str of valid Unicode (see
+        `check_text`) that encodes to at least one token (whether whitespace is a token is the
+        tokenizer's business: S01's "\\n" is one, "   " encodes to nothing), or a non-empty
+        list of token ids (S09's `add_request` takes both). Either way every id must lie in
+        [0, V) of the model (a tokenizer may know more ids than the model has rows) and there
+        may be at most max_context of them (no silent truncation). Raises ParameterError
+        (parameter "prompt") naming the rule."""
+        ids = isinstance(prompt, (list, tuple)) and all(is_int(i) for i in prompt)
+        if not prompt or not (ids or isinstance(prompt, str)):
+            got = (repr(prompt) if isinstance(prompt, (str, list, tuple)) and not prompt
+                   else f"a {type(prompt).__name__}")
+            raise ParameterError(f"prompt must be a non-empty string or a non-empty list of "
+                                 f"token ids (got {got})", "prompt")
+        if ids:
+            prompt_ids = [int(i) for i in prompt]
+        else:
+            check_text(prompt, "prompt")
+            prompt_ids = list(self.tokenizer.encode(prompt))
+            if not prompt_ids:
+                raise ParameterError("prompt must contain at least one token (the tokenizer "
+                                     "encodes it to none)", "prompt")
         if len(prompt_ids) > self.max_context:
-            raise ValueError(
+            raise ParameterError(
                 f"prompt is {len(prompt_ids)} tokens but max_context is {self.max_context}; "
-                "shorten the prompt (it is never truncated silently)")
+                "shorten the prompt (it is never truncated silently)", "prompt")
+        vocab = self.model.vocab_size
+        bad = next((i for i in prompt_ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise ParameterError(f"prompt token ids must lie in [0, V={vocab}) (got {bad})",
+                                 "prompt")
         return prompt_ids
 
     def add_request(self, prompt: str, params: GenerationParams) -> Sequence:
@@ -790,8 +827,13 @@ class Engine:
         """A new request's state (S02 adds a stop matcher, S04 stop tokens and logprobs)."""
         return Sequence(request_id, prompt_ids, params,
                         eos_ids=frozenset() if params.ignore_eos else self.eos_ids,
-                        generator=np.random.default_rng(params.seed),
+                        generator=self.make_generator(params),
                         detokenizer=self.make_detokenizer())
+
+    def make_generator(self, params: GenerationParams):
+        """The request's own random stream: NumPy's, seeded by params.seed (S06 draws on the
+        device with a torch.Generator of its sampler instead, and keeps none here)."""
+        return np.random.default_rng(params.seed)
 
     def postprocess(self, seq: Sequence, token: int) -> RequestOutput:
         """After a token is sampled: append it, turn it into text, apply the stop rules.
@@ -807,14 +849,22 @@ class Engine:
         delta += self.finish_if_stopped(seq)
         seq.text.append(delta)
         return RequestOutput(seq.request_id, [token], delta, seq.finished, seq.finish_reason,
-                             seq.stop_reason)
+                             seq.stop_reason, None if seq.logprobs is None else seq.logprobs[-1:])
 
     def finish_if_stopped(self, seq: Sequence) -> str:
         """Apply `stop_rule`; if it fires, finish the request and return its held-back text."""
         stop = stop_rule(seq, self.max_context)
         if stop is None:
             return ""
-        seq.finish_reason, seq.stop_reason = stop
+        return self.finish(seq, *stop)
+
+    def finish(self, seq: Sequence, finish_reason: str, stop_reason: int | str | None = None
+               ) -> str:
+        """End the request with this reason and return the text it still held back (the
+        detokenizer's and the stop matcher's), which may complete a stop string: then the
+        request ends as that stop ("stop", the string). The one place a request ends with its
+        text released (`stop_rule`'s ends; from S10 on also the scheduler's "length" end)."""
+        seq.finish_reason, seq.stop_reason = finish_reason, stop_reason
         if seq.matched_stop_string is not None:
             return ""                          # text after a stop string is never shown
         tail = self.end_text(seq)

@@ -70,7 +70,7 @@ from typing import Iterable, Sequence
 import regex
 
 import s01_generation_loop as s01
-from s01_generation_loop import check_text
+from s01_generation_loop import ParameterError, check_text
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS_PATH = ROOT / "data" / "shakespeare.txt"
@@ -702,24 +702,28 @@ MAX_STOP = 4096   # stop strings per request; far above any API's (OpenAI allows
 
 def normalize_stop(stop: Iterable[str] | str | None) -> tuple[str, ...]:
     """Stop strings as a tuple: one str, any iterable of str (read once), or None (none).
-    Raises ValueError for a stop string that is empty, not a str or not valid Unicode (a lone
-    surrogate could never match decoded text), and for bytes, a number or a dict."""
+    Raises ParameterError (parameter "stop") for a stop string that is empty, not a str or not
+    valid Unicode (a lone surrogate could never match decoded text), and for bytes, a number or
+    a dict."""
     if stop is None:             # JSON null from an API request: no stop strings
         return ()
     if isinstance(stop, str):
         stop = (stop,)
     elif isinstance(stop, (bytes, dict)) or not hasattr(stop, "__iter__"):
-        raise ValueError(f"stop must be a string, an iterable of strings or None "
-                         f"(got {stop!r})")
+        raise ParameterError(f"stop must be a string, an iterable of strings or None "
+                             f"(got {stop!r})", "stop")
     # Read once (validating must not use up a generator) and at most MAX_STOP + 1 items, so an
     # endless iterable is an error, not a hang.
     stop = tuple(itertools.islice(stop, MAX_STOP + 1))
     if len(stop) > MAX_STOP:
-        raise ValueError(f"stop may hold at most {MAX_STOP} stop strings")
+        raise ParameterError(f"stop may hold at most {MAX_STOP} stop strings", "stop")
     for s in stop:
         if not isinstance(s, str) or not s:
-            raise ValueError(f"stop strings must be non-empty strings (got {s!r})")
-        check_text(s, "stop strings")
+            raise ParameterError(f"stop strings must be non-empty strings (got {s!r})", "stop")
+        try:
+            check_text(s, "stop strings")
+        except ParameterError as err:
+            raise ParameterError(str(err), "stop") from None
     return stop
 
 

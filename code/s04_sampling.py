@@ -91,6 +91,7 @@ from typing import Sequence
 import numpy as np
 
 import s01_generation_loop as s01
+from s01_generation_loop import ParameterError
 import s02_tokenizer as s02
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +144,8 @@ class SamplingParams(s02.GenerationParams):
     logprobs            None, or n in [0, 20]: return the sampled token's logprob and the n
                         most likely tokens' logprobs at every step.
 
-    Raises ValueError naming the parameter and its allowed range for any other value.
+    Raises ParameterError naming the parameter (`.parameter`) and its allowed range for any
+    other value; numbers are stored as Python floats (so a huge int never reaches torch).
     `stop` and `stop_token_ids` are stored as tuples so the object stays hashable and frozen;
     any iterable is accepted and read once (a generator is materialised before it is checked).
     """
@@ -166,8 +168,11 @@ class SamplingParams(s02.GenerationParams):
             if not (low_ok and s01.is_finite(value) and value <= hi):
                 bracket = "(" if lo_open else "["
                 high = "inf)" if math.isinf(hi) else f"{hi:g}]"
-                raise ValueError(f"{name} must be a number in {bracket}{lo:g}, {high} "
-                                 f"(got {value!r})")
+                raise ParameterError(f"{name} must be a number in {bracket}{lo:g}, {high} "
+                                     f"(got {value!r})", name, value)
+            # Stored as a Python float: an int too large for a C long (10**20) would otherwise
+            # reach torch inside a step and fail there, for the whole batch.
+            object.__setattr__(self, name, float(value))
 
         real("temperature", 0.0, MAX_TEMPERATURE)
         real("top_p", 0.0, 1.0)
@@ -176,26 +181,30 @@ class SamplingParams(s02.GenerationParams):
         real("presence_penalty", -2.0, 2.0)
         real("frequency_penalty", -2.0, 2.0)
         if not s01.is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(f"top_k must be an int >= -1 (0 or -1 disables; got {self.top_k!r})")
+            raise ParameterError(f"top_k must be an int >= -1 (0 or -1 disables; got "
+                                 f"{self.top_k!r})", "top_k", self.top_k)
         if self.seed is not None and (not s01.is_int(self.seed) or not 0 <= self.seed < MAX_SEED):
-            raise ValueError(f"seed must be None or an int in [0, 2**63) (got {self.seed!r})")
+            raise ParameterError(f"seed must be None or an int in [0, 2**63) (got "
+                                 f"{self.seed!r})", "seed", self.seed)
         super().__post_init__()   # S01's max_tokens, ignore_eos and seed rules, S02's stop
         if not s01.is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}] "
-                             f"(got {self.min_tokens!r})")
+            raise ParameterError(f"min_tokens must be an int in [0, max_tokens="
+                                 f"{self.max_tokens}] (got {self.min_tokens!r})", "min_tokens",
+                                 self.min_tokens)
         ids = () if self.stop_token_ids is None else self.stop_token_ids
         ids = (tuple(itertools.islice(ids, MAX_STOP_TOKEN_IDS + 1))   # endless: error, no hang
                if hasattr(ids, "__iter__") and not isinstance(ids, (str, bytes, dict)) else None)
         if ids is not None and len(ids) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids")
+            raise ParameterError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids",
+                                 "stop_token_ids")
         if ids is None or not all(s01.is_int(i) and i >= 0 for i in ids):
-            raise ValueError(f"stop_token_ids must be a sequence of ints >= 0 "
-                             f"(got {self.stop_token_ids!r})")
+            raise ParameterError(f"stop_token_ids must be a sequence of ints >= 0 "
+                                 f"(got {self.stop_token_ids!r})", "stop_token_ids")
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
         if self.logprobs is not None and (not s01.is_int(self.logprobs)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}] "
-                             f"(got {self.logprobs!r})")
+            raise ParameterError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}] "
+                                 f"(got {self.logprobs!r})", "logprobs", self.logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -526,9 +535,10 @@ class Engine(s02.Engine):
 
     def make_sequence(self, request_id, prompt_ids, params: SamplingParams) -> s01.Sequence:
         """S02's request state, plus stop token ids and a logprobs list when asked for.
-        Raises ValueError for a stop token id outside [0, V)."""
+        Raises ParameterError for a stop token id outside [0, V)."""
         if any(i >= self.model.vocab_size for i in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must lie in [0, V={self.model.vocab_size})")
+            raise ParameterError(f"stop_token_ids must lie in [0, V={self.model.vocab_size})",
+                                 "stop_token_ids")
         seq = super().make_sequence(request_id, prompt_ids, params)
         seq.stop_token_ids = frozenset(params.stop_token_ids)
         seq.logprobs = [] if params.logprobs is not None else None

@@ -178,6 +178,9 @@ BAD_ROW_ERRORS = {
     -2: "logits must not contain NaN or +inf",
     -3: "logits must have at least one finite entry (every token is ruled out)",
 }
+# The request parameter to blame for each flag, where the request's own parameters broke its
+# row (S19 answers those with a 400 naming the field); NaN or +inf from the model is no one's.
+BAD_ROW_PARAMETERS = {-1: "min_tokens", -4: "repetition_penalty", -5: "repetition_penalty"}
 
 
 class DeviceSampler:

@@ -688,6 +688,10 @@ class Engine(s05.Engine):
         super().__init__(model, tokenizer, max_context, logprobs_mode)
         self.sync_timing = sync_timing
 
+    def make_generator(self, params) -> None:
+        """None: the request's random stream is its `DeviceSampler`'s torch.Generator."""
+        return None
+
     @torch.inference_mode()
     def make_sequence(self, request_id, prompt_ids, params) -> s01.Sequence:
         seq = super().make_sequence(request_id, prompt_ids, params)

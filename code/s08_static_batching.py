@@ -38,9 +38,12 @@ What is new since S07
       blocking and kernels by shape). `batch_invariant=True` computes every row's products
       alone, with exactly the shapes the single-request S06 engine uses, so a row's logits are
       bitwise those of the request run alone; slow, it is the reference tests check the
-      batching logic against exactly. The fast mode is held to it by `follows_batch_rule`:
-      greedy tokens equal up to the first step where the reference's top-2 logit gap is under
-      `BATCH_TOLERANCE`. `measure_batch_variance` measures the largest logit difference per B.
+      batching logic against exactly. The sibling `s08_batch_variance.py` holds the fast mode
+      to it (`follows_batch_rule`: greedy tokens equal up to the first step where the
+      reference's top-2 logit gap is under `BATCH_TOLERANCE`) and measures the largest logit
+      difference per B (`measure_batch_variance`).
+    - The command line every Part II script shares (`add_request_arguments`, its checks, the
+      corpus prompts, the table helpers) is the sibling `s08_cli.py`.
 
 What it does not handle yet
     Requests that arrive while a batch runs: they wait for the whole batch (S09 schedules per
@@ -94,7 +97,6 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
@@ -102,20 +104,11 @@ import torch.nn.functional as F
 
 import s01_generation_loop as s01
 import s03_transformer as s03
-import s04_sampling as s04
 import s06_torch as s06
-from s06_sampler import BAD_ROW_ERRORS, compute_logprobs
+from s06_sampler import BAD_ROW_ERRORS, BAD_ROW_PARAMETERS, compute_logprobs
+from s08_cli import add_request_arguments, check_request_arguments, corpus_prompts, elide
 
 DEFAULT_MAX_BATCH_SIZE = 32
-# The fast mode's rule against the batch-invariant reference (`follows_batch_rule`): a greedy
-# token may differ only from the first step where the reference's top-2 logit gap is below
-# this. float32, measured on the CPU with `measure_batch_variance` (greedy, 12-16 tokens per
-# request): the largest fast-vs-reference logit difference was 1.7e-5 on the bundled model
-# (B = 8 to 64, logits up to about 20 in size) and 2.0e-6 on the tiny random models of the
-# tests (B = 8 and 25, both attentions), so 1e-3 is over 50 times the most a logit moved.
-# bfloat16 / float16: S06's stated per-logit tolerances against float32, doubled (not
-# measured for batches here: no GPU on the machine this was written on).
-BATCH_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.2, torch.float16: 0.04}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,6 +200,20 @@ def batched_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = probs.view(batch, n_kv_heads, group * t_len, -1) @ v          # (B, Hkv, H/Hkv T, D)
     return out.view(batch, n_heads, t_len, head_dim)
+
+
+def embed(model: s06.TorchTransformer, ids: torch.Tensor, positions: torch.Tensor):
+    """S06's embedding for tokens at explicit positions: ids, positions int64 (N,). Returns
+    x (N, C) and the RoPE cos, sin (N, D) (None, None for GPT-2, which adds learned positions
+    instead). Raises ValueError for an id outside [0, V) (on the CPU, before anything is
+    cached; CUDA asserts on the device instead)."""
+    try:
+        x = F.embedding(ids, model.embed_tokens)                           # (N, C)
+    except IndexError as err:
+        raise ValueError(f"token id must be an integer in [0, V={model.vocab_size})") from err
+    if model.embed_positions is not None:
+        return x + model.embed_positions[positions], None, None
+    return x, model.cos[positions], model.sin[positions]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,18 +370,6 @@ class BatchRunner:
             return self._rows_alone(ids, positions, active)
         return self._batched(ids, positions)
 
-    def _embed(self, ids: torch.Tensor, positions: torch.Tensor):
-        """S06's embedding for tokens at explicit positions: ids, positions (N,). Returns
-        x (N, C) and the RoPE cos, sin (N, D) (None for GPT-2, which adds learned positions)."""
-        model = self.model
-        try:
-            x = F.embedding(ids, model.embed_tokens)                       # (N, C)
-        except IndexError as err:   # CPU only (CUDA asserts on the device): nothing cached yet
-            raise ValueError(f"token id must be an integer in [0, V={self.vocab_size})") from err
-        if model.embed_positions is not None:
-            return x + model.embed_positions[positions], None, None
-        return x, model.cos[positions], model.sin[positions]
-
     def _batched(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         model, cache = self.model, self.cache
         batch, t_len = ids.shape
@@ -388,7 +383,7 @@ class BatchRunner:
             allowed = None if self.unpadded else self.key_is_real[:, None, :end]   # (B, 1, S)
         if allowed is not None:   # once per step, not once per layer inside SDPA
             allowed = additive_mask(allowed, model.dtype)
-        x, cos, sin = self._embed(ids.reshape(-1), positions.reshape(-1))    # (N, C)
+        x, cos, sin = embed(model, ids.reshape(-1), positions.reshape(-1))         # (N, C)
         for layer, block in enumerate(model.blocks):
             q, k, v = block.qkv(x, cos, sin)           # q (H, N, D); k, v (Hkv, N, D)
             cache.write(layer, k.reshape(hkv, batch, t_len, d).transpose(0, 1),
@@ -413,7 +408,7 @@ class BatchRunner:
                 continue
             pad = self.pad_lens[row]
             first = max(start, pad)              # the row's first real column in this step
-            x, cos, sin = self._embed(ids[row, first - start:], positions[row, first - start:])
+            x, cos, sin = embed(model, ids[row, first - start:], positions[row, first - start:])
             for layer, block in enumerate(model.blocks):
                 q, k, v = block.qkv(x, cos, sin)   # q (H, T_row, D); k, v (Hkv, T_row, D)
                 cache.write(layer, k, v, rows=row, start=first)
@@ -520,13 +515,11 @@ class BatchStats:
 
 def format_waste_table(stats: BatchStats, max_rows: int = 12) -> str:
     """The waste table as aligned text: every step when there are at most max_rows, else the
-    first and last max_rows // 2 with '...' between; totals over all steps."""
+    first and last max_rows // 2 with '...' between (`elide`); totals over all steps. Raises
+    ValueError for max_rows that is not an integer >= 2."""
     lines = [f"{'step':>5} {'kind':<8} {'rows':>5} {'cols':>5} {'useful':>7} {'padding':>8} "
              f"{'idle':>6} {'masked keys':>12} {'model ms':>9}"]
-    steps = list(enumerate(stats.steps, start=1))
-    half = max_rows // 2
-    shown = steps if len(steps) <= max_rows else steps[:half] + [None] + steps[-half:]
-    for item in shown:
+    for item in elide(list(enumerate(stats.steps, start=1)), max_rows):
         if item is None:
             lines.append(f"{'...':>5}")
             continue
@@ -605,6 +598,17 @@ class BatchStream:
         if self._closed and not self.finished:
             raise ValueError("the batch was closed before it finished, so it has no result")
         return [s01.CompletionStream(iter(()), seq).result for seq in self._seqs]
+
+
+class RowsRefused(ValueError):
+    """`Engine.sample_batch` refused some rows (S04's rules: NaN or +inf logits, every token
+    ruled out, a penalty pushed past float32's range). errors: {row index: its
+    `ParameterError`, whose parameter names the request field to blame, or None when the
+    model's logits are}. The message is the first refused row's (plain greedy rows first)."""
+
+    def __init__(self, errors: dict[int, s01.ParameterError]):
+        super().__init__(str(next(iter(errors.values()))))
+        self.errors = errors
 
 
 class Engine(s06.Engine):
@@ -858,15 +862,14 @@ class Engine(s06.Engine):
 
         Plain greedy rows (`plain_greedy`) take one batched argmax; every other row runs its
         own S06 `DeviceSampler` (its own seeded generator, so its draws do not depend on its
-        batch mates). One device-to-host copy per step brings all B ids. A row S04 refuses
-        (NaN or +inf, no finite entry, ...) raises S04's ValueError, as S06 does. Every row
-        has drawn by then (the flag rides on that one copy), so a failed call puts each
-        generator back as it was (`get_state` before the draw, `set_state` on failure; both
-        on the host, no wait for the device) and updates no history or logprobs: after the
-        error every row's sampler is as before the call, and a caller that drops the bad
-        request and steps again gets the draws the other rows would have had anyway.
-        (`DeviceSampler.penalized`, this call's row after the penalties, is left for the
-        caller to inspect: S09 finds the bad row with it; the next `process` overwrites it.)
+        batch mates). One device-to-host copy per step brings all B ids. Rows S04 refuses
+        (NaN or +inf, no finite entry, ...) raise `RowsRefused`, a ValueError with S04's
+        message that names every refused row. Every row has drawn by then (the flags ride on
+        that one copy), so a failed call puts each generator back as it was (`get_state`
+        before the draw, `set_state` on failure; both on the host, no wait for the device) and
+        updates no history or logprobs: after the error every row's sampler is as before the
+        call, so a caller that drops the refused rows and samples the others again gets the
+        draws they would have had anyway (S09's engine does: one bad request fails alone).
         """
         plain, own = [], []
         for i, seq in enumerate(rows):
@@ -898,9 +901,11 @@ class Engine(s06.Engine):
                 processed[i] = sampler.process(logits[i], n)
                 tokens[i:i + 1] = sampler.draw(processed[i], n, logits[i])
             host = tokens.tolist()                       # the one device -> host copy
-            bad = next((host[i] for i in plain + own if host[i] < 0), None)
-            if bad is not None:
-                raise ValueError(BAD_ROW_ERRORS[bad])
+            bad = {i: host[i] for i in plain + own if host[i] < 0}
+            if bad:
+                raise RowsRefused({i: s01.ParameterError(BAD_ROW_ERRORS[flag],
+                                                         BAD_ROW_PARAMETERS.get(flag))
+                                   for i, flag in bad.items()})
         except BaseException:   # nothing is updated yet: put the random streams back too
             for generator, state in saved:
                 generator.set_state(state)
@@ -920,192 +925,8 @@ class Engine(s06.Engine):
 
 
 # ---------------------------------------------------------------------------------------------
-# Batch variance: the fast mode against the batch-invariant reference
-# ---------------------------------------------------------------------------------------------
-
-def top2_gaps(completion: s01.Completion) -> list[float]:
-    """Per generated token, the gap between the two most likely tokens' logprobs, which is the
-    gap between their logits (log-softmax subtracts the same number from both). Needs a
-    request made with logprobs >= 2. Raises ValueError otherwise."""
-    if completion.logprobs is None or any(len(lp.top_logprobs) < 2 for lp in completion.logprobs):
-        raise ValueError("top2_gaps needs a completion made with logprobs >= 2")
-    return [lp.top_logprobs[0][1] - lp.top_logprobs[1][1] for lp in completion.logprobs]
-
-
-def first_close_call(gaps: Sequence[float], tolerance: float) -> int:
-    """The first step whose top-2 gap is below tolerance (len(gaps) if none is)."""
-    return next((i for i, gap in enumerate(gaps) if gap < tolerance), len(gaps))
-
-
-def follows_batch_rule(fast: s01.Completion, reference: s01.Completion,
-                       tolerance: float = BATCH_TOLERANCE[torch.float32],
-                       reference_gaps: Sequence[float] | None = None) -> bool:
-    """The rule the fast mode is held to against the batch-invariant reference, for a greedy
-    request: its tokens equal the reference's up to (not including) the first step k where
-    the reference's top-2 logit gap is below `tolerance`; from step k on they may differ (a
-    near-tie can flip when logits move by rounding). With no such step, the whole completions
-    are equal (ids, text, finish_reason, stop_reason).
-
-    reference_gaps: the reference's gaps per step (default `top2_gaps(reference)`, which needs
-    logprobs >= 2). For greedy with penalties, take gaps of the processed logits
-    (logprobs_mode="processed_logprobs"), the row whose argmax was taken.
-    """
-    gaps = top2_gaps(reference) if reference_gaps is None else list(reference_gaps)
-    k = first_close_call(gaps, tolerance)
-    if k == len(gaps):
-        return (fast.token_ids, fast.text, fast.finish_reason, fast.stop_reason) == (
-            reference.token_ids, reference.text, reference.finish_reason, reference.stop_reason)
-    return fast.token_ids[:k] == reference.token_ids[:k]
-
-
-class RecordingEngine(Engine):
-    """An `Engine` that keeps a host copy of every step's raw logits (B, V) in `recorded`,
-    through the `model_step_batch` seam: for measuring batch variance, never for serving."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.recorded: list[torch.Tensor] = []
-
-    def model_step_batch(self, rows, tokens, active, max_new_tokens):
-        logits = super().model_step_batch(rows, tokens, active, max_new_tokens)
-        self.recorded.append(logits.detach().float().cpu().clone())
-        return logits
-
-
-@dataclass(frozen=True)
-class VarianceRow:
-    """Fast vs batch-invariant reference on one batch of B greedy requests.
-
-    max_abs_diff: the largest |logit difference| over every row and step compared (a row's
-    steps are compared while its tokens so far agree, so both saw the same inputs);
-    min_gap: the smallest top-2 logit gap of the reference over the same steps; flips:
-    compared steps whose argmax differs; rows_equal: rows whose whole token lists agree;
-    rule_holds: every row follows `follows_batch_rule` at `tolerance`.
-    """
-
-    batch_size: int
-    steps_compared: int
-    max_abs_diff: float
-    min_gap: float
-    flips: int
-    rows_equal: int
-    rule_holds: bool
-    tolerance: float
-
-    @property
-    def can_flip(self) -> bool:
-        """A flip needs two logits to cross: possible once a gap is under twice the largest
-        difference seen."""
-        return self.min_gap < 2 * self.max_abs_diff
-
-
-def measure_batch_variance(model: s06.TorchTransformer, tokenizer, prompts: Sequence[str],
-                           batch_sizes: Sequence[int], max_tokens: int = 16,
-                           tolerance: float | None = None) -> list[VarianceRow]:
-    """For each B, the first B prompts (cycled when there are fewer) run greedily (EOS ignored,
-    so every row makes max_tokens tokens) in the fast mode and in the batch-invariant mode on
-    the same model; their logits compared step by step (see `VarianceRow`)."""
-    tolerance = BATCH_TOLERANCE.get(model.dtype, 0.2) if tolerance is None else tolerance
-    params = s04.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                                logprobs=2)
-    table = []
-    for batch_size in batch_sizes:
-        batch = [prompts[i % len(prompts)] for i in range(batch_size)]
-        results = {}
-        for invariant in (False, True):
-            engine = RecordingEngine(model, tokenizer, max_batch_size=batch_size,
-                                     batch_invariant=invariant)
-            results[invariant] = (engine.generate(batch, params), engine.recorded)
-        (fast, fast_logits), (ref, ref_logits) = results[False], results[True]
-        diff, gap, flips, compared = 0.0, float("inf"), 0, 0
-        for row, (f, r) in enumerate(zip(fast, ref)):
-            for step in range(min(len(f.token_ids), len(r.token_ids))):
-                if f.token_ids[:step] != r.token_ids[:step]:
-                    break
-                a, b = fast_logits[step][row], ref_logits[step][row]
-                diff = max(diff, float((a - b).abs().max()))
-                top2 = torch.topk(b, 2).values
-                gap = min(gap, float(top2[0] - top2[1]))
-                flips += int(a.argmax() != b.argmax())
-                compared += 1
-        table.append(VarianceRow(batch_size, compared, diff, gap, flips,
-                                 sum(f.token_ids == r.token_ids for f, r in zip(fast, ref)),
-                                 all(follows_batch_rule(f, r, tolerance)
-                                     for f, r in zip(fast, ref)), tolerance))
-    return table
-
-
-def format_variance_table(table: Sequence[VarianceRow]) -> str:
-    lines = [f"{'B':>4} {'steps':>6} {'max |dlogit|':>13} {'min top-2 gap':>14} {'flips':>6} "
-             f"{'rows equal':>11} {'rule holds':>11}"]
-    for r in table:
-        lines.append(f"{r.batch_size:>4} {r.steps_compared:>6} {r.max_abs_diff:>13.2e} "
-                     f"{r.min_gap:>14.2e} {r.flips:>6} {r.rows_equal:>5}/{r.batch_size:<5} "
-                     f"{str(r.rule_holds):>11}")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------
-
-def corpus_prompts(tokenizer, num_prompts: int, seed: int, max_context: int) -> list[str]:
-    """num_prompts prompts cut from the corpus (S07's "chat" workload: 8 to 32 tokens)."""
-    import s07_workloads
-    workload = s07_workloads.make_workload("chat", tokenizer, num_prompts, seed, max_context)
-    return [r.prompt for r in workload.requests]
-
-
-def add_request_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command line every Part II script keeps (S08 on): which model, which requests, how to
-    sample them, where to run. Each chapter adds its own engine flags beside these."""
-    parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
-                        help="checkpoint directory or hub id (default: the bundled model)")
-    parser.add_argument("--prompt", action="append", default=None,
-                        help="a prompt; repeat the flag for more, each one a request (default: "
-                             "--num-prompts prompts cut from the corpus)")
-    parser.add_argument("--num-prompts", type=int, default=8,
-                        help="corpus prompts when no --prompt is given (default: %(default)s)")
-    parser.add_argument("--max-tokens", type=int, default=40,
-                        help="most tokens to generate per request (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="sampling temperature, 0 = greedy (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of every request's sampling, and of which corpus prompts "
-                             "are drawn when no --prompt is given (default: %(default)s)")
-    parser.add_argument("--device", default=None,
-                        help="cuda, cuda:N or cpu (default: cuda if present)")
-    parser.add_argument("--dtype", default=None, choices=list(s06.DTYPES),
-                        help="parameter and cache dtype (default: bfloat16 on CUDA, float32 on "
-                             "the CPU)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads, 1 to the logical cores (%d) (default: "
-                             "%%(default)s, as S06)" % (os.cpu_count() or 1))
-
-
-def check_request_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
-                            ) -> s04.SamplingParams:
-    """Check the flags of `add_request_arguments` before any model loads (parser.error, exit 2,
-    on a broken rule), pin torch's threads, and return the requests' SamplingParams."""
-    cores = os.cpu_count() or 1
-    if not 1 <= args.threads <= cores:
-        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
-    if args.num_prompts < 1:
-        parser.error(f"--num-prompts must be >= 1 (got {args.num_prompts})")
-    try:
-        for prompt in args.prompt or []:
-            s01.check_text(prompt, "--prompt")
-        params = s04.SamplingParams(temperature=args.temperature, seed=args.seed,
-                                    max_tokens=args.max_tokens)
-    except ValueError as err:
-        parser.error(str(err))
-    bundled = s03.BUNDLED_MODEL_DIR
-    if Path(args.model) == bundled and not (bundled / "config.json").exists():
-        parser.error(f"the bundled model is not in {bundled} yet: train it with "
-                     "python scripts/train_bundled_model.py, or pass --model DIR")
-    torch.set_num_threads(args.threads)
-    return params
-
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
@@ -1152,10 +973,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     generated = sum(len(c.token_ids) for c in completions)
     print(f"\n--- the batch: {generated} tokens in {wall_s:.2f} s "
           f"({generated / wall_s:.0f} tokens/s, first call: one-off costs included) ---")
-    print(format_waste_table(stats))
+    if not args.batch_invariant:
+        print(format_waste_table(stats))
+        legend = "'.' padding, 'P' prompt, 'G' generated, '-' finished, still computed"
+    else:   # `BatchRunner._rows_alone`: the running rows' real tokens only, so no waste to count
+        print(f"{stats.useful:,} token slots computed in {len(stats.steps)} steps "
+              f"({sum(s.model_s for s in stats.steps) * 1e3:.2f} ms in the model), all useful: "
+              "each row ran alone, its real tokens only, and finished rows were skipped, so no "
+              "padding or idle slot was computed")
+        legend = ("'P' prompt, 'G' generated; '.' padding and '-' finished: columns left empty, "
+                  "not computed")
     if stats.batch_size and len(stats.timeline()[0]) <= 100:
-        print("\nrows over cache columns ('.' padding, 'P' prompt, 'G' generated, '-' finished, "
-              "still computed):")
+        print(f"\nrows over cache columns ({legend}):")
         for i, line in enumerate(stats.timeline()):
             print(f"{i:>4} {line}")
 

@@ -1,20 +1,18 @@
 """S10, the scheduler: who runs in each step and how many tokens, tested without a model.
 
 What is new since S09
-    S09 admits waiting requests FIFO into free slots and runs every running request's new
-    tokens in every step. Here the decision is a component of its own, `Scheduler`, with
-    vLLM V1's interface: `add_request(request)`, `schedule() -> SchedulerOutput` (which
-    requests run in this step and how many tokens each, who was preempted, who was ended),
-    `update_from_output(output, finished_ids)` after the model step, `abort(request_id)`,
-    `has_unfinished_requests()`. It knows nothing of models or tensors: any object with
-    `request_id`, `prompt_ids`, `token_ids` (prompt + outputs so far) and
-    `num_computed_tokens` can be scheduled, so the tests drive it with a stand-in request and
-    a fake model step. code/s10_engine.py drives S09's engine with it.
+    S09's `FIFOScheduler` runs every running request's new tokens in every step and admits
+    waiting requests while a slot is free. Here the decision gets budgets and can take KV
+    back: `Scheduler`, with vLLM V1's interface (`schedule() -> SchedulerOutput`,
+    `update_from_output(plan, finished_ids)`, `finish_requests`), is one component of S09's
+    engine (`build_engine` below puts it in); the engine, the runner and Part I's sampler
+    and stop rules are S09's, unchanged. The scheduler knows nothing of models or tensors:
+    the tests drive it with `Request.for_tokens` requests and a fake model step.
 
     - Budgets per step: at most `max_num_seqs` requests running, at most
       `max_num_batched_tokens` tokens scheduled, and KV for every computed token inside
-      `kv_capacity` tokens (`TokenKVPool`: `allocate_slots` / `free`, the interface of vLLM
-      V1's `KVCacheManager`, which S12 replaces with a block pool).
+      `kv_capacity` tokens (`TokenKVPool`: S09's slots, with a token capacity on top; S12
+      replaces it with a block pool of the same interface).
     - Order (vLLM V1's): first the running requests, in the order they were admitted, one
       token each; then, if nobody was preempted in this step, waiting requests in policy
       order while seats, tokens and KV allow, stopping at the first that does not fit (no
@@ -25,25 +23,36 @@ What is new since S09
       front of the waiting queue (under "priority": to its place in priority order); if the
       victim is the request itself, it waits and the next running request goes on. When it
       runs again it computes its prompt and every token it had generated in one step, and
-      samples its next token from the last of them.
-    - A request that can never fit: `add_request` refuses a prompt longer than kv_capacity
-      (ValueError: such a request would wait at the head of the queue forever, blocking
-      everyone behind it, vLLM PR #1534); a running request whose next step would need more
-      KV than the whole capacity is ended (`SchedulerOutput.finished_ids`; the engine calls it
-      finish_reason "length": the capacity is its context limit).
+      samples its next token from the last of them, by its own seeded generator, penalty
+      counts and detokenizer, which simply continue: its output is the one it would have had
+      (exactly in the batch-invariant mode, whose runner recomputes it with S06's shapes;
+      within S08's rule in the fast mode, which recomputes in one pass, as vLLM does).
+    - A request that can never fit: the engine refuses a prompt longer than kv_capacity
+      (`check_request`; ParameterError: such a request would wait at the head of the queue
+      forever, blocking everyone behind it, vLLM PR #1534); a running request whose next step
+      would need more KV than the whole capacity is ended (`SchedulerOutput.finished_ids`;
+      the engine ends it with finish_reason "length": the capacity is its context limit).
     - Policies: "fcfs" (default) and "priority" (vLLM's: lower value first, ties by arrival).
       Priority can starve: a steady stream of high-priority arrivals keeps low-priority
       requests waiting (the benchmark measures it).
+    - The KV manager is asked explicitly for what the prefix cache would give
+      (`get_computed_blocks` at admission) and told what each step filled (`cache_blocks`,
+      in `update_from_output`): nothing before S13, whose manager answers both, so S13
+      needs no scheduler of its own.
 
 What it does not handle yet
     A prompt runs whole in one step, so max_num_batched_tokens must be >= max_model_len
     (vLLM V0's rule without chunked prefill; S11 chunks prompts and lifts it). KV is counted
-    in tokens, not stored in blocks (S12); no prefix sharing (S13). Waiting requests never
-    preempt running ones, whatever their priority.
+    in tokens over S09's slots, not stored in blocks (S12); no prefix sharing (S13). Waiting
+    requests never preempt running ones, whatever their priority. A recompute costs a whole
+    prefill; vLLM V0 could also swap KV to host memory instead, which V1 dropped.
 
 Run it
-    python code/s10_scheduler.py --kv-capacity 96 --max-num-seqs 4  # preemptions, traced
-    python benchmarks/bench_s10_scheduler.py --quick                 # KV capacity and policy
+    python code/s10_scheduler.py --kv-capacity 96 --max-num-seqs 4      # preemptions, traced
+    python code/s10_scheduler.py --policy priority --kv-capacity 120 --priorities 1,0,1,0,1,0,1,0
+    python code/s10_scheduler.py --max-context 64 --max-num-batched-tokens 64 \\
+        --kv-capacity 128 --arrival-every 0 --seed 4 --max-tokens 24    # the budget decides
+    python benchmarks/bench_s10_scheduler.py --quick                     # KV capacity, policy
 
 Tests
     tests/test_s10_scheduler.py: budgets and max_num_seqs never exceeded; FCFS and priority
@@ -51,114 +60,123 @@ Tests
     fake model's tokens equal a run with unbounded capacity; abort from either queue; the
     public bugs G1 (a prompt that can never fit), G5 (idle means all KV free).
     tests/test_s10_properties.py: hypothesis state machine over add / abort / step.
-    tests/test_s10_engine.py: the engine, with real models.
+    tests/test_s10_engine.py: the engine with this scheduler, on real models.
 
 References
     vLLM V1 `Scheduler.schedule` / `update_from_output` / `finish_requests` and
-    `KVCacheManager.allocate_slots` (vllm/v1/core/sched/scheduler.py); vLLM (Kwon et al.,
-    SOSP 2023) for preemption by recompute; nano-vllm's `Scheduler` (`preempt`, running
-    requests before waiting ones).
+    `KVCacheManager.allocate_slots` / `get_computed_blocks` (vllm/v1/core/sched/scheduler.py,
+    vllm/v1/core/kv_cache_manager.py); vLLM (Kwon et al., SOSP 2023) for preemption by
+    recompute; nano-vllm's `Scheduler` (`preempt`, running requests before waiting ones).
 """
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy loads
+
+import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Sequence
 
 import s01_generation_loop as s01
+import s09_continuous_batching as s09
+from s01_generation_loop import ParameterError
+from s09_continuous_batching import (Request, RequestStatus, SchedulerOutput, SlotKVManager,
+                                     record_computed, revert_plan, take_out)
 
 POLICIES = ("fcfs", "priority")
-WAITING, RUNNING, PREEMPTED, FINISHED = "waiting", "running", "preempted", "finished"
 
 
-class TokenKVPool:
-    """KV capacity counted in tokens: each request holds some of `capacity` token positions.
+# ---------------------------------------------------------------------------------------------
+# KV capacity in tokens
+# ---------------------------------------------------------------------------------------------
 
-    `allocate_slots(request_id, num_new_tokens)` gives a request room for num_new_tokens more
-    tokens, all or nothing (False, nothing taken, when fewer are free); `free(request_id)`
-    gives back everything it holds. S12 replaces this with a block pool of the same interface
-    (vLLM V1's `KVCacheManager.allocate_slots` / `free`). Raises ValueError for a capacity
-    that is not an integer >= 1 and for a negative or non-integer count.
+class TokenKVPool(SlotKVManager):
+    """S09's slots with a KV capacity counted in tokens on top: every request holds some of
+    `capacity` token positions, and `allocate_slots(request, n)` gives it n more only while
+    they fit, all or nothing (False, nothing taken). The storage stays S09's (a slot of
+    slot_size positions per running request); a capacity below num_slots * slot_size makes
+    the scheduler preempt as a pool of that size would. S12's block manager has the same
+    interface. Raises ParameterError (parameter "kv_capacity") for a capacity that is not an
+    integer in [1, num_slots * slot_size].
     """
 
-    def __init__(self, capacity: int):
-        if not s01.is_int(capacity) or capacity < 1:
-            raise ValueError(f"kv_capacity must be an integer >= 1 (got {capacity!r})")
-        self.capacity = int(capacity)
-        self.held: dict[str, int] = {}          # request id -> tokens it holds
+    def __init__(self, num_slots: int, slot_size: int, capacity: int | None = None):
+        super().__init__(num_slots, slot_size)
+        slots = self.num_slots * self.slot_size
+        capacity = slots if capacity is None else capacity
+        if not s01.is_int(capacity) or not 1 <= capacity <= slots:
+            raise ParameterError(f"kv_capacity must be an integer in [1, max_num_seqs x "
+                                 f"max_context = {slots}] (got {capacity!r}): the KV slots "
+                                 "hold no more", "kv_capacity", capacity)
+        self.token_capacity = int(capacity)
 
     @property
-    def num_used_tokens(self) -> int:
-        return sum(self.held.values())
+    def capacity(self) -> int:
+        return self.token_capacity
 
-    @property
-    def num_free_tokens(self) -> int:
-        return self.capacity - self.num_used_tokens
+    def check_fits(self, num_tokens: int) -> None:
+        """A prompt needs KV for all its tokens, so it may not be longer than the capacity
+        (vLLM PR #1534: such a request waits at the head of the queue forever, and everyone
+        behind it). ParameterError, parameter "prompt"."""
+        if num_tokens > self.capacity:
+            raise ParameterError(f"prompt is {num_tokens} tokens but kv_capacity is "
+                                 f"{self.capacity} tokens: it could never be scheduled (it "
+                                 "would block every request behind it)", "prompt")
 
-    def num_tokens(self, request_id: str) -> int:
-        """Tokens the request holds (0 for one that holds none)."""
-        return self.held.get(request_id, 0)
-
-    def allocate_slots(self, request_id: str, num_new_tokens: int) -> bool:
-        if not s01.is_int(num_new_tokens) or num_new_tokens < 0:
-            raise ValueError(f"num_new_tokens must be an integer >= 0 (got {num_new_tokens!r})")
+    def allocate_slots(self, request, num_new_tokens: int, computed_blocks=()) -> bool:
         if num_new_tokens > self.num_free_tokens:
             return False
-        self.held[request_id] = self.held.get(request_id, 0) + int(num_new_tokens)
-        return True
+        return super().allocate_slots(request, num_new_tokens)
 
-    def free(self, request_id: str) -> int:
-        """Give back everything the request holds; returns how many tokens that was."""
-        return self.held.pop(request_id, 0)
 
-    def trim(self, request_id: str, num_tokens: int) -> None:
-        """The request holds num_tokens (its computed ones) again: `Scheduler.revert`'s
-        seam, which S12's block manager overrides to keep the blocks those tokens are in."""
-        self.free(request_id)
-        self.allocate_slots(request_id, num_tokens)
-
+# ---------------------------------------------------------------------------------------------
+# The scheduler
+# ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class SchedulerOutput:
-    """One step's plan (vLLM V1's `SchedulerOutput`, trimmed).
+class SchedulerConfig:
+    """The scheduler's settings, checked once here (vLLM's `SchedulerConfig`).
 
-    step: the step's number, counted by the scheduler (`Scheduler.num_steps` before the call):
-    a `schedule` that plans nothing (nobody scheduled, preempted or ended) does not count, and
-    `revert` takes a failed step's number back, so the engine's `StepRecord.step` of the same
-    step is the same number. num_scheduled_tokens: {request id: tokens it computes in this
-    step}, in schedule order (running requests first, in admission order, then those
-    admitted). num_computed_tokens: {request id: its num_computed_tokens when scheduled},
-    so its new tokens are token_ids[start:start + n].
-    scheduled_running_ids / scheduled_new_ids / scheduled_resumed_ids: the scheduled requests
-    that were already running (a decode, 1 token), admitted for the first time (the whole
-    prompt) and admitted again after a preemption (prompt + every output so far).
-    preempted_ids: preempted in this step, in the order it happened. finished_ids: ended by
-    the scheduler in this step because their next step would need more KV than kv_capacity
-    (the engine's finish_reason "length"). token_budget: max_num_batched_tokens;
-    total_num_scheduled_tokens: the part of it used. kv_used_tokens / kv_free_tokens: the
-    pool after scheduling. num_waiting: the waiting queue after scheduling.
+    max_num_seqs: the most requests running at once. max_model_len: the longest context a
+    request may reach (the engine's max_context). max_num_batched_tokens: the most tokens
+    scheduled in one step (None: max_num_seqs * max_model_len, no limit); here at least
+    max_model_len (`check_token_budget`; S11's rule is looser). policy: "fcfs" or
+    "priority". Raises ParameterError naming the field.
     """
 
-    step: int
-    num_scheduled_tokens: dict[str, int]
-    num_computed_tokens: dict[str, int]
-    scheduled_running_ids: tuple[str, ...]
-    scheduled_new_ids: tuple[str, ...]
-    scheduled_resumed_ids: tuple[str, ...]
-    preempted_ids: tuple[str, ...]
-    finished_ids: tuple[str, ...]
-    token_budget: int
-    kv_used_tokens: int
-    kv_free_tokens: int
-    num_waiting: int
+    max_num_seqs: int
+    max_model_len: int
+    max_num_batched_tokens: int | None = None
+    policy: str = "fcfs"
 
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_model_len"):
+            value = getattr(self, name)
+            if not s01.is_int(value) or value < 1:
+                raise ParameterError(f"{name} must be an integer >= 1 (got {value!r})", name,
+                                     value)
+        if self.max_num_batched_tokens is None:
+            object.__setattr__(self, "max_num_batched_tokens",
+                               self.max_num_seqs * self.max_model_len)
+        elif not s01.is_int(self.max_num_batched_tokens) or self.max_num_batched_tokens < 1:
+            raise ParameterError(f"max_num_batched_tokens must be an integer >= 1 (got "
+                                 f"{self.max_num_batched_tokens!r})", "max_num_batched_tokens")
+        self.check_token_budget()
+        if self.policy not in POLICIES:
+            raise ParameterError(f"policy must be one of {POLICIES} (got {self.policy!r})",
+                                 "policy", self.policy)
 
-    @property
-    def scheduled_ids(self) -> tuple[str, ...]:
-        return tuple(self.num_scheduled_tokens)
+    def check_token_budget(self) -> None:
+        """The budget's rule (S11 overrides it): a prompt, or a preempted request's
+        recompute, runs whole in one step, so the budget must hold the longest context."""
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ParameterError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len}): without chunked prefill (S11) a "
+                "prompt, or a preempted request's recompute, runs whole in one step",
+                "max_num_batched_tokens")
 
 
 @dataclass
@@ -175,52 +193,31 @@ class _Ids:
 class Scheduler:
     """The model-free scheduler: queues, token budget, KV capacity, preemption, policy.
 
-    max_num_seqs: the most requests running at once. max_num_batched_tokens: the most tokens
-    scheduled in one step (must be >= max_model_len, see the module docstring).
-    kv_capacity: KV token positions in all (`TokenKVPool`). max_model_len: the longest
-    context a request may have. policy: "fcfs" or "priority".
-
-    State: `waiting` (deque, in policy order), `running` (list, in admission order), `kv`
-    (the pool). A request is in at most one queue; its status is one of "waiting", "running",
-    "preempted" (waiting again, holding nothing) and "finished". The scheduler sets on each
-    request it is given: status, priority, arrival (the order of add_request calls) and
-    num_preemptions. Raises ValueError naming the rule for bad arguments, before anything
-    changes.
+    config: a `SchedulerConfig`. kv: the KV manager (`TokenKVPool`; S12's and S13's block
+    managers). State: `waiting` (deque, in policy order), `running` (list, in admission
+    order), `num_steps` (plans made), `num_preemptions` (in all). A request is in at most one
+    queue; the scheduler sets its status, num_computed_tokens, num_preemptions and
+    num_cached_tokens, and nothing else does.
     """
 
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, kv_capacity: int,
-                 max_model_len: int, policy: str = "fcfs"):
-        for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
-                            ("max_num_batched_tokens", max_num_batched_tokens)):
-            if not s01.is_int(value) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
-        self.check_token_budget(max_num_batched_tokens, max_model_len, max_num_seqs)
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES} (got {policy!r})")
-        self.kv = self.make_kv_pool(kv_capacity)
-        self.max_num_seqs = int(max_num_seqs)
-        self.max_num_batched_tokens = int(max_num_batched_tokens)
-        self.max_model_len = int(max_model_len)
-        self.policy = policy
-        self.waiting: deque = deque()
-        self.running: list = []
-        self.num_steps = 0                    # steps planned (not the idle calls)
+    def __init__(self, config: SchedulerConfig, kv):
+        self.config, self.kv = config, kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_steps = 0                    # plans that did something
         self.num_preemptions = 0              # in all, since construction
-        self._arrivals = 0
 
-    def check_token_budget(self, max_num_batched_tokens: int, max_model_len: int,
-                           max_num_seqs: int) -> None:
-        """The budget's rule (the seam S11 overrides): a prompt, or a preempted request's
-        recompute, runs whole in one step, so the budget must hold the longest context."""
-        if max_num_batched_tokens < max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_model_len "
-                f"({max_model_len}): without chunked prefill (S11) a prompt, or a preempted "
-                "request's recompute, runs whole in one step")
+    @property
+    def max_num_seqs(self) -> int:
+        return self.config.max_num_seqs
 
-    def make_kv_pool(self, kv_capacity: int) -> TokenKVPool:
-        """The KV accounting (the seam S12 overrides with its block pool)."""
-        return TokenKVPool(kv_capacity)
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.config.max_num_batched_tokens
+
+    @property
+    def policy(self) -> str:
+        return self.config.policy
 
     @property
     def kv_capacity(self) -> int:
@@ -228,51 +225,22 @@ class Scheduler:
 
     # --- requests in and out ---------------------------------------------------------------
 
-    def add_request(self, request, priority: int = 0) -> None:
-        """Queue a request (its num_computed_tokens must be 0). Raises ValueError, queueing
-        nothing, for an id already held, a priority that is not an integer, an empty prompt,
-        a prompt longer than max_model_len, or one longer than kv_capacity: it could never
-        be scheduled and would block every request behind it (vLLM PR #1534)."""
-        rid = request.request_id
-        if any(r.request_id == rid for r in (*self.waiting, *self.running)):
-            raise ValueError(f"request_id {rid!r} is already queued")
-        if not s01.is_int(priority):
-            raise ValueError(f"priority must be an integer (lower runs first) (got "
-                             f"{priority!r})")
-        n = len(request.token_ids)
-        if not request.prompt_ids or request.num_computed_tokens != 0:
-            raise ValueError("a new request needs a prompt and num_computed_tokens == 0")
-        if n > self.max_model_len:
-            raise ValueError(f"request {rid!r} has {n} tokens but max_model_len is "
-                             f"{self.max_model_len}")
-        if n > self.kv_capacity:
-            raise ValueError(f"prompt is {n} tokens but kv_capacity is {self.kv_capacity} "
-                             "tokens: it could never be scheduled (it would block every "
-                             "request behind it)")
-        request.priority, request.arrival = int(priority), self._arrivals
-        request.num_preemptions, request.status = 0, WAITING
-        self._arrivals += 1
+    def check_request(self, request: Request) -> None:
+        """The rule a new request must meet to ever run: its prompt fits the KV pool
+        (`kv.check_fits`; ParameterError). The engine checks everything else first."""
+        assert request.num_tokens <= self.config.max_model_len, "the engine checks the length"
+        self.kv.check_fits(request.num_tokens)
+
+    def add_request(self, request: Request) -> None:
+        """Queue a checked request: at the back (FCFS) or at its place in (priority, arrival)
+        order (priority)."""
+        assert request.num_computed_tokens == 0 and request.status == RequestStatus.WAITING
         self._to_waiting(request, front=False)
 
-    def abort(self, request_id: str) -> bool:
-        """Take a request out of whichever queue holds it and free its KV; False when no
-        queue holds it (unknown or already finished)."""
-        return bool(self.finish_requests([request_id]))
-
-    def finish_requests(self, request_ids: Iterable[str]) -> list[str]:
-        """Take each request out of its queue, free its KV, status "finished" (vLLM V1's
-        `finish_requests`). Ids no queue holds are skipped. Returns those taken out."""
-        done = []
-        for rid in request_ids:
-            for queue in (self.running, self.waiting):
-                request = next((r for r in queue if r.request_id == rid), None)
-                if request is not None:
-                    queue.remove(request)
-                    self.kv.free(rid)
-                    request.status = FINISHED
-                    done.append(rid)
-                    break
-        return done
+    def finish_requests(self, request_ids: Sequence[str]) -> list[str]:
+        """Take each request out of its queue, free its KV, status finished (vLLM V1's
+        `finish_requests`, S09's rule). Returns the ids taken out."""
+        return take_out((self.running, self.waiting), request_ids, self.kv)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -280,10 +248,10 @@ class Scheduler:
     # --- one step --------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Plan one step: running requests first (in admission order, one token each, with
-        preemption when KV runs out), then, if nobody was preempted, waiting requests in
-        policy order while max_num_seqs, the token budget and KV allow. See the module
-        docstring for the rules; the KV for every scheduled token is allocated here."""
+        """Plan one step: running requests first (in admission order, with preemption when KV
+        runs out), then, if nobody was preempted, waiting requests in policy order while
+        max_num_seqs, the token budget and KV allow. See the module docstring; the KV for
+        every scheduled token is allocated here."""
         budget = self.max_num_batched_tokens
         scheduled: dict[str, int] = {}
         starts: dict[str, int] = {}
@@ -291,14 +259,15 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            rid, n = request.request_id, self.num_new_tokens(request, budget)
+            rid = request.request_id
+            n = self.num_new_tokens(request, request.num_computed_tokens, budget)
             if n > budget:
                 break
-            if len(request.token_ids) > self.kv_capacity:   # held + all it has not computed:
-                self.running.pop(i)                          # it can never run again
+            if request.num_tokens > self.kv_capacity:   # held + all it has not computed:
+                self.running.pop(i)                     # it can never run again
                 self._end(request, ids)
                 continue
-            while not self.kv.allocate_slots(rid, n):
+            while not self.kv.allocate_slots(request, n):
                 victim = self._victim()
                 at = self.running.index(victim)
                 self.running.pop(at)
@@ -313,7 +282,7 @@ class Scheduler:
                     break
                 if at < i:
                     i -= 1
-            if request.status == PREEMPTED:
+            if request.status == RequestStatus.PREEMPTED:
                 continue     # the next running request may use what it freed (vLLM V1 stops)
             scheduled[rid], starts[rid] = n, request.num_computed_tokens
             ids.running.append(rid)
@@ -321,85 +290,81 @@ class Scheduler:
             i += 1
         while not ids.preempted and self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            rid, n = request.request_id, self.num_new_tokens(request, budget)
-            if len(request.token_ids) > self.kv_capacity:   # a resumed request that outgrew it
+            rid = request.request_id
+            if request.num_tokens > self.kv_capacity:   # a resumed request that outgrew it
                 self.waiting.popleft()
                 self._end(request, ids)
                 continue
-            if n == 0 or n > budget or not self.kv.allocate_slots(rid, n):
+            blocks, num_cached = self.kv.get_computed_blocks(request)   # S13's prefix hit
+            n = self.num_new_tokens(request, num_cached, budget)
+            if n == 0 or n > budget or not self.kv.allocate_slots(request, n, blocks):
                 break                          # strict order: nobody overtakes the head
             self.waiting.popleft()
-            (ids.resumed if request.status == PREEMPTED else ids.new).append(rid)
-            request.status = RUNNING
+            if request.status == RequestStatus.PREEMPTED:
+                ids.resumed.append(rid)
+            else:
+                ids.new.append(rid)
+                request.num_cached_tokens = num_cached
+            request.status, request.num_computed_tokens = RequestStatus.RUNNING, num_cached
             self.running.append(request)
-            scheduled[rid], starts[rid] = n, request.num_computed_tokens
+            scheduled[rid], starts[rid] = n, num_cached
             budget -= n
-        out = SchedulerOutput(
-            self.num_steps, scheduled, starts, tuple(ids.running), tuple(ids.new),
-            tuple(ids.resumed), tuple(ids.preempted), tuple(ids.finished),
-            self.max_num_batched_tokens, self.kv.num_used_tokens, self.kv.num_free_tokens,
-            len(self.waiting))
-        if scheduled or ids.preempted or ids.finished:   # an idle call is not a step
+        plan = SchedulerOutput(
+            self.num_steps, scheduled, starts,
+            {rid: tuple(self.kv.block_table(rid)) for rid in scheduled},
+            tuple(ids.new), tuple(ids.resumed), tuple(ids.running), tuple(ids.preempted),
+            tuple(ids.finished), tuple(self.kv.take_new_blocks()))
+        if plan.planned:                       # an idle call is not a step
             self.num_steps += 1
-        return out
+        return plan
 
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           finished_ids: Iterable[str] = ()) -> None:
-        """After the model step: each scheduled request still held has computed its
-        scheduled tokens (num_computed_tokens = its start + n); then the requests in
-        finished_ids (ended by the caller's stop rules) leave and free their KV."""
-        held = {r.request_id: r for r in self.running}
-        for rid, n in scheduler_output.num_scheduled_tokens.items():
-            if rid in held:
-                held[rid].num_computed_tokens = scheduler_output.num_computed_tokens[rid] + n
+    def update_from_output(self, plan: SchedulerOutput, finished_ids: Sequence[str] = ()
+                           ) -> None:
+        """After the model step: each scheduled request still running has computed its
+        scheduled tokens, and the KV manager names the blocks they filled (S13); then the
+        requests in finished_ids (ended by the engine's stop rules) leave (S09's rules)."""
+        record_computed(self.running, plan, self.kv)
         self.finish_requests(finished_ids)
 
-    def revert(self, scheduler_output: SchedulerOutput) -> None:
-        """The model step failed: each scheduled request still running holds KV for its
-        computed tokens only again (its num_computed_tokens did not move), so the next
-        `schedule` asks for the same tokens without holding them twice; the step's number is
-        taken back (the next plan has it)."""
-        if scheduler_output.step == self.num_steps - 1:
-            self.num_steps -= 1
-        for request in self.running:
-            rid = request.request_id
-            if rid in scheduler_output.num_scheduled_tokens:
-                self.kv.trim(rid, request.num_computed_tokens)
+    def revert(self, plan: SchedulerOutput) -> None:
+        """The model step failed: KV back to what each request has computed, the step's number
+        taken back (S09's `revert_plan`)."""
+        self.num_steps = revert_plan(self.running, plan, self.kv, self.num_steps)
 
-    # --- helpers ---------------------------------------------------------------------------
+    # --- the rules -------------------------------------------------------------------------
 
-    def num_new_tokens(self, request, budget: int) -> int:
-        """Tokens the request computes when scheduled with `budget` tokens left in the step:
-        here all it has not computed (the prompt, one decode token, or after a preemption
-        prompt + outputs), whatever the budget (the caller checks it fits). The seam S11
-        overrides to cut a prompt into chunks."""
-        return len(request.token_ids) - request.num_computed_tokens
+    def num_new_tokens(self, request: Request, num_computed_tokens: int, budget: int) -> int:
+        """Tokens the request computes when scheduled with `budget` tokens left in the step,
+        starting after num_computed_tokens: here all it has not computed (the prompt, one
+        decode token, or after a preemption prompt + outputs), whatever the budget (the
+        caller checks it fits). The rule S11 changes, to cut a prompt into chunks."""
+        return request.num_tokens - num_computed_tokens
 
-    def _key(self, request) -> tuple[int, int]:
+    def _key(self, request: Request) -> tuple[int, int]:
         return (request.priority, request.arrival) if self.policy == "priority" else (
             0, request.arrival)
 
-    def _victim(self):
+    def _victim(self) -> Request:
         """FCFS: the most recently admitted running request (the tail). Priority: the
         lowest priority (the largest value), then the latest arrival."""
         if self.policy == "fcfs":
             return self.running[-1]
         return max(self.running, key=self._key)
 
-    def _preempt(self, request) -> None:
-        self.kv.free(request.request_id)
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        request.status = PREEMPTED
+        request.status = RequestStatus.PREEMPTED
         self._to_waiting(request, front=True)
 
-    def _end(self, request, ids: _Ids) -> None:
-        self.kv.free(request.request_id)
-        request.status = FINISHED
+    def _end(self, request: Request, ids: _Ids) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
         ids.finished.append(request.request_id)
 
-    def _to_waiting(self, request, front: bool) -> None:
+    def _to_waiting(self, request: Request, front: bool) -> None:
         """FCFS: a new request at the back, a preempted one at the front. Priority: at its
         place in (priority, arrival) order, whichever it is."""
         if self.policy == "fcfs":
@@ -411,8 +376,121 @@ class Scheduler:
         self.waiting.insert(at, request)
 
 
-if __name__ == "__main__":   # the chapter's command line is its engine's (code/s10_engine.py)
-    import sys
+# ---------------------------------------------------------------------------------------------
+# The engine with this scheduler
+# ---------------------------------------------------------------------------------------------
 
-    from s10_engine import main
+def build_engine(model, tokenizer, *, max_num_batched_tokens: int | None = None,
+                 kv_capacity: int | None = None, policy: str = "fcfs",
+                 **options) -> s09.LLMEngine:
+    """S09's engine with `Scheduler` over a `TokenKVPool`: S09's components otherwise.
+    max_num_batched_tokens: tokens per step, >= the context (default: max_num_seqs x the
+    context, no limit); kv_capacity: KV token positions in all, 1 to max_num_seqs x the
+    context (default: all of them, so nothing is preempted unless asked); policy: "fcfs" or
+    "priority". options: S09's `EngineConfig` fields. Raises ParameterError naming the
+    option."""
+    config = s09.EngineConfig(**options).for_model(model)
+    processor = s09.make_processor(model, tokenizer, config)
+    scheduler = Scheduler(
+        SchedulerConfig(config.max_num_seqs, config.max_context, max_num_batched_tokens, policy),
+        TokenKVPool(config.max_num_seqs, config.max_context, kv_capacity))
+    return s09.LLMEngine(config, processor, scheduler, s09.slot_runner(model, config))
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+# Columns of `format_schedule_table` that list ids: (header, StepRecord field, widest cell).
+TABLE_ID_COLUMNS = (("running, admission order (tokens)", "running", 56),
+                    ("joined", "joined", 24), ("resumed", "resumed", 24),
+                    ("preempted", "preempted", 24), ("left", "left", 24))
+
+
+def format_schedule_table(records: Sequence, max_rows: int = 40) -> str:
+    """S09's trace records as aligned text, one line per step: step, tokens / budget, the
+    running ids in the scheduler's order (admission order, so FCFS's next victim is the
+    last) with their scheduled tokens when more than 1, joined, resumed, preempted, left,
+    waiting, KV used / capacity. Each column is as wide as its widest cell, up to a limit; a
+    cell past it shows how many ids it holds and is cut with "…" (`fit_ids`). A trace
+    longer than max_rows shows its first and last max_rows // 2 steps and says how many it
+    left out. Raises ValueError for max_rows that is not an integer >= 2."""
+    from s08_cli import elide, fit_ids
+    shown = elide(list(records), max_rows)
+    rows = []
+    for r in shown:
+        if r is None:
+            continue
+        cells = {"running": [f"{rid}({n})" if n > 1 else rid
+                             for rid, n in zip(r.running, r.num_scheduled_tokens)]}
+        cells.update({name: list(getattr(r, name)) for _, name, _ in TABLE_ID_COLUMNS[1:]})
+        rows.append((r, cells))
+    widths = {name: min(limit, max([len(header)] + [len(",".join(c[name])) for _, c in rows]))
+              for header, name, limit in TABLE_ID_COLUMNS}
+    ids_header = " ".join(f"{header:<{widths[name]}}" for header, name, _ in TABLE_ID_COLUMNS)
+    lines = [f"{'step':>5} {'tokens':>11} {ids_header} {'waiting':>7} {'KV used':>9}"]
+    cells_of = iter(rows)
+    for r in shown:
+        if r is None:
+            lines.append(f"{'…':>5} {len(records) - 2 * (max_rows // 2)} steps not shown")
+            continue
+        _, cells = next(cells_of)
+        ids = " ".join(f"{fit_ids(cells[name], widths[name]):<{widths[name]}}"
+                       for _, name, _ in TABLE_ID_COLUMNS)
+        lines.append(f"{r.step:>5} {f'{r.num_tokens}/{r.token_budget}':>11} {ids} "
+                     f"{r.waiting:>7} {f'{r.kv_used_tokens}/{r.kv_capacity}':>9}")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def add_scheduler_arguments(parser, kv_capacity: bool = True,
+                            budget_help: str = "most tokens per step, >= the context (default: "
+                                               "max-num-seqs x the context, no limit)") -> None:
+    """The scheduler's flags, shared by S10's to S13's scripts: the token budget, the KV
+    capacity in tokens (kv_capacity=False for the paged engines, whose pool is counted in
+    blocks), the policy and each request's priority."""
+    import s08_cli
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help=budget_help)
+    if kv_capacity:
+        parser.add_argument("--kv-capacity", type=int, default=None,
+                            help="KV token positions in all; small values force preemptions "
+                                 "(default: max-num-seqs x the context, none)")
+    parser.add_argument("--policy", default="fcfs", choices=POLICIES,
+                        help="scheduling policy (default: %(default)s)")
+    parser.add_argument("--priorities", type=s08_cli.priority_list, default=None,
+                        help="comma-separated integer priority of each request, lower first; "
+                             "only with --policy priority (fcfs ignores priorities, so it "
+                             "refuses them) (default: all 0)")
+
+
+def check_scheduler_arguments(parser, args) -> None:
+    """--priorities only under --policy priority (FCFS would silently ignore them)."""
+    if args.priorities is not None and args.policy != "priority":
+        parser.error("--priorities needs --policy priority (fcfs ignores priorities)")
+
+
+def preemption_note(rid: str, run, tracers) -> str:
+    """How often a request was preempted, in words."""
+    request = run.requests.get(rid)
+    n = 0 if request is None else request.num_preemptions
+    return {0: "not preempted", 1: "preempted once"}.get(n, f"preempted {n} times")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import s08_cli
+    import s09_trace
+    s08_cli.chapter_main(s08_cli.Chapter(
+        "Chapter 10: the scheduler, token budgets, KV capacity and preemption.", build_engine,
+        add_arguments=add_scheduler_arguments, check=check_scheduler_arguments,
+        options=lambda args: dict(max_num_batched_tokens=args.max_num_batched_tokens,
+                                  kv_capacity=args.kv_capacity, policy=args.policy),
+        tracers=lambda engine: [s09_trace.StepTracer()],
+        describe=lambda engine, tracers: (
+            f"{engine.scheduler.max_num_batched_tokens} tokens per step, KV capacity "
+            f"{engine.scheduler.kv_capacity} tokens, policy {engine.scheduler.policy}; "
+            f"{engine.scheduler.num_preemptions} preemptions"),
+        note=preemption_note,
+        table=lambda run, tracers: format_schedule_table(tracers[0].records)), argv)
+
+
+if __name__ == "__main__":
     sys.exit(main())

@@ -12,19 +12,19 @@ What is new since S11
       null block (vLLM's `null_block`): never handed out, never written, so it stays zeros, and
       the padded entries of a block table point at it. So a pool of num_blocks has
       num_blocks - 1 usable blocks.
-    - `KVCacheManager`: S10's `TokenKVPool` interface (`allocate_slots(request_id, n)` all or
-      nothing, `free(request_id)`, `num_used_tokens`, `num_free_tokens`, `capacity`) over
-      the pool, blocks on demand: a request holding t tokens in b blocks that asks for n more
-      gets ceil((t + n) / block_size) - b new blocks. `block_table(request_id)` is the list of
-      its block ids; token position p of the request lives at slot
-      block_table[p // block_size] * block_size + p % block_size of the pool.
-    - `PagedScheduler`: S11's `ChunkedScheduler` with this manager behind its one KV seam
-      (`make_kv_pool`), capacity in blocks (num_blocks, block_size); preemption, abort and
-      finishing free a request's blocks. Its `PagedSchedulerOutput` adds the step's block
-      tables, the blocks allocated and freed and the free-block count.
+    - `KVCacheManager`: S10's `TokenKVPool` interface (`allocate_slots(request, n)` all or
+      nothing, `free(request)`, `trim`, `check_fits`, `num_used_tokens`, `num_free_tokens`,
+      `capacity`) over the pool, blocks on demand: a request holding t tokens in b blocks that
+      asks for n more gets ceil((t + n) / block_size) - b new blocks. `block_table(request_id)`
+      is its block ids; token position p of the request lives at slot
+      block_table[p // block_size] * block_size + p % block_size of the pool
+      (`slot_mapping`). S10's and S11's schedulers run on it unchanged: the scheduler plans,
+      the manager says which blocks, and each plan carries every scheduled request's block
+      table to the runner.
     - code/s12_engine.py: the storage (`PagedKVCache`, (L, num_blocks, block_size, Hkv, D)),
-      the runner that writes through the slot mapping and reads through the block tables,
-      and the S12 `LLMEngine` with its command line.
+      the runner that writes through the slot mapping and reads through the block tables
+      (`PagedRunner`), `build_engine` (S11's scheduler over this manager) and the trace of
+      the pool (`BlockTracer`).
 
 What it does not handle yet
     Blocks are never shared: two requests with the same prompt hold two copies (S13 hashes
@@ -43,8 +43,8 @@ Tests
     every step, a failed step (its blocks back, the trace still replays), stale NaN in
     reused blocks, the public bugs G1 (in blocks), G2 (recompute after a block preemption),
     G4 (a stream closed mid-chunk), G5 (everything free once idle).
-    tests/test_s12_properties.py: hypothesis state machines over the manager and over the
-    scheduler with a fake model (failed steps included).
+    tests/test_s12_properties.py: hypothesis state machines over the manager and over S11's
+    scheduler on it with a fake model (failed steps included).
 
 References
     Kwon et al., "Efficient Memory Management for Large Language Model Serving with
@@ -55,11 +55,11 @@ References
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import s01_generation_loop as s01
-from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerOutput
+from s01_generation_loop import ParameterError
 
 NULL_BLOCK_ID = 0
 MAX_NUM_BLOCKS = 2**24  # a Python object per block: 16.8M blocks is ~2 GB of them already
@@ -220,42 +220,50 @@ def check_pool_sizes(num_blocks, block_size) -> None:
     num_blocks an integer in [2, MAX_NUM_BLOCKS] (block 0 is the null block; every block is
     a Python object), block_size an integer >= 1."""
     if not s01.is_int(num_blocks) or num_blocks < 2:
-        raise ValueError(f"num_blocks must be an integer >= 2, block 0 being the null "
-                         f"block (got {num_blocks!r})")
+        raise ParameterError(f"num_blocks must be an integer >= 2, block 0 being the null "
+                             f"block (got {num_blocks!r})", "num_blocks", num_blocks)
     if num_blocks > MAX_NUM_BLOCKS:
-        raise ValueError(f"num_blocks must be at most {MAX_NUM_BLOCKS:,} (one Python object "
-                         f"per block) (got {num_blocks:,})")
+        raise ParameterError(f"num_blocks must be at most {MAX_NUM_BLOCKS:,} (one Python "
+                             f"object per block) (got {num_blocks:,})", "num_blocks",
+                             num_blocks)
     if not s01.is_int(block_size) or block_size < 1:
-        raise ValueError(f"block_size must be an integer >= 1 (got {block_size!r})")
+        raise ParameterError(f"block_size must be an integer >= 1 (got {block_size!r})",
+                             "block_size", block_size)
 
 
 class KVCacheManager:
     """Each request's blocks and token count over a `BlockPool` (vLLM V1's `KVCacheManager`),
-    with S10's `TokenKVPool` interface so S10's scheduler runs on it unchanged.
+    with S10's `TokenKVPool` interface so S10's and S11's schedulers run on it unchanged.
 
     A request holding t tokens holds cdiv(t, block_size) blocks, the list `block_table(rid)`
     (block ids, position p in block p // block_size at offset p % block_size).
-    `allocate_slots(rid, n)` adds n tokens, taking `num_blocks_to_allocate(rid, n)` new blocks
-    from the pool, all or nothing (False, nothing taken). `free(rid)` gives every block back,
-    the table's last block first (`blocks_to_free`: S13 evicts from the front of the free
-    queue, so a request's tail blocks, the least likely to be shared, go first).
-    `trim(rid, t)` keeps the first t tokens (S10's `revert` of a failed step), giving back
-    the blocks past them. capacity: token positions of the usable blocks, (num_blocks - 1) *
-    block_size. num_used_tokens: tokens held; num_free_tokens: what the free blocks hold
-    (num_free_blocks * block_size), so capacity - used - free is the internal waste, the
-    unused tail positions of each request's last block. Raises ValueError for a count that is
-    not an integer >= 0.
+    `allocate_slots(request, n)` adds n tokens, taking `num_blocks_to_allocate(rid, n)` new
+    blocks from the pool, all or nothing (False, nothing taken). `free(request)` gives every
+    block back, the table's last block first (`blocks_to_free`: S13 evicts from the front of
+    the free queue, so a request's tail blocks, the least likely to be shared, go first).
+    `trim(request, t)` keeps the first t tokens (a failed step's revert), giving back the
+    blocks past them. `check_fits(n)`: the rule a prompt must meet to ever run. capacity:
+    token positions of the usable blocks, (num_blocks - 1) * block_size. num_used_tokens:
+    tokens held; num_free_tokens: what the free blocks hold (num_free_blocks * block_size),
+    so capacity - used - free is the internal waste, the unused tail positions of each
+    request's last block. `get_computed_blocks` / `cache_blocks` are the prefix cache's (S13):
+    nothing is cached here. enable_kv_cache_events: keep a list of the pool's changes
+    (`take_events`; vLLM's option of the same name), for the trace; off, nothing is kept.
+    Raises ValueError for a count that is not an integer >= 0.
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_kv_cache_events: bool = False):
         self.pool = self.make_block_pool(num_blocks, block_size)
         self.block_size = self.pool.block_size
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_tokens: dict[str, int] = {}
-        self.events: list[tuple[str, str, tuple[int, ...]]] = []   # see take_events
+        # (kind, request id, block ids): "allocated", "freed"; S13 adds "hit", "evicted",
+        # "cached". None when events are not kept.
+        self.events: list[tuple[str, str, tuple[int, ...]]] | None = (
+            [] if enable_kv_cache_events else None)
 
     def make_block_pool(self, num_blocks: int, block_size: int) -> BlockPool:
-        """The pool (the seam S13 overrides with its hashing pool)."""
+        """The pool (S13's manager makes its hashing pool instead)."""
         return BlockPool(num_blocks, block_size)
 
     # --- TokenKVPool's interface --------------------------------------------------------
@@ -275,22 +283,48 @@ class KVCacheManager:
     def num_tokens(self, request_id: str) -> int:
         return self.req_tokens.get(request_id, 0)
 
-    def allocate_slots(self, request_id: str, num_new_tokens: int) -> bool:
-        need = self.num_blocks_to_allocate(request_id, num_new_tokens)
+    def check_fits(self, num_tokens: int) -> None:
+        """A prompt needing more blocks than the pool's usable ones could never be scheduled
+        (vLLM PR #1534: it would wait at the head of the queue, blocking everyone behind it).
+        The same rule as S10's in tokens: cdiv(n, block_size) > num_blocks - 1 exactly when
+        n > capacity. ParameterError, parameter "prompt"."""
+        need = cdiv(num_tokens, self.block_size)
+        if need > self.pool.num_usable_blocks:
+            raise ParameterError(
+                f"prompt is {num_tokens} tokens, {need} blocks of {self.block_size}, but the "
+                f"pool has {self.pool.num_usable_blocks} usable blocks: it could never be "
+                "scheduled (it would block every request behind it)", "prompt")
+
+    def get_computed_blocks(self, request) -> tuple[list[KVCacheBlock], int]:
+        """(blocks, tokens) of the request's prompt already in the cache: none (S13 caches)."""
+        return [], 0
+
+    def allocate_slots(self, request, num_new_tokens: int, computed_blocks=()) -> bool:
+        rid = request.request_id
+        need = self.num_blocks_to_allocate(rid, num_new_tokens)
         if need > self.pool.num_free_blocks:
             return False
         blocks = self.pool.allocate(need)
-        self.req_blocks.setdefault(request_id, []).extend(blocks)
-        self.req_tokens[request_id] = self.num_tokens(request_id) + int(num_new_tokens)
+        self.req_blocks.setdefault(rid, []).extend(blocks)
+        self.req_tokens[rid] = self.num_tokens(rid) + int(num_new_tokens)
         if blocks:
-            self.events.append(("allocated", request_id, tuple(b.block_id for b in blocks)))
+            self.record("allocated", rid, blocks)
         return True
 
-    def free(self, request_id: str) -> int:
+    def free(self, request) -> int:
         """Give back all the request's blocks; returns the tokens it held."""
-        blocks = self.req_blocks.pop(request_id, [])
-        self._give_back(request_id, self.blocks_to_free(blocks))
-        return self.req_tokens.pop(request_id, 0)
+        rid = request.request_id
+        blocks = self.req_blocks.pop(rid, [])
+        self._give_back(rid, self.blocks_to_free(blocks))
+        return self.req_tokens.pop(rid, 0)
+
+    def cache_blocks(self, request, num_tokens: int) -> None:
+        """Name the request's full blocks among its first num_tokens (S13): nothing here."""
+
+    def take_new_blocks(self) -> list[int]:
+        """The blocks taken from the free queue since the last call (`BlockPool`'s), whose
+        storage the runner zeroes before the step writes."""
+        return self.pool.take_new_blocks()
 
     # --- blocks ------------------------------------------------------------------------
 
@@ -326,28 +360,41 @@ class KVCacheManager:
         """The order a request's blocks go back to the free queue: the last block first."""
         return blocks[::-1]
 
-    def trim(self, request_id: str, num_tokens: int) -> None:
+    def trim(self, request, num_tokens: int) -> None:
         """Keep the request's first num_tokens tokens (no more than it holds) and the
         cdiv(num_tokens, block_size) blocks holding them; the rest go back, last first."""
         if not s01.is_int(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens must be an integer >= 0 (got {num_tokens!r})")
-        if request_id not in self.req_tokens:
+        rid = request.request_id
+        if rid not in self.req_tokens:
             return
-        num_tokens = min(int(num_tokens), self.req_tokens[request_id])
-        blocks = self.req_blocks[request_id]
+        num_tokens = min(int(num_tokens), self.req_tokens[rid])
+        blocks = self.req_blocks[rid]
         keep = cdiv(num_tokens, self.block_size)
-        self._give_back(request_id, self.blocks_to_free(blocks[keep:]))
+        self._give_back(rid, self.blocks_to_free(blocks[keep:]))
         del blocks[keep:]
-        self.req_tokens[request_id] = num_tokens
+        self.req_tokens[rid] = num_tokens
 
     def _give_back(self, request_id: str, blocks: list[KVCacheBlock]) -> None:
         self.pool.free(blocks)
         if blocks:
-            self.events.append(("freed", request_id, tuple(b.block_id for b in blocks)))
+            self.record("freed", request_id, blocks)
+
+    # --- events --------------------------------------------------------------------------
+
+    def record(self, kind: str, request_id: str, blocks: Iterable[KVCacheBlock],
+               at: int | None = None) -> None:
+        """Add an event (kind, request id, block ids) when events are kept; at: its place in
+        the list (default: the end)."""
+        if self.events is not None:
+            event = (kind, request_id, tuple(b.block_id for b in blocks))
+            self.events.insert(len(self.events) if at is None else at, event)
 
     def take_events(self) -> list[tuple[str, str, tuple[int, ...]]]:
-        """The allocations and frees since the last call, in order: ("allocated" or
-        "freed", request id, block ids in the order taken or given back)."""
+        """The pool's changes since the last call, in order: ("allocated" or "freed", request
+        id, block ids in the order taken or given back); [] when events are not kept."""
+        if self.events is None:
+            return []
         events, self.events = self.events, []
         return events
 
@@ -371,87 +418,26 @@ class KVCacheManager:
             assert pool.blocks[block_id].ref_cnt == n, block_id
 
 
-# ---------------------------------------------------------------------------------------------
-# The scheduler, capacity in blocks
-# ---------------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
-class PagedSchedulerOutput(ChunkedSchedulerOutput):
-    """S11's `ChunkedSchedulerOutput`, and the blocks: block_tables, {scheduled id: its block
-    ids after scheduling} (enough blocks for start + n tokens); block_events, the pool's
-    changes since the previous step's plan, in order: ("allocated" | "freed", request id,
-    block ids) (frees of requests that finished or were aborted after that plan, then this
-    plan's allocations and preemptions); kv_free_blocks / kv_used_blocks after scheduling;
-    num_blocks (the null block included) and block_size. kv_used_tokens / kv_free_tokens are
-    the manager's: tokens held, and what the free blocks hold."""
+class CacheConfig:
+    """The KV pool's settings, checked once here (vLLM's `CacheConfig`). block_size: tokens
+    per block (default 16, vLLM's). num_blocks: blocks in the pool, the null block included
+    (None: enough for max_num_seqs requests of max_context tokens plus the null block, so
+    nothing is preempted; `num_blocks_for`). enable_kv_cache_events: keep the pool's changes
+    for a trace. Raises ParameterError naming the field."""
 
-    block_tables: dict[str, tuple[int, ...]]
-    block_events: tuple[tuple[str, str, tuple[int, ...]], ...]
-    kv_free_blocks: int
-    kv_used_blocks: int
-    num_blocks: int
-    block_size: int
+    block_size: int = 16
+    num_blocks: int | None = None
+    enable_kv_cache_events: bool = False
 
+    def __post_init__(self) -> None:
+        check_pool_sizes(2 if self.num_blocks is None else self.num_blocks, self.block_size)
 
-class PagedScheduler(ChunkedScheduler):
-    """S11's scheduler over a `KVCacheManager` of num_blocks blocks of block_size tokens (block
-    0 the null block, so (num_blocks - 1) * block_size token positions in all): vLLM's
-    num_gpu_blocks and block_size. Everything else is S11's: budgets, chunking, order,
-    preemption by recompute (which frees the victim's blocks), abort, the capacity rules.
-    Raises ValueError naming the rule, before anything is built.
-    """
-
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, num_blocks: int,
-                 block_size: int, max_model_len: int, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0):
-        self.block_size = block_size          # read by make_kv_pool
-        super().__init__(max_num_seqs, max_num_batched_tokens, num_blocks, max_model_len,
-                         policy, long_prefill_token_threshold)
-        self.block_size = self.kv.block_size
-
-    def make_kv_pool(self, num_blocks: int) -> KVCacheManager:
-        return KVCacheManager(num_blocks, self.block_size)
-
-    def revert(self, scheduler_output) -> None:
-        """S10's `revert` of a failed step. The failed plan's pool changes (its block_events,
-        taken from the manager when it was planned) go back in front of the changes since,
-        so the next plan reports them, then the trim's frees: a trace replayed from its
-        records never sees a block freed that nobody was seen taking."""
-        self.kv.events[:0] = getattr(scheduler_output, "block_events", ())
-        super().revert(scheduler_output)
-
-    @property
-    def num_blocks(self) -> int:
-        return self.kv.num_blocks
-
-    def add_request(self, request, priority: int = 0) -> None:
-        """S10's `add_request`, the capacity rule said in blocks (vLLM PR #1534): a prompt
-        needing more blocks than the pool's usable ones could never be scheduled. (The same
-        rule as S10's in tokens: cdiv(n, block_size) > num_blocks - 1 exactly when
-        n > kv_capacity.)"""
-        need = cdiv(len(request.token_ids), self.block_size)
-        if need > self.kv.pool.num_usable_blocks and len(request.token_ids) <= \
-                self.max_model_len:
-            raise ValueError(
-                f"prompt is {len(request.token_ids)} tokens, {need} blocks of "
-                f"{self.block_size}, but the pool has {self.kv.pool.num_usable_blocks} usable "
-                "blocks: it could never be scheduled (it would block every request behind "
-                "it)")
-        super().add_request(request, priority)
-
-    def schedule(self) -> PagedSchedulerOutput:
-        """S11's plan, with each scheduled request's block table and the pool's changes. An
-        idle call (nothing planned) leaves the changes for the next plan."""
-        out = super().schedule()
-        planned = bool(out.num_scheduled_tokens or out.preempted_ids or out.finished_ids)
-        values = {f.name: getattr(out, f.name) for f in fields(ChunkedSchedulerOutput)}
-        return PagedSchedulerOutput(
-            **values,
-            block_tables={rid: tuple(self.kv.block_table(rid))
-                          for rid in out.num_scheduled_tokens},
-            block_events=tuple(self.kv.take_events()) if planned else (),
-            kv_free_blocks=self.kv.num_free_blocks, kv_used_blocks=self.kv.num_used_blocks,
-            num_blocks=self.kv.num_blocks, block_size=self.block_size)
+    def num_blocks_for(self, max_num_seqs: int, max_context: int) -> int:
+        """num_blocks, or its default for max_num_seqs requests of max_context tokens."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        return max_num_seqs * cdiv(max_context, self.block_size) + 1
 
 
 def slot_mapping(block_table: list[int] | tuple[int, ...], start: int, n: int,

@@ -15,11 +15,15 @@ What is new since S12
       request's `cache_salt` (vLLM's name): requests with different salts never share.
     - Only full blocks are named. A block becomes cached once its KV is written (after the
       model step that fills it, chunk by chunk under chunked prefill), never before.
-    - A hit (`PrefixCachingScheduler.num_new_tokens`, at admission and at resume after a
-      preemption): the longest run of cached blocks matching the request's token_ids, at most
-      (len(token_ids) - 1) // block_size blocks, so at least the last token is computed (its
-      logits give the next token; vLLM does the same). The blocks' ref_cnt goes up (a cached
-      block nobody holds leaves the free queue); num_computed_tokens starts after them.
+    - A hit (`PrefixCachingKVCacheManager.get_computed_blocks`, which S10's scheduler asks
+      at admission and at resume after a preemption): the longest run of cached blocks
+      matching the request's token_ids, at most (len(token_ids) - 1) // block_size blocks, so
+      at least the last token is computed (its logits give the next token; vLLM does the
+      same). When the scheduler admits the request, `allocate_slots` takes the run as its
+      first blocks (their ref_cnt goes up; a cached block nobody holds leaves the free queue)
+      and its num_computed_tokens starts after them. S10's scheduler needs no change: it
+      already asks the manager both questions (`get_computed_blocks` before admission,
+      `cache_blocks` after each step), which S09-S12's managers answer with nothing.
     - Reference counts: a block is in as many block tables as its ref_cnt says. When a request
       lets go, each block's ref_cnt goes down; at 0 it goes to the back of S12's free queue,
       last block first, and KEEPS its name: it can still be hit until it is reused. Taking a
@@ -36,7 +40,13 @@ What is new since S12
       constant hash). With SHA-256 (256 bits) such a collision has probability below
       n^2 / 2^257 for n cached blocks: for a trillion, 1e24 / 2^257, about 4.3e-54.
     - Counters (`PrefixCacheStats`, vLLM's prefix cache hit rate): per admission, the tokens
-      asked for (queries) and found (hits), in tokens and in requests.
+      asked for (queries) and found (hits), in tokens and in requests. Each request's
+      num_cached_tokens (its hit at first admission) comes back on its outputs, which S19's
+      server reports as OpenAI's usage.prompt_tokens_details.cached_tokens.
+    - `build_engine`: S12's paged engine with this manager (`enable_prefix_caching`: on by
+      default, unless batch_invariant=True) and `add_request(..., cache_salt=...)`;
+      `CacheTracer`, an observer beside S09's and S12's tracers, records the cache's view of
+      each step (hits, reference counts, cached blocks, the free queue).
 
 What it does not handle yet
     Prefix caching needs the fast mode: the batch-invariant mode computes each request alone
@@ -53,6 +63,7 @@ What it does not handle yet
 
 Run it
     python code/s13_prefix_caching.py --shared-prefix 24 --num-prompts 4 --block-size 8
+    python code/s13_prefix_caching.py --shared-prefix 24 --block-size 8 --no-prefix-caching
     python benchmarks/bench_s13_prefix_caching.py --quick   # TTFT against the shared fraction
 
 Tests
@@ -66,21 +77,30 @@ Tests
 References
     vLLM V1 automatic prefix caching: `hash_block_tokens` (vllm/v1/core/kv_cache_utils.py),
     `BlockPool.get_cached_block` / `cache_full_blocks` / `_maybe_evict_cached_block`
-    (vllm/v1/core/block_pool.py), `KVCacheManager.get_computed_blocks`; nano-vllm's
+    (vllm/v1/core/block_pool.py), `KVCacheManager.get_computed_blocks` / `allocate_slots`
+    (vllm/v1/core/kv_cache_manager.py); nano-vllm's
     `BlockManager` (a chained xxhash per full block); Zheng et al., "SGLang: Efficient
     Execution of Structured Language Model Programs" (2024), RadixAttention.
 """
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy loads
+
 import hashlib
 import struct
-from dataclasses import dataclass, fields
+import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 import s01_generation_loop as s01
-from s10_scheduler import PREEMPTED, WAITING
-from s12_paged_attention import (BlockPool, KVCacheBlock, KVCacheManager, PagedScheduler,
-                                 PagedSchedulerOutput)
+import s06_torch as s06
+import s09_continuous_batching as s09
+from s01_generation_loop import ParameterError
+from s09_continuous_batching import check_cache_salt
+from s12_engine import paged_engine
+from s12_paged_attention import BlockPool, CacheConfig, KVCacheBlock, KVCacheManager, cdiv
 
 BlockHash = bytes                 # a SHA-256 digest, 32 bytes
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1   # a token id is encoded as an int64
@@ -156,19 +176,6 @@ def check_token_ids(token_ids: Sequence[int]) -> None:
     if not all(s01.is_int(t) and INT64_MIN <= t <= INT64_MAX for t in token_ids):
         raise ValueError("token ids must be ints in the int64 range [-2**63, 2**63 - 1] (the "
                          "block encoding stores each as 8 bytes)")
-
-
-def check_cache_salt(cache_salt) -> None:
-    """None (no salt) or a non-empty string that UTF-8 can encode (a lone surrogate, which
-    JSON's "\\ud800" decodes to, cannot); ValueError otherwise."""
-    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-        raise ValueError(f"cache_salt must be a non-empty string or None (got {cache_salt!r})")
-    if cache_salt is not None:
-        try:
-            cache_salt.encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise ValueError(f"cache_salt must be valid Unicode text that UTF-8 can encode "
-                             f"(got {ascii(cache_salt)}: {err.reason} at {err.start})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,123 +297,135 @@ class PrefixCacheStats:
     def request_hit_rate(self) -> float:
         return self.hit_requests / self.requests if self.requests else 0.0
 
+    def record(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """One admission of a request of num_tokens tokens, num_hit_tokens found cached."""
+        self.requests += 1
+        self.hit_requests += num_hit_tokens > 0
+        self.queries += num_tokens
+        self.hits += num_hit_tokens
+
 
 class PrefixCachingKVCacheManager(KVCacheManager):
     """S12's manager over a `PrefixCachingBlockPool`, and the cache's three moves:
 
-    - `find_cached_blocks(token_ids, block_hashes, cache_salt, max_blocks)`: the longest run
-      of cached blocks matching the request's first blocks (no change to anything).
-    - `set_computed_blocks(rid, blocks)`: the run found for a waiting request; its next
-      `allocate_slots(rid, n)` takes them (ref_cnt += 1, out of the free queue) as its first
-      blocks, then new blocks for n more tokens, all or nothing.
-    - `cache_blocks(rid, token_ids, block_hashes, cache_salt, num_tokens)`: name the
-      request's full blocks among its first num_tokens tokens (KV written).
+    - `get_computed_blocks(request)`: the longest run of cached blocks matching the
+      request's first blocks, at most (num_tokens - 1) // block_size of them, and the tokens
+      they hold (no change to anything). The request's `block_hashes` are extended here (and
+      in `cache_blocks`) to cover its full blocks; a block's hash is computed once.
+    - `allocate_slots(request, n, computed_blocks)`: a waiting request takes the run as its
+      first blocks (ref_cnt += 1, out of the free queue), then new blocks for n more tokens,
+      all or nothing; an admission (a request holding no blocks) is counted in `stats`.
+    - `cache_blocks(request, num_tokens)`: name the request's full blocks among its first
+      num_tokens tokens (their KV is written: S10's scheduler calls it after each step).
 
-    events (S12's, `take_events`) also get ("hit", rid, block ids), ("evicted", rid, block
-    ids taken from the cache by rid's allocation) and ("cached", rid, block ids).
+    Events (when kept) also get ("hit", rid, block ids), ("evicted", rid, block ids taken
+    from the cache by rid's allocation, before its "allocated") and ("cached", rid, ids).
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
-        super().__init__(num_blocks, block_size)
-        self.pending: dict[str, list[KVCacheBlock]] = {}
-        self.req_entries: dict[str, list[int]] = {}   # entry of each full block cached
+    def __init__(self, num_blocks: int, block_size: int, enable_kv_cache_events: bool = False):
+        super().__init__(num_blocks, block_size, enable_kv_cache_events)
+        self.req_entries: dict[str, list[int]] = {}   # entry of each full block it holds
+        self.stats = PrefixCacheStats()
 
     def make_block_pool(self, num_blocks: int, block_size: int) -> PrefixCachingBlockPool:
         return PrefixCachingBlockPool(num_blocks, block_size)
 
-    def find_cached_blocks(self, token_ids: Sequence[int], block_hashes: Sequence[BlockHash],
-                           cache_salt: str | None, max_blocks: int) -> list[KVCacheBlock]:
+    def block_hashes(self, request) -> list[BlockHash]:
+        """The names of the request's full blocks, `request.block_hashes` extended to its
+        tokens so far (its early blocks never change as it grows, so they are kept)."""
+        hashes, size = request.block_hashes, self.block_size
+        for i in range(len(hashes), request.num_tokens // size):
+            hashes.append(hash_block_tokens(hashes[i - 1] if i else ROOT_HASH,
+                                            request.token_ids[i * size:(i + 1) * size],
+                                            block_extra_keys(i, request.cache_salt)))
+        return hashes
+
+    def get_computed_blocks(self, request) -> tuple[list[KVCacheBlock], int]:
         """Walk the request's blocks from the first: block i is a hit when a cached block has
         its hash AND remembers its tokens, extra keys and, as parent, the entry of the block
-        matched for i - 1. Stops at the first miss or after max_blocks."""
+        matched for i - 1. Stops at the first miss; the last token is always computed."""
         size, parent, run = self.block_size, ROOT_ENTRY, []
-        for i, block_hash in enumerate(block_hashes[:max_blocks]):
+        max_blocks = (request.num_tokens - 1) // size
+        for i, block_hash in enumerate(self.block_hashes(request)[:max_blocks]):
             block = self.pool.get_cached_block(
-                block_hash, parent, tuple(token_ids[i * size:(i + 1) * size]),
-                block_extra_keys(i, cache_salt))
+                block_hash, parent, tuple(request.token_ids[i * size:(i + 1) * size]),
+                block_extra_keys(i, request.cache_salt))
             if block is None:
                 break
             run.append(block)
             parent = block.cache_key.entry
-        return run
+        return run, len(run) * size
 
-    def set_computed_blocks(self, request_id: str, blocks: list[KVCacheBlock]) -> None:
-        assert request_id not in self.req_blocks, "a request holding blocks cannot hit"
-        self.pending[request_id] = list(blocks)
-
-    def allocate_slots(self, request_id: str, num_new_tokens: int) -> bool:
-        hits = self.pending.get(request_id)
-        if not hits or request_id in self.req_blocks:
-            return self._with_evictions(request_id,
-                                        super().allocate_slots(request_id, num_new_tokens))
+    def allocate_slots(self, request, num_new_tokens: int, computed_blocks=()) -> bool:
+        rid = request.request_id
+        admission = rid not in self.req_blocks
+        hits = list(computed_blocks) if admission else []
         hit_tokens = len(hits) * self.block_size
-        need = self.num_blocks_to_allocate(request_id, hit_tokens + num_new_tokens) - len(hits)
+        need = self.num_blocks_to_allocate(rid, hit_tokens + num_new_tokens) - len(hits)
         reusable = sum(1 for b in hits if b.ref_cnt == 0)     # taken out of the free queue
         if need > self.pool.num_free_blocks - reusable:
             return False
-        del self.pending[request_id]
         self.pool.touch(hits)         # first, so allocating cannot evict a block just hit
         blocks = self.pool.allocate(need)
-        self.req_blocks[request_id] = hits + blocks
-        self.req_tokens[request_id] = hit_tokens + int(num_new_tokens)
-        self.req_entries[request_id] = [b.cache_key.entry for b in hits]
-        self.events.append(("hit", request_id, tuple(b.block_id for b in hits)))
-        self._with_evictions(request_id, True)
+        self.req_blocks.setdefault(rid, []).extend(hits + blocks)
+        self.req_tokens[rid] = self.num_tokens(rid) + hit_tokens + int(num_new_tokens)
+        if hits:
+            self.req_entries[rid] = [b.cache_key.entry for b in hits]
+            self.record("hit", rid, hits)
+        if self.pool.evicted:
+            self.record("evicted", rid, self.pool.evicted)
+            self.pool.evicted.clear()
         if blocks:
-            self.events.append(("allocated", request_id, tuple(b.block_id for b in blocks)))
+            self.record("allocated", rid, blocks)
+        if admission:
+            self.stats.record(request.num_tokens, hit_tokens)
         return True
 
-    def _with_evictions(self, request_id: str, ok: bool) -> bool:
-        """Record the evictions of the last allocation, before its "allocated" event."""
-        if self.pool.evicted:
-            at = len(self.events) - (1 if self.events and self.events[-1][0] == "allocated"
-                                     and self.events[-1][1] == request_id else 0)
-            self.events.insert(at, ("evicted", request_id,
-                                    tuple(b.block_id for b in self.pool.evicted)))
-            self.pool.evicted.clear()
-        return ok
-
-    def cache_blocks(self, request_id: str, token_ids: Sequence[int],
-                     block_hashes: Sequence[BlockHash], cache_salt: str | None,
-                     num_tokens: int) -> None:
+    def cache_blocks(self, request, num_tokens: int) -> None:
         """Name the request's full blocks among its first num_tokens tokens (their KV is
         written), from the first it has not named yet. A block whose twin (same hash and
         key) is already cached stays unnamed; the twin's entry is recorded as the parent
         of the next block, so the chain goes on through the twin."""
-        blocks = self.req_blocks.get(request_id)
+        rid = request.request_id
+        blocks = self.req_blocks.get(rid)
         if blocks is None:
             return
         size = self.block_size
-        full = min(num_tokens, self.req_tokens[request_id], len(token_ids)) // size
-        entries = self.req_entries.setdefault(request_id, [])
+        full = min(num_tokens, self.req_tokens[rid], request.num_tokens) // size
+        hashes = self.block_hashes(request)
+        entries = self.req_entries.setdefault(rid, [])
         named = []
         for i in range(len(entries), full):
-            parent = entries[i - 1] if i else ROOT_ENTRY
             block = blocks[i]
             before = block.block_hash
-            entry = self.pool.cache_block(block, block_hashes[i], parent,
-                                          tuple(token_ids[i * size:(i + 1) * size]),
-                                          block_extra_keys(i, cache_salt))
-            entries.append(entry)
+            entries.append(self.pool.cache_block(
+                block, hashes[i], entries[i - 1] if i else ROOT_ENTRY,
+                tuple(request.token_ids[i * size:(i + 1) * size]),
+                block_extra_keys(i, request.cache_salt)))
             if before is None and block.block_hash is not None:
-                named.append(block.block_id)
+                named.append(block)
         if named:
-            self.events.append(("cached", request_id, tuple(named)))
+            self.record("cached", rid, named)
 
-    def free(self, request_id: str) -> int:
-        self.pending.pop(request_id, None)
-        self.req_entries.pop(request_id, None)
-        return super().free(request_id)
+    def free(self, request) -> int:
+        self.req_entries.pop(request.request_id, None)
+        return super().free(request)
 
-    def trim(self, request_id: str, num_tokens: int) -> None:
-        super().trim(request_id, num_tokens)
-        if request_id in self.req_entries:
-            del self.req_entries[request_id][self.num_tokens(request_id) // self.block_size:]
+    def trim(self, request, num_tokens: int) -> None:
+        super().trim(request, num_tokens)
+        rid = request.request_id
+        if rid in self.req_entries:
+            del self.req_entries[rid][self.num_tokens(rid) // self.block_size:]
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block nobody holds (vLLM's reset_prefix_cache); returns how
+        many. The counters are kept."""
+        return self.pool.reset_prefix_cache()
 
     def check(self) -> None:
         """S12's accounting, and the cache's: the map holds exactly the blocks with a name,
-        each under its own hash; no pending hit survives a plan; only a request holding
-        blocks has cache entries, at most one per full block it holds."""
+        each under its own hash; only a request holding blocks has cache entries, at most one
+        per full block it holds."""
         super().check()
         named = {b.block_id for b in self.pool.blocks if b.block_hash is not None}
         mapped = set()
@@ -417,159 +436,9 @@ class PrefixCachingKVCacheManager(KVCacheManager):
                 assert block.cache_key is not None
                 mapped.add(block_id)
         assert named == mapped, "a block named but not in the map, or the other way round"
-        assert not self.pending, "a hit found for a request that was not admitted was kept"
         for rid, entries in self.req_entries.items():
             assert rid in self.req_blocks, f"cache entries kept for {rid!r}, which holds no KV"
             assert len(entries) <= self.num_tokens(rid) // self.block_size, rid
-
-
-# ---------------------------------------------------------------------------------------------
-# The scheduler
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PrefixCachingSchedulerOutput(PagedSchedulerOutput):
-    """S12's `PagedSchedulerOutput`, and: num_cached_tokens, {id: tokens found cached} for the
-    requests admitted or resumed in this step (their first chunk starts there); stats, the
-    `PrefixCacheStats` so far (a copy); enable_prefix_caching."""
-
-    num_cached_tokens: dict[str, int]
-    stats: PrefixCacheStats
-    enable_prefix_caching: bool
-
-
-class PrefixCachingScheduler(PagedScheduler):
-    """S12's scheduler with prefix caching (see the module docstring). Arguments as S12's,
-    and enable_prefix_caching (a bool, default True; False: S12's behaviour exactly, the
-    counters at 0). Requests may carry a `cache_salt` attribute (None or a non-empty str).
-
-    The hit is taken in the one place S10's schedule asks about a waiting request,
-    `num_new_tokens`: it finds the run, sets num_computed_tokens after it, and tells the
-    manager, whose `allocate_slots` then takes the run or nothing. A request that stays
-    waiting (no seat, no budget, no blocks) is set back to num_computed_tokens 0 after the
-    plan, holding nothing. Blocks are named after the step that writes them:
-    `update_from_output`, or sooner `cache_computed(scheduler_output)` (the engine calls it
-    right after the model step, before finished requests let go of their blocks).
-
-    Each queued request's block hashes are kept (`block_hashes`) until it leaves by any
-    path: finished, aborted, or ended by S10's capacity rule (`_end`). A preempted request
-    keeps them: its tokens only grow, so its early blocks' names stay right. `check()`
-    asserts that no other request's hashes are kept and that each kept list is the chain of
-    its request's tokens.
-    """
-
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, num_blocks: int,
-                 block_size: int, max_model_len: int, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0, enable_prefix_caching: bool = True):
-        if not isinstance(enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching must be True or False (got "
-                             f"{enable_prefix_caching!r})")
-        self.enable_prefix_caching = enable_prefix_caching
-        self.stats = PrefixCacheStats()
-        self._hashes: dict[str, list[BlockHash]] = {}
-        super().__init__(max_num_seqs, max_num_batched_tokens, num_blocks, block_size,
-                         max_model_len, policy, long_prefill_token_threshold)
-
-    def make_kv_pool(self, num_blocks: int) -> PrefixCachingKVCacheManager:
-        return PrefixCachingKVCacheManager(num_blocks, self.block_size)
-
-    def add_request(self, request, priority: int = 0) -> None:
-        """S12's `add_request`; also refuses, queueing nothing, a cache_salt that is not None
-        or a non-empty UTF-8-encodable string, and (with the cache on) a token id outside
-        the int64 range the block encoding stores (ValueError)."""
-        check_cache_salt(getattr(request, "cache_salt", None))
-        if self.enable_prefix_caching:
-            check_token_ids(request.token_ids)
-        super().add_request(request, priority)
-
-    def block_hashes(self, request) -> list[BlockHash]:
-        """The names of the request's full blocks (kept per request, extended as it grows)."""
-        hashes = hash_request_tokens(request.token_ids, self.block_size,
-                                     getattr(request, "cache_salt", None),
-                                     self._hashes.get(request.request_id, ()))
-        self._hashes[request.request_id] = hashes
-        return hashes
-
-    def num_new_tokens(self, request, budget: int) -> int:
-        """S11's chunk rule, after the prefix lookup for a waiting request that holds no
-        blocks: num_computed_tokens moves past the cached run found."""
-        rid = request.request_id
-        if (self.enable_prefix_caching and request.status in (WAITING, PREEMPTED)
-                and rid not in self.kv.req_blocks):
-            max_blocks = (len(request.token_ids) - 1) // self.block_size  # last token computed
-            run = self.kv.find_cached_blocks(request.token_ids, self.block_hashes(request),
-                                             getattr(request, "cache_salt", None), max_blocks)
-            self.kv.set_computed_blocks(rid, run)
-            request.num_computed_tokens = len(run) * self.block_size
-        return super().num_new_tokens(request, budget)
-
-    def schedule(self) -> PrefixCachingSchedulerOutput:
-        out = super().schedule()
-        for request in self.waiting:            # looked up but not admitted: holds nothing
-            if request.request_id not in self.kv.req_blocks:
-                request.num_computed_tokens = 0
-        self.kv.pending.clear()
-        cached = {}
-        for rid in out.scheduled_new_ids + out.scheduled_resumed_ids:
-            request = next(r for r in self.running if r.request_id == rid)
-            cached[rid] = out.num_computed_tokens[rid]
-            if self.enable_prefix_caching:
-                self.stats.requests += 1
-                self.stats.hit_requests += cached[rid] > 0
-                self.stats.queries += len(request.token_ids)
-                self.stats.hits += cached[rid]
-        values = {f.name: getattr(out, f.name) for f in fields(PagedSchedulerOutput)}
-        return PrefixCachingSchedulerOutput(
-            **values, num_cached_tokens=cached,
-            stats=PrefixCacheStats(**vars(self.stats)),
-            enable_prefix_caching=self.enable_prefix_caching)
-
-    def cache_computed(self, scheduler_output: PagedSchedulerOutput) -> None:
-        """Name the full blocks each scheduled request still running has written in the step
-        (its first start + n tokens). Calling it twice for a step changes nothing."""
-        if not self.enable_prefix_caching:
-            return
-        held = {r.request_id: r for r in self.running}
-        for rid, n in scheduler_output.num_scheduled_tokens.items():
-            request = held.get(rid)
-            if request is not None:
-                self.kv.cache_blocks(rid, request.token_ids, self.block_hashes(request),
-                                     getattr(request, "cache_salt", None),
-                                     scheduler_output.num_computed_tokens[rid] + n)
-
-    def update_from_output(self, scheduler_output, finished_ids=()) -> None:
-        """Name the blocks the step wrote, then S12's update (finished requests let go)."""
-        self.cache_computed(scheduler_output)
-        super().update_from_output(scheduler_output, finished_ids)
-
-    def finish_requests(self, request_ids) -> list[str]:
-        """S10's (finished or aborted); the requests' block hashes are dropped."""
-        done = super().finish_requests(request_ids)
-        for rid in done:
-            self._hashes.pop(rid, None)
-        return done
-
-    def _end(self, request, ids) -> None:
-        """S10's end of a request that outgrew the pool; its block hashes are dropped."""
-        super()._end(request, ids)
-        self._hashes.pop(request.request_id, None)
-
-    def check(self) -> None:
-        """The manager's `check()`, and: hashes are kept only for queued requests, each the
-        chain of its request's full blocks (a prefix of it, as it is extended lazily)."""
-        self.kv.check()
-        queued = {r.request_id: r for r in (*self.waiting, *self.running)}
-        for rid, hashes in self._hashes.items():
-            assert rid in queued, f"block hashes kept for {rid!r}, which left"
-            request = queued[rid]
-            want = hash_request_tokens(request.token_ids[:len(hashes) * self.block_size],
-                                       self.block_size, getattr(request, "cache_salt", None))
-            assert hashes == want, f"the block hashes kept for {rid!r} are not its tokens'"
-
-    def reset_prefix_cache(self) -> int:
-        """Forget every cached block nobody holds (vLLM's reset_prefix_cache); returns how
-        many. The counters are kept."""
-        return self.kv.pool.reset_prefix_cache()
 
 
 def cached_block_map(pool: PrefixCachingBlockPool, digits: int = 8) -> dict[int, str]:
@@ -579,8 +448,218 @@ def cached_block_map(pool: PrefixCachingBlockPool, digits: int = 8) -> dict[int,
             if b.block_hash is not None}
 
 
-if __name__ == "__main__":   # the chapter's command line is its engine's (code/s13_engine.py)
-    import sys
+# ---------------------------------------------------------------------------------------------
+# The engine with this manager, and its trace
+# ---------------------------------------------------------------------------------------------
 
-    from s13_engine import main
+def build_engine(model: s06.TorchTransformer, tokenizer, *,
+                 enable_prefix_caching: bool | None = None, block_size: int = 16,
+                 num_blocks: int | None = None, enable_kv_cache_events: bool = False,
+                 max_num_batched_tokens: int | None = None, policy: str = "fcfs",
+                 long_prefill_token_threshold: int = 0, **options) -> s09.LLMEngine:
+    """S12's paged engine with prefix caching: its block manager is a
+    `PrefixCachingKVCacheManager`. enable_prefix_caching: True, False (S12's manager: S12's
+    engine exactly) or None, the default: on in the fast mode, off with batch_invariant=True
+    (vLLM also leaves it None until the configuration decides). The other arguments are
+    S12's. Raises ParameterError naming the rule: enable_prefix_caching that is not None,
+    True or False, or True with batch_invariant=True (that mode computes each request alone,
+    a chunked prompt again whole, so it cannot reuse another request's KV)."""
+    batch_invariant = options.get("batch_invariant", False)
+    if enable_prefix_caching is None:
+        enable_prefix_caching = batch_invariant is not True
+    if not isinstance(enable_prefix_caching, bool):
+        raise ParameterError(f"enable_prefix_caching must be None, True or False (got "
+                             f"{enable_prefix_caching!r})", "enable_prefix_caching")
+    if enable_prefix_caching and batch_invariant is True:
+        raise ParameterError("enable_prefix_caching needs the fast mode: batch_invariant=True "
+                             "computes every request alone, so it cannot reuse KV another "
+                             "request computed (turn one of them off)", "enable_prefix_caching")
+    manager = PrefixCachingKVCacheManager if enable_prefix_caching else KVCacheManager
+    return paged_engine(model, tokenizer, manager,
+                        CacheConfig(block_size, num_blocks, enable_kv_cache_events),
+                        max_num_batched_tokens, policy, long_prefill_token_threshold, options)
+
+
+@dataclass(frozen=True)
+class CacheRecord:
+    """The prefix cache's side of one planned step (beside S09's `StepRecord` and S12's
+    `BlockRecord` of the same step): step; cache_hits, ((id, cached tokens, its tokens in
+    all), ...) for the requests admitted or resumed in the step (misses: in all - cached);
+    ref_cnts, per running id (S09's record's order), the ref_cnt of each block of its block
+    table when scheduled (a block shared by k requests shows k); cached_blocks, ((block id,
+    hash prefix), ...) of every cached block after the step, by id; free_queue, the free
+    block ids after the step, front first (allocation takes, and evicts, from the front);
+    cache_stats, (requests, hit_requests, queries, hits) so far."""
+
+    step: int
+    cache_hits: tuple[tuple[str, int, int], ...]
+    ref_cnts: tuple[tuple[int, ...], ...]
+    cached_blocks: tuple[tuple[int, str], ...]
+    free_queue: tuple[int, ...]
+    cache_stats: tuple[int, int, int, int]
+
+
+class CacheTracer:
+    """The observer that records a `CacheRecord` per planned step into `records` (an engine
+    whose manager caches: `build_engine` with the cache on). It snapshots the whole free
+    queue and the cached blocks every step, which costs time with thousands of blocks: a
+    tracer for the chapter's tables and the simulators, not for serving."""
+
+    def __init__(self):
+        self.records: list[CacheRecord] = []
+        self._seen: tuple | None = None
+
+    def on_plan(self, engine, plan) -> None:
+        if not plan.planned:
+            self._seen = None
+            return
+        blocks = engine.scheduler.kv.pool.blocks
+        hits = tuple((rid, plan.num_computed_tokens[rid], engine.requests[rid].num_tokens)
+                     for rid in plan.scheduled_new_ids + plan.scheduled_resumed_ids)
+        ref_cnts = tuple(tuple(blocks[b].ref_cnt for b in plan.block_tables[rid])
+                         for rid in plan.scheduled_ids)
+        self._seen = (plan.step, hits, ref_cnts)
+
+    def on_step(self, engine, result) -> None:
+        seen, self._seen = self._seen, None
+        if seen is None:
+            return
+        kv = engine.scheduler.kv
+        stats = kv.stats
+        self.records.append(CacheRecord(
+            *seen, tuple(cached_block_map(kv.pool).items()),
+            tuple(kv.pool.free_block_queue.block_ids()),
+            (stats.requests, stats.hit_requests, stats.queries, stats.hits)))
+
+
+def trace_cache(engine) -> CacheTracer:
+    """A `CacheTracer` attached to the engine."""
+    tracer = CacheTracer()
+    engine.observers.append(tracer)
+    return tracer
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+def format_cache_table(steps: Sequence, blocks: Sequence, cache: Sequence[CacheRecord],
+                       max_rows: int = 40) -> str:
+    """The step, block and cache records of the same steps as the prefix cache sees them,
+    one line per step: step, tokens computed, the requests admitted with their cached /
+    total tokens ("B 32/41" skipped 32 of 41), each scheduled block table with its shared
+    blocks marked by their ref_cnt ("B:[1x2,2x2,7]" is blocks 1 and 2 held by two
+    requests), the blocks cached, evicted and freed in the step, and cached blocks / free
+    blocks after it. A trace longer than max_rows shows its first and last max_rows // 2
+    steps. Raises ValueError for max_rows < 2 or records of different steps."""
+    from s08_cli import elide
+    if not [r.step for r in steps] == [b.step for b in blocks] == [c.step for c in cache]:
+        raise ValueError("the step, block and cache records must be of the same steps")
+    lines = [f"{'step':>5} {'tokens':>6}  hits (cached/all) | tables (block x ref_cnt) | "
+             "events | cached, free blocks"]
+    for row in elide(list(zip(steps, blocks, cache)), max_rows):
+        if row is None:
+            lines.append(f"{'…':>5} {len(steps) - 2 * (max_rows // 2)} steps not shown")
+            continue
+        r, b, c = row
+        hits = " ".join(f"{rid} {n}/{total}" for rid, n, total in c.cache_hits) or "-"
+        tables = " ".join(
+            f"{rid}:[" + ",".join(f"{blk}x{cnt}" if cnt > 1 else str(blk)
+                                  for blk, cnt in zip(table, cnts)) + "]"
+            for rid, table, cnts in zip(r.running, r.block_tables, c.ref_cnts)) or "-"
+        events = " ".join(f"{kind}:{rid}:{','.join(map(str, ids))}"
+                          for kind, rid, ids in b.block_events
+                          if kind in ("cached", "evicted", "freed")) or "-"
+        lines.append(f"{r.step:>5} {r.num_tokens:>6}  {hits} | {tables} | {events} | "
+                     f"{len(c.cached_blocks)}, {len(c.free_queue)}/{b.num_blocks - 1}")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def shared_prefix_prompts(tokenizer, prompts: Sequence[str], shared_tokens: int
+                          ) -> list[str]:
+    """The longest prompt first, then each other prompt behind its first shared_tokens
+    tokens, decoded, with a line break between (a system prompt every request starts with;
+    the tokenizer may merge its last token with what follows, so a request may share a token
+    fewer). Raises ValueError for a negative count or one longer than the longest prompt."""
+    if shared_tokens < 0:
+        raise ValueError(f"--shared-prefix must be >= 0 (got {shared_tokens})")
+    if shared_tokens == 0:
+        return list(prompts)
+    lengths = [len(tokenizer.encode(p)) for p in prompts]
+    source = lengths.index(max(lengths))
+    ids = tokenizer.encode(prompts[source])
+    if shared_tokens > len(ids):
+        raise ValueError(f"--shared-prefix {shared_tokens} is longer than the longest prompt "
+                         f"({len(ids)} tokens)")
+    head = tokenizer.decode(ids[:shared_tokens])
+    head += "" if head.endswith("\n") else "\n"
+    return [prompts[source]] + [head + p for k, p in enumerate(prompts) if k != source]
+
+
+def add_prefix_arguments(parser) -> None:
+    """S12's paged flags, and the prefix cache's: a shared prefix for the prompts, and off."""
+    import s12_engine as s12
+    s12.add_paged_arguments(
+        parser, "KV blocks in the pool, block 0 (the null block) included; small values force "
+                "evictions and preemptions (default: max-num-seqs x the context's blocks + 1)")
+    parser.add_argument("--shared-prefix", type=int, default=24,
+                        help="tokens of the longest prompt put in front of every other "
+                             "prompt, a system prompt they share; 0 = none (default: "
+                             "%(default)s)")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="turn the prefix cache off (S12's engine)")
+
+
+def cached_note(rid: str, run, tracers) -> str:
+    """Prompt tokens found cached at admission (and at each resume after a preemption)."""
+    if len(tracers) < 3:
+        return "prefix cache off"
+    hits = [n for c in tracers[2].records for r, n, _ in c.cache_hits if r == rid]
+    first, *resumed = hits or [0]
+    again = (f", then {', '.join(map(str, resumed))} at resume after preemption"
+             if resumed else "")
+    return f"{first} found cached at admission{again}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import s08_cli
+    import s09_trace
+    import s10_scheduler as s10
+    import s12_engine as s12
+
+    def check(parser, args) -> None:
+        s10.check_scheduler_arguments(parser, args)
+        if args.shared_prefix < 0:
+            parser.error(f"--shared-prefix must be >= 0 (got {args.shared_prefix})")
+
+    def describe(engine, tracers) -> str:
+        words = s12.describe_pool(engine, tracers)
+        if len(tracers) < 3:
+            return words + "; prefix cache off"
+        stats = engine.scheduler.kv.stats
+        return (f"{words}; prefix cache: {stats.hits} of {stats.queries} prompt tokens hit "
+                f"({100 * stats.hit_rate:.1f}%), {stats.hit_requests} of {stats.requests} "
+                "admissions hit")
+
+    def table(run, tracers) -> str:
+        steps, blocks = tracers[0].records, tracers[1].records
+        if len(tracers) < 3:
+            return s12.format_block_table(steps, blocks)
+        return format_cache_table(steps, blocks, tracers[2].records)
+
+    s08_cli.chapter_main(s08_cli.Chapter(
+        "Chapter 13: prefix caching, full KV blocks shared by hash and reference count.",
+        build_engine, add_arguments=add_prefix_arguments, check=check,
+        options=lambda args: dict(
+            s12.paged_options(args),
+            enable_prefix_caching=False if args.no_prefix_caching else None),
+        prompts=lambda tokenizer, prompts, args: shared_prefix_prompts(
+            tokenizer, prompts, args.shared_prefix),
+        tracers=lambda engine: [s09_trace.StepTracer(), s12.BlockTracer()] + (
+            [CacheTracer()] if isinstance(engine.scheduler.kv, PrefixCachingKVCacheManager)
+            else []),
+        describe=describe, note=cached_note, table=table), argv)
+
+
+if __name__ == "__main__":
     sys.exit(main())

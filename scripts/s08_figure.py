@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "code"))
 
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
+import s08_cli  # noqa: E402
 import s08_static_batching as s08  # noqa: E402
 
 OUT = ROOT / "chapters" / "figures" / "s08-static-batch.svg"
@@ -35,7 +36,7 @@ def default_batch() -> s08.BatchStats:
     """The default batch of code/s08_static_batching.py's main (same prompts and params)."""
     model, tokenizer = s06.load(str(s08.s03.BUNDLED_MODEL_DIR), "cpu", "float32", "manual")
     max_context = min(model.config.max_position_embeddings, 4096)
-    prompts = s08.corpus_prompts(tokenizer, 8, 0, max_context)
+    prompts = s08_cli.corpus_prompts(tokenizer, 8, 0, max_context)
     engine = s08.Engine(model, tokenizer, max_context)
     engine.generate(prompts, s04.SamplingParams(temperature=0.0, seed=0, max_tokens=40))
     return engine.last_batch

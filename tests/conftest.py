@@ -17,6 +17,18 @@ for sub in ("code", "tests", "tests/exercises"):
         sys.path.insert(0, path)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """One torch thread for the whole run: on ops this small, threads wait for each other
+    (two threads on two shared cores were 2-4x slower in every engine measured), and pytest
+    may run two workers side by side."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

@@ -1,8 +1,14 @@
-"""Test helpers shared by the engine tests: a runner that records what the engine asked of it,
-plugged in through the engine's `runner_class` seam (S05, S06), a way to drive several streams
-of one engine in turn, the per-prompt oracles of a tiny random model (S09-S11), and an
-engine whose one request gets NaN logits and one that keeps the sampled rows' logits
-(S11, S12)."""
+"""Test helpers shared by the engine tests.
+
+Part I: a runner that records what the engine asked of it, plugged in through the engine's
+`runner_class` seam (S05, S06), and a way to drive several streams of one engine in turn.
+Part II (the one step engine, S09 on): the per-prompt oracles of a tiny random model
+(`tiny_references`, `tiny_fixture`), `greedy` params, `drive` (requests arriving and aborted
+at given steps, with a per-chapter check after every step and the idle check at the end), and
+runner wrappers that tests plug in by composition (`NaNRows`, `LogitsRecorder`): the engine is
+never subclassed."""
+
+import dataclasses
 
 
 def counting_engine(engine_class):
@@ -69,43 +75,105 @@ def tiny_references(name: str, directory, prompts, context: int, max_new_tokens:
     return hf, model, references
 
 
-def nan_for(engine_class):
-    """A subclass of a chunking engine (S11 on) that gives request `engine.bad`'s sampled row
-    NaN logits from its second token on, through the `execute_model` seam (rows in batch
-    order, as `_forward_step` reads them)."""
-
-    class NaNFor(engine_class):
-        bad = None
-
-        def execute_model(self, batch):
-            logits = super().execute_model(batch)
-            out = self.scheduler_output
-            rows = sorted((self.requests[r] for r in out.num_scheduled_tokens),
-                          key=lambda s: s.slot)
-            for i, seq in enumerate(rows):
-                if (seq.request_id == self.bad and seq.output_ids
-                        and seq.request_id in out.sample_ids):
-                    logits = logits.clone()
-                    logits[i] = float("nan")
-            return logits
-
-    return NaNFor
+def greedy(max_tokens: int = 8, **kwargs):
+    """Greedy SamplingParams (temperature 0) for max_tokens tokens, other fields as given."""
+    import s04_sampling as s04
+    return s04.SamplingParams(temperature=0.0, max_tokens=max_tokens, **kwargs)
 
 
-class SampledLogits:
-    """A mixin for a chunking engine (S11 on) that keeps a copy of the logits of every row
-    that sampled, per request, in `engine.logits`, through the `execute_model` seam (rows in
-    batch order, as `_forward_step` reads them)."""
+def tiny_fixture(prefix: str, names, prompts, context: int, max_new_tokens: int):
+    """A module-scoped pytest fixture over the tiny random models `names`: (name, HF model,
+    S06 model, {prompt index: (S05 alone, HF alone)}) for each (`tiny_references`)."""
+    import pytest
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    @pytest.fixture(scope="module", params=list(names))
+    def tiny(request, tmp_path_factory):
+        directory = tmp_path_factory.mktemp(f"{prefix}_{request.param}")
+        hf, model, references = tiny_references(request.param, directory, prompts, context,
+                                                max_new_tokens)
+        return request.param, hf, model, references
+
+    return tiny
+
+
+def drive(engine, requests, arrivals, aborts=None, check=None):
+    """Run requests [(prompt, params) or (prompt, params, {add_request keywords})] through
+    `add_request` / `step`: request i is added before step call arrivals[i]; aborts: {step
+    call: [request index]}; check(engine, call, outputs), if given, runs after every step
+    (each chapter's invariants). At the end every request has had its last output, and the
+    engine is idle: nothing waits or runs and the KV manager holds no token (invariant 8 of
+    the course plan). Returns ({index: [outputs]}, {index: request id})."""
+    aborts = aborts or {}
+    ids, outputs, call = {}, {}, 0
+    while len(ids) < len(requests) or engine.has_unfinished_requests():
+        for i, at in enumerate(arrivals):
+            if at == call and i not in ids:
+                prompt, params, *keywords = requests[i]
+                ids[i] = engine.add_request(prompt, params, **(keywords[0] if keywords else {}))
+        for i in aborts.get(call, []):
+            if i in ids:
+                engine.abort(ids[i])
+        got = engine.step()
+        index_of = {rid: i for i, rid in ids.items()}
+        for output in got:
+            outputs.setdefault(index_of[output.request_id], []).append(output)
+        if check is not None:
+            check(engine, call, got)
+        call += 1
+    assert all(outs[-1].finished for outs in outputs.values())
+    assert not engine.scheduler.has_unfinished_requests() and not engine.requests
+    assert engine.scheduler.kv.num_used_tokens == 0
+    return outputs, ids
+
+
+def tokens_of(outputs) -> list[int]:
+    return [t for o in outputs for t in o.new_token_ids]
+
+
+def text_of(outputs) -> str:
+    return "".join(o.text_delta for o in outputs)
+
+
+class RunnerWrapper:
+    """A runner that delegates everything to the runner it wraps (tests override
+    `execute_model` to see or change what the real one returns)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def execute_model(self, plan, requests):
+        return self.runner.execute_model(plan, requests)
+
+
+class NaNRows(RunnerWrapper):
+    """Gives the sampled row of request `bad` NaN logits once it has `after` output tokens
+    (set `bad` after the engine is built: `engine.runner = NaNRows(engine.runner)`)."""
+
+    def __init__(self, runner, bad: str | None = None, after: int = 1):
+        super().__init__(runner)
+        self.bad, self.after = bad, after
+
+    def execute_model(self, plan, requests):
+        out = self.runner.execute_model(plan, requests)
+        if self.bad in out.req_ids and len(requests[self.bad].output_ids) >= self.after:
+            logits = out.logits.clone()
+            logits[out.req_ids.index(self.bad)] = float("nan")
+            out = dataclasses.replace(out, logits=logits)
+        return out
+
+
+class LogitsRecorder(RunnerWrapper):
+    """Keeps a copy of the logits of every row that sampled, per request, in `logits`."""
+
+    def __init__(self, runner):
+        super().__init__(runner)
         self.logits: dict[str, list] = {}
 
-    def execute_model(self, batch):
-        logits = super().execute_model(batch)
-        out = self.scheduler_output
-        rows = sorted((self.requests[r] for r in out.num_scheduled_tokens), key=lambda s: s.slot)
-        for i, seq in enumerate(rows):
-            if seq.request_id in out.sample_ids:
-                self.logits.setdefault(seq.request_id, []).append(logits[i].clone())
-        return logits
+    def execute_model(self, plan, requests):
+        out = self.runner.execute_model(plan, requests)
+        for row, rid in enumerate(out.req_ids):
+            self.logits.setdefault(rid, []).append(out.logits[row].clone())
+        return out

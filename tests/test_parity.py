@@ -27,10 +27,11 @@ import s05_kv_cache as s05
 import s06_torch as s06
 import s08_static_batching as s08
 import s09_continuous_batching as s09
-import s10_engine as s10
+import s10_scheduler as s10
 import s11_chunked_prefill as s11
 import s12_engine as s12
-import s13_engine as s13
+import s13_prefix_caching as s13
+from s09_llm import LLM
 from test_s03_transformer import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 
 MAX_CONTEXT = 96
@@ -57,19 +58,24 @@ def engines(model, torch_models, tokenizer, max_context):
            for name, torch_model in torch_models.items()},
         **{f"s08_{name[4:]}": s08.Engine(torch_model, tokenizer, max_context)
            for name, torch_model in torch_models.items()},   # a static batch of one
-        **{f"s09_{name[4:]}": s09.LLMEngine(torch_model, tokenizer, max_context)
+        **{f"s09_{name[4:]}": LLM(s09.build_engine(torch_model, tokenizer,
+                                                   max_context=max_context))
            for name, torch_model in torch_models.items()},   # add_request / step underneath
-        **{f"s10_{name[4:]}": s10.LLMEngine(torch_model, tokenizer, max_context,
-                                            max_num_batched_tokens=max_context)
-           for name, torch_model in torch_models.items()},   # S09 driven by the scheduler
-        **{f"s11_{name[4:]}": s11.LLMEngine(torch_model, tokenizer, max_context, 4,
-                                            max_num_batched_tokens=8)
+        **{f"s10_{name[4:]}": LLM(s10.build_engine(torch_model, tokenizer,
+                                                   max_context=max_context,
+                                                   max_num_batched_tokens=max_context))
+           for name, torch_model in torch_models.items()},   # S09 with S10's scheduler
+        **{f"s11_{name[4:]}": LLM(s11.build_engine(torch_model, tokenizer,
+                                                   max_context=max_context, max_num_seqs=4,
+                                                   max_num_batched_tokens=8))
            for name, torch_model in torch_models.items()},   # prompts chunked 8 tokens a step
-        **{f"s12_{name[4:]}": s12.LLMEngine(torch_model, tokenizer, max_context, 4,
-                                            max_num_batched_tokens=8, block_size=4)
+        **{f"s12_{name[4:]}": LLM(s12.build_engine(torch_model, tokenizer,
+                                                   max_context=max_context, max_num_seqs=4,
+                                                   max_num_batched_tokens=8, block_size=4))
            for name, torch_model in torch_models.items()},   # KV in blocks of 4 tokens
-        **{f"s13_{name[4:]}": s13.LLMEngine(torch_model, tokenizer, max_context, 4,
-                                            max_num_batched_tokens=8, block_size=4)
+        **{f"s13_{name[4:]}": LLM(s13.build_engine(torch_model, tokenizer,
+                                                   max_context=max_context, max_num_seqs=4,
+                                                   max_num_batched_tokens=8, block_size=4))
            for name, torch_model in torch_models.items()},   # full blocks shared by hash
     }
 

@@ -425,9 +425,11 @@ def test_interleaved_streams_on_one_engine_each_equal_their_solo_run(tiny_by_nam
                                                                  for n in range(6, 14)]
 
 
-def test_a_failed_request_does_not_corrupt_another_ones_cache(tiny_by_name):
-    """A prompt with an id the model does not have fails in prefill, after the cache was reset:
-    the request streamed before it must then prefill again, not decode on the wrong cache."""
+def test_a_failed_request_does_not_corrupt_another_ones_cache(tiny_by_name, monkeypatch):
+    """A request whose prefill fails half way (a layer raises), after the cache was reset:
+    the request streamed before it must then prefill again, not decode on the wrong cache.
+    (A prompt id outside the vocabulary no longer gets that far: the engine refuses it at
+    the door, `check_prompt`.)"""
     hf, model = tiny_by_name("qwen3_gqa_tied")
     engine = CountingEngine(model, IdTokenizer(), CONTEXT)
     prompt = prompt_text([5, 17, 42])
@@ -435,8 +437,11 @@ def test_a_failed_request_does_not_corrupt_another_ones_cache(tiny_by_name):
     assert solo == hf_greedy(hf, [5, 17, 42], 10, eos_id=EOS_UNUSED)    # the oracle
     stream = engine.stream(prompt, greedy(10))
     next(stream), next(stream)
-    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 97\)"):
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, V=97\)"):
         engine.generate(prompt_text([5, 500]), greedy(3))
+    with monkeypatch.context() as patched, pytest.raises(ZeroDivisionError):
+        patched.setattr(model.blocks[1], "finish", lambda x, attn: 1 / 0)
+        engine.generate(prompt_text([5, 6]), greedy(3))
     mark = len(engine.runner.calls)
     list(stream)
     assert stream.result.token_ids == solo

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import s04_sampling as s04
 import s06_torch as s06
-from s08_static_batching import BATCH_TOLERANCE, Engine, follows_batch_rule
+from s08_batch_variance import BATCH_TOLERANCE, follows_batch_rule
+from s08_static_batching import Engine
 from test_s03_transformer import V, IdTokenizer, build_tiny
 
 CONTEXT = 96

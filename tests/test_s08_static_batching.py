@@ -29,11 +29,13 @@ import s03_transformer as s03
 import s04_sampling as s04
 import s05_kv_cache as s05
 import s06_torch as s06
+from s08_batch_variance import (
+    BATCH_TOLERANCE, first_close_call, follows_batch_rule, format_variance_table,
+    measure_batch_variance, record_logits, top2_gaps,
+)
 from s08_static_batching import (
-    BATCH_TOLERANCE, BatchKVCache, BatchRunner, BatchStats, BatchStream, Engine, RecordingEngine,
-    attention_allowed, batched_attention, first_close_call, follows_batch_rule,
-    format_variance_table, format_waste_table, left_pad, main, measure_batch_variance,
-    position_ids_from_mask, top2_gaps,
+    BatchKVCache, BatchRunner, BatchStats, BatchStream, Engine, attention_allowed,
+    batched_attention, format_waste_table, left_pad, main, position_ids_from_mask,
 )
 from engine_testing import run_in_turns
 from test_s03_transformer import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
@@ -227,14 +229,17 @@ def test_position_ids_from_the_column_show_on_gpt2_and_hide_under_rope(tiny):
 def test_batch_invariant_logits_are_bitwise_those_of_the_request_alone(tiny):
     name, hf, model, *_ = tiny
     batch = [text(PROMPTS[i]) for i in BATCHES[8]]
-    together = RecordingEngine(model, IdTokenizer(), CONTEXT, batch_invariant=True)
+    together = Engine(model, IdTokenizer(), CONTEXT, batch_invariant=True)
+    together_logits = record_logits(together)
     results = together.generate(batch, greedy())
     for row, prompt in enumerate(batch):
-        alone = RecordingEngine(model, IdTokenizer(), CONTEXT, batch_invariant=True)
+        alone = Engine(model, IdTokenizer(), CONTEXT, batch_invariant=True)
+        alone_logits = record_logits(alone)
         single = alone.generate([prompt], greedy())[0]
         assert single.token_ids == results[row].token_ids
         for step in range(len(single.token_ids)):
-            assert torch.equal(together.recorded[step][row], alone.recorded[step][0]), (name, row)
+            assert torch.equal(together_logits[step][row], alone_logits[step][0]), (name, row)
+    assert Engine.runner_class is BatchRunner         # the seam was set on the instances only
 
 
 def test_fast_mode_follows_the_stated_rule_against_the_reference(tiny):
@@ -406,12 +411,13 @@ def test_cached_batch_logits_equal_a_full_recompute(tiny):
     are allclose to recomputing the row's whole context without a cache, and greedy equal."""
     name, hf, model, *_ = tiny
     batch = [PROMPTS[i] for i in BATCHES[3]]
-    engine = RecordingEngine(model, IdTokenizer(), CONTEXT)
+    engine = Engine(model, IdTokenizer(), CONTEXT)
+    recorded = record_logits(engine)
     results = engine.generate([text(p) for p in batch], greedy())
     for row, (prompt, got) in enumerate(zip(batch, results)):
         context = prompt + got.token_ids
         full = model.forward(context[:-1])[len(prompt) - 1:]         # (n, V), no cache
-        cached = torch.stack([engine.recorded[step][row] for step in range(len(got.token_ids))])
+        cached = torch.stack([recorded[step][row] for step in range(len(got.token_ids))])
         np.testing.assert_allclose(cached.numpy(), full, rtol=1e-4, atol=1e-5, err_msg=name)
         assert full.argmax(-1).tolist() == got.token_ids
 
@@ -838,6 +844,8 @@ def test_main_prints_each_completion_in_order_and_the_waste_table(capsys):
     main(["--device", "cpu", "--num-prompts", "3", "--max-tokens", "4", "--batch-invariant"])
     out = capsys.readouterr().out
     assert "batch-invariant (every row alone) mode" in out and "request 2" in out
+    # Rows computed alone, real tokens only: no padding or idle slot, so no waste table.
+    assert "all useful: each row ran alone" in out and "masked keys" not in out
 
 
 # --- CUDA (skipped without a GPU) ------------------------------------------------------------

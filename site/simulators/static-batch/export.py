@@ -31,6 +31,7 @@ if str(ROOT / "code") not in sys.path:
 import s03_transformer as s03  # noqa: E402  (code/ is not a package)
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
+import s08_cli  # noqa: E402
 import s08_static_batching as s08  # noqa: E402
 
 # (id, title, number of corpus prompts, workload seed, max_tokens of each request)
@@ -84,7 +85,7 @@ def export() -> dict:
                       "model, greedy, EOS on, float32 on the CPU",
             "eos_id": min(engine_eos(model, tokenizer)), "batches": []}
     for key, title, num, seed, max_tokens in BATCHES:
-        prompts = s08.corpus_prompts(tokenizer, num, seed, max_context)
+        prompts = s08_cli.corpus_prompts(tokenizer, num, seed, max_context)
         engine = s08.Engine(model, tokenizer, max_context)
         data["batches"].append({"id": key, "title": title, "seed": seed,
                                 **run_batch(engine, tokenizer, prompts, max_tokens)})

@@ -1,0 +1,144 @@
+"""S09's offline call style: Part I's `generate` / `stream` as a thin loop over the step engine.
+
+What is here
+    `LLM(engine)` (vLLM's offline `LLM` class, the same idea): `generate(prompt, max_tokens)`
+    and `stream(...)` as Part I's engines take them, and S08's `generate(prompts, params)`
+    for a list, over any Part II engine's `add_request` / `step` / `abort`. So the parity
+    chain (tests/test_parity.py) makes the same call on every engine of the course, from the
+    S01 loop to S13's prefix-caching engine.
+
+    - The requests of one call are all checked before any is queued (`make_request`), so a
+      bad prompt or params raises ParameterError (prefixed "prompt i: " or "params[i]: " for
+      a list) with nothing queued.
+    - A stream steps the engine until its own requests have finished; streams of one `LLM`
+      may be advanced in turns (each step's outputs go to the stream whose request they
+      are). Its request ids are held from the `stream` call; its requests are queued when
+      it is first iterated. Closing a stream early, or a failure, aborts its unfinished
+      requests and lets the ids go (a stream dropped before its first step keeps its ids
+      held: nothing was queued, so nothing else is held).
+    - The `LLM` owns its engine: it refuses to start while the engine holds unfinished
+      requests it did not add (their outputs would be taken by its steps); use the engine's
+      own `add_request` / `step` for those (S19's server does).
+
+Tests
+    tests/test_s09_continuous_batching.py (generate and stream against the engine's steps),
+    tests/test_parity.py.
+
+References
+    vLLM's `LLM.generate` (vllm/entrypoints/llm.py: add every request, then step the engine
+    until none is unfinished).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterator
+
+import s01_generation_loop as s01
+import s08_static_batching as s08
+from s01_generation_loop import ParameterError
+
+MAX_REQUESTS_PER_CALL = 4096   # prompts one generate(prompts) call may queue
+
+
+class LLM:
+    """Part I's and S08's calls over an engine (see the module docstring).
+
+    `generate(prompt, max_tokens=16, temperature=None, seed=None, **options)` -> Part I's
+    `Completion`; with a list of prompts (each text or token ids) and params (one
+    SamplingParams, a list of one per prompt, or Part I's keywords) -> one `Completion` per
+    prompt, in order. `stream(...)`: Part I's `CompletionStream` for one prompt, S08's
+    `BatchStream` (lists of the step's outputs; its `stats` is None: nothing idles here to
+    count) for a list. temperature None means greedy in this call style, as in Part I.
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._inboxes: dict[str, deque] = {}     # outputs kept for the running streams
+
+    @property
+    def max_context(self) -> int:
+        return self.engine.max_context
+
+    def generate(self, prompts, params=None, temperature: float | None = None,
+                 seed: int | None = None, **options):
+        stream = self.stream(prompts, params, temperature, seed, **options)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompts, params=None, temperature: float | None = None,
+               seed: int | None = None, **options):
+        """Check every request, then return the stream; the requests are queued when it is
+        first iterated. Raises ParameterError before anything is queued (see the module
+        docstring), and ValueError while the engine holds requests this LLM did not add."""
+        foreign = set(self.engine.requests) - set(self._inboxes)
+        if foreign:
+            raise ValueError(f"the engine holds {len(foreign)} unfinished requests this LLM "
+                             "did not add: step or abort them first (an LLM owns its engine)")
+        single = isinstance(prompts, str)
+        prompts = [prompts] if single else prompts
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ParameterError("prompts must be a string or a non-empty list of prompts "
+                                 f"(got {prompts!r:.80})", "prompt")
+        if len(prompts) > MAX_REQUESTS_PER_CALL:
+            raise ParameterError(f"one call takes at most {MAX_REQUESTS_PER_CALL} prompts (got "
+                                 f"{len(prompts)}): split them", "prompt")
+        processor = self.engine.processor
+        all_params = processor.make_batch_params(len(prompts), params, temperature, seed,
+                                                 options)
+        requests = []
+        for i, (prompt, p) in enumerate(zip(prompts, all_params)):
+            try:
+                requests.append(self.engine.make_request(prompt, p, self._new_id(requests)))
+            except ParameterError as err:
+                where = (f"prompt {i}: " if err.parameter == "prompt" else
+                         f"params[{i}]: " if isinstance(params, (list, tuple)) else "")
+                if single or not where:
+                    raise
+                raise ParameterError(where + str(err), err.parameter, err.value) from None
+        for request in requests:      # the ids are this stream's from now on
+            self._inboxes[request.request_id] = deque()
+        if single:
+            return s01.CompletionStream(self._one(requests[0]), requests[0].seq)
+        return s08.BatchStream(self._run(requests), [r.seq for r in requests], None)
+
+    def _new_id(self, made: list) -> str:
+        """The lowest number that no unfinished request, no stream and no request made in
+        this call holds."""
+        taken = {r.request_id for r in made}
+        k = 0
+        while str(k) in taken or str(k) in self.engine.requests or str(k) in self._inboxes:
+            k += 1
+        return str(k)
+
+    def _one(self, request) -> Iterator[s01.RequestOutput]:
+        for outputs in self._run([request]):
+            yield from outputs
+
+    def _run(self, requests) -> Iterator[list[s01.RequestOutput]]:
+        """Queue the requests, then step until each has had its last output, yielding their
+        outputs of each step. Closed or failed before the end, it aborts those unfinished
+        (their KV freed; their last outputs, which nobody will read, are dropped)."""
+        ids = [r.request_id for r in requests]
+        inboxes = {rid: self._inboxes[rid] for rid in ids}
+        done: set[str] = set()
+        try:
+            for request in requests:
+                self.engine.queue(request)
+            while True:
+                ready = [inboxes[rid].popleft() for rid in ids
+                         for _ in range(len(inboxes[rid]))]
+                done.update(o.request_id for o in ready if o.finished)
+                if ready:
+                    yield ready
+                if len(done) == len(ids):
+                    return
+                for output in self.engine.step():
+                    inbox = self._inboxes.get(output.request_id)
+                    if inbox is not None:
+                        inbox.append(output)
+        finally:
+            for rid in ids:
+                self._inboxes.pop(rid, None)
+                if rid not in done:
+                    self.engine.abort(rid)
