@@ -582,6 +582,15 @@ class CompletionStream:
                           seq.finish_reason, seq.stop_reason, seq.logprobs, seq.stats)
 
 
+def run_to_end(stream):
+    """Iterate a stream (a `CompletionStream`, S08's `BatchStream`) to its end and return its
+    `result`: every engine's `generate` is its `stream` run this way, so the two cannot
+    disagree."""
+    for _ in stream:
+        pass
+    return stream.result
+
+
 class DecodeAtEnd:
     """S01's detokenizer: it shows no text until the request ends, then decodes every output id
     at once. Turning tokens into text as they arrive needs care that S02's
@@ -678,10 +687,7 @@ class Engine:
         the first pass). temperature None means 0 (greedy) in this call style; seed makes
         sampling reproducible. Raises ValueError for a bad request before any pass.
         """
-        stream = self.stream(prompt, max_tokens, temperature, seed, **options)
-        for _ in stream:
-            pass
-        return stream.result
+        return run_to_end(self.stream(prompt, max_tokens, temperature, seed, **options))
 
     def stream(self, prompt: str, max_tokens=16, temperature: float | None = None,
                seed: int | None = None, **options) -> CompletionStream:

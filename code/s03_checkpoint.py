@@ -609,7 +609,7 @@ def check_state_dict(config: s03.TransformerConfig, state_dict: Mapping[str, np.
     return {name: np.ascontiguousarray(tensors[name], dtype=np.float32) for name in expected}
 
 
-def _strip(tensors: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+def strip_prefix(tensors: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     """The tensors named `prefix...`, renamed without the prefix (one layer's weights)."""
     return {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
 

@@ -478,19 +478,19 @@ class Transformer:
     """
 
     def __init__(self, config: TransformerConfig, state_dict: Mapping[str, np.ndarray]):
-        from s03_checkpoint import _strip, check_state_dict  # on use (see the imports)
+        from s03_checkpoint import check_state_dict, strip_prefix  # on use (see the imports)
         self.config = config
         w = check_state_dict(config, state_dict)
         if config.model_type == "gpt2":
             self.embed_tokens = w["transformer.wte.weight"]    # (V, C)
             self.embed_positions = w["transformer.wpe.weight"]  # (max_position_embeddings, C)
-            self.blocks = [GPT2Block(config, _strip(w, f"transformer.h.{i}."))
+            self.blocks = [GPT2Block(config, strip_prefix(w, f"transformer.h.{i}."))
                            for i in range(config.num_hidden_layers)]
             self.final_norm = (w["transformer.ln_f.weight"], w["transformer.ln_f.bias"])
         else:
             self.embed_tokens = w["model.embed_tokens.weight"]  # (V, C)
             self.embed_positions = None
-            self.blocks = [Qwen3Block(config, _strip(w, f"model.layers.{i}."))
+            self.blocks = [Qwen3Block(config, strip_prefix(w, f"model.layers.{i}."))
                            for i in range(config.num_hidden_layers)]
             self.final_norm = (w["model.norm.weight"],)
         # A tied head reuses the embedding matrix: the same (V, C) numbers read in reverse.
@@ -525,7 +525,7 @@ class Transformer:
         2**63 is out of range, not an overflow), positions of another length, a position
         outside [0, max_position_embeddings), or, without positions (token t at position t),
         more than max_position_embeddings tokens."""
-        ids = _integers_in_range(token_ids, self.vocab_size, "token ids", "forward needs a "
+        ids = integers_in_range(token_ids, self.vocab_size, "token ids", "forward needs a "
                                  "non-empty 1-D sequence of token ids", f"[0, {self.vocab_size})")
         limit = self.config.max_position_embeddings
         if positions is None:
@@ -534,7 +534,7 @@ class Transformer:
                     f"{ids.size} tokens do not fit the context window: token t sits at position "
                     f"t, and positions must lie in [0, max_position_embeddings={limit})")
             return ids, np.arange(ids.size)
-        pos = _integers_in_range(positions, limit, "positions", "positions must be a 1-D sequence",
+        pos = integers_in_range(positions, limit, "positions", "positions must be a 1-D sequence",
                                  f"[0, max_position_embeddings={limit})")
         if pos.shape != ids.shape:
             raise ValueError(f"positions must have one entry per token ({ids.size}), got {pos.shape}")
@@ -569,7 +569,7 @@ class Transformer:
         return self.head(x).astype(np.float32, copy=False)
 
 
-def _integers_in_range(values: Sequence[int], limit: int, what: str, shape_rule: str,
+def integers_in_range(values: Sequence[int], limit: int, what: str, shape_rule: str,
                        bounds: str) -> np.ndarray:
     """values as int64 (T,), after checking they are a non-empty 1-D run of integers in
     [0, limit). NumPy alone would truncate 1.5 to 1, read True as 1, overflow on 2**63 or turn

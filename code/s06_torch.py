@@ -469,16 +469,18 @@ class TorchTransformer(nn.Module):
         if config.model_type == "gpt2":
             self.embed_tokens = _param(w["transformer.wte.weight"], dev, dtype)       # (V, C)
             self.embed_positions = _param(w["transformer.wpe.weight"], dev, dtype)    # (P, C)
-            self.blocks = nn.ModuleList(GPT2Block(config, s03_checkpoint._strip(w, f"transformer.h.{i}."), dev, dtype)
-                                        for i in range(config.num_hidden_layers))
+            self.blocks = nn.ModuleList(
+                GPT2Block(config, s03_checkpoint.strip_prefix(w, f"transformer.h.{i}."), dev,
+                          dtype) for i in range(config.num_hidden_layers))
             self.final_norm = _param(w["transformer.ln_f.weight"], dev, dtype)
             self.final_norm_bias = _param(w["transformer.ln_f.bias"], dev, dtype)
             self.cos = self.sin = None
         else:
             self.embed_tokens = _param(w["model.embed_tokens.weight"], dev, dtype)    # (V, C)
             self.embed_positions = None
-            self.blocks = nn.ModuleList(Qwen3Block(config, s03_checkpoint._strip(w, f"model.layers.{i}."), dev, dtype)
-                                        for i in range(config.num_hidden_layers))
+            self.blocks = nn.ModuleList(
+                Qwen3Block(config, s03_checkpoint.strip_prefix(w, f"model.layers.{i}."), dev,
+                           dtype) for i in range(config.num_hidden_layers))
             self.final_norm = _param(w["model.norm.weight"], dev, dtype)
             self.final_norm_bias = None
             self.cos, self.sin = rope_tables(config, dev, dtype)
@@ -549,7 +551,7 @@ class TorchTransformer(nn.Module):
             # judged by the value it holds.
             token_ids = [v.item() if isinstance(v, (np.ndarray, torch.Tensor)) and v.ndim == 0
                          else v for v in token_ids]
-        ids = s03._integers_in_range(token_ids, self.vocab_size, "token ids", "forward needs a "
+        ids = s03.integers_in_range(token_ids, self.vocab_size, "token ids", "forward needs a "
                                      "non-empty 1-D sequence of token ids",
                                      f"[0, {self.vocab_size})")
         limit = self.config.max_position_embeddings

@@ -159,6 +159,18 @@ def elide(rows: list, max_rows: int) -> list:
     return rows[:half] + [None] + rows[-half:]
 
 
+def render_table(header: str, rows: Sequence, render: Callable, max_rows: int = 40) -> str:
+    """A table of steps as text: the header, then render(row) for each row `elide` keeps and,
+    where it left rows out, a line saying how many; trailing spaces stripped. Raises
+    ValueError for max_rows that is not an integer >= 2."""
+    rows = list(rows)
+    lines = [header]
+    for row in elide(rows, max_rows):
+        lines.append(f"{'…':>5} {len(rows) - 2 * (max_rows // 2)} steps not shown"
+                     if row is None else render(row))
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def fit_ids(ids: Sequence[str], width: int) -> str:
     """ids comma-separated, or, when that is wider than width, their count and the first
     ones that fit, cut with "…": "12: 0,1,2,…" (never wider than a width >= 8)."""

@@ -672,10 +672,7 @@ class Engine(s06.Engine):
                  seed: int | None = None, **options):
         """Run the prompts as one static batch; one `Completion` per prompt, in order (one
         `Completion` for a single str prompt). See the class docstring for params."""
-        stream = self.stream(prompts, params, temperature, seed, **options)
-        for _ in stream:
-            pass
-        return stream.result
+        return s01.run_to_end(self.stream(prompts, params, temperature, seed, **options))
 
     def stream(self, prompts, params=None, temperature: float | None = None,
                seed: int | None = None, **options):

@@ -61,10 +61,7 @@ class LLM:
 
     def generate(self, prompts, params=None, temperature: float | None = None,
                  seed: int | None = None, **options):
-        stream = self.stream(prompts, params, temperature, seed, **options)
-        for _ in stream:
-            pass
-        return stream.result
+        return s01.run_to_end(self.stream(prompts, params, temperature, seed, **options))
 
     def stream(self, prompts, params=None, temperature: float | None = None,
                seed: int | None = None, **options):

@@ -149,15 +149,13 @@ def format_occupancy_table(records: Sequence[StepRecord], max_rows: int = 40) ->
     when longer): step, tokens in the step (prompt tokens), the running ids with their
     slots, joined, left, waiting. Raises ValueError for max_rows that is not an integer
     >= 2."""
-    from s08_cli import elide
-    lines = [f"{'step':>5} {'tokens':>9} {'running (id@slot)':<32} {'joined':<10} "
-             f"{'left':<10} {'waiting':>7}"]
-    for r in elide(list(records), max_rows):
-        if r is None:
-            lines.append(f"{'…':>5} {len(records) - 2 * (max_rows // 2)} steps not shown")
-            continue
+    from s08_cli import render_table
+
+    def render(r: StepRecord) -> str:
         tokens = f"{r.num_tokens}" + (f" ({r.prefill_tokens}p)" if r.prefill_tokens else "")
         running = ",".join(f"{rid}@{slot}" for rid, slot in zip(r.running, r.slots))
-        lines.append(f"{r.step:>5} {tokens:>9} {running[:32]:<32} {','.join(r.joined):<10} "
-                     f"{','.join(r.left):<10} {r.waiting:>7}")
-    return "\n".join(line.rstrip() for line in lines)
+        return (f"{r.step:>5} {tokens:>9} {running[:32]:<32} {','.join(r.joined):<10} "
+                f"{','.join(r.left):<10} {r.waiting:>7}")
+
+    return render_table(f"{'step':>5} {'tokens':>9} {'running (id@slot)':<32} {'joined':<10} "
+                        f"{'left':<10} {'waiting':>7}", records, render, max_rows)

@@ -415,31 +415,29 @@ def format_schedule_table(records: Sequence, max_rows: int = 40) -> str:
     cell past it shows how many ids it holds and is cut with "…" (`fit_ids`). A trace
     longer than max_rows shows its first and last max_rows // 2 steps and says how many it
     left out. Raises ValueError for max_rows that is not an integer >= 2."""
-    from s08_cli import elide, fit_ids
-    shown = elide(list(records), max_rows)
-    rows = []
-    for r in shown:
-        if r is None:
-            continue
-        cells = {"running": [f"{rid}({n})" if n > 1 else rid
-                             for rid, n in zip(r.running, r.num_scheduled_tokens)]}
-        cells.update({name: list(getattr(r, name)) for _, name, _ in TABLE_ID_COLUMNS[1:]})
-        rows.append((r, cells))
-    widths = {name: min(limit, max([len(header)] + [len(",".join(c[name])) for _, c in rows]))
+    from s08_cli import elide, fit_ids, render_table
+    shown = [r for r in elide(list(records), max_rows) if r is not None]
+
+    def cells(r) -> dict[str, list[str]]:
+        out = {"running": [f"{rid}({n})" if n > 1 else rid
+                           for rid, n in zip(r.running, r.num_scheduled_tokens)]}
+        out.update({name: list(getattr(r, name)) for _, name, _ in TABLE_ID_COLUMNS[1:]})
+        return out
+
+    widths = {name: min(limit, max([len(header)] + [len(",".join(cells(r)[name]))
+                                                    for r in shown]))
               for header, name, limit in TABLE_ID_COLUMNS}
-    ids_header = " ".join(f"{header:<{widths[name]}}" for header, name, _ in TABLE_ID_COLUMNS)
-    lines = [f"{'step':>5} {'tokens':>11} {ids_header} {'waiting':>7} {'KV used':>9}"]
-    cells_of = iter(rows)
-    for r in shown:
-        if r is None:
-            lines.append(f"{'…':>5} {len(records) - 2 * (max_rows // 2)} steps not shown")
-            continue
-        _, cells = next(cells_of)
-        ids = " ".join(f"{fit_ids(cells[name], widths[name]):<{widths[name]}}"
+
+    def render(r) -> str:
+        row = cells(r)
+        ids = " ".join(f"{fit_ids(row[name], widths[name]):<{widths[name]}}"
                        for _, name, _ in TABLE_ID_COLUMNS)
-        lines.append(f"{r.step:>5} {f'{r.num_tokens}/{r.token_budget}':>11} {ids} "
-                     f"{r.waiting:>7} {f'{r.kv_used_tokens}/{r.kv_capacity}':>9}")
-    return "\n".join(line.rstrip() for line in lines)
+        return (f"{r.step:>5} {f'{r.num_tokens}/{r.token_budget}':>11} {ids} {r.waiting:>7} "
+                f"{f'{r.kv_used_tokens}/{r.kv_capacity}':>9}")
+
+    ids_header = " ".join(f"{header:<{widths[name]}}" for header, name, _ in TABLE_ID_COLUMNS)
+    return render_table(f"{'step':>5} {'tokens':>11} {ids_header} {'waiting':>7} "
+                        f"{'KV used':>9}", records, render, max_rows)
 
 
 def add_scheduler_arguments(parser, kv_capacity: bool = True,

@@ -162,22 +162,19 @@ def format_chunk_table(records: Sequence, max_rows: int = 40) -> str:
     with how far it got ("L:32p 64/200" is 32 prompt tokens reaching 64 of 200), a "*" on
     the rows that sampled. A trace longer than max_rows shows its first and last
     max_rows // 2 steps. Raises ValueError for max_rows that is not an integer >= 2."""
-    from s08_cli import elide
-    lines = [f"{'step':>5} {'tokens':>9}  scheduled (id:tokens, p = prefill reaching k/of, "
-             f"* = sampled)"]
-    for r in elide(list(records), max_rows):
-        if r is None:
-            lines.append(f"{'…':>5} {len(records) - 2 * (max_rows // 2)} steps not shown")
-            continue
+    from s08_cli import render_table
+
+    def render(r) -> str:
         cells = []
         for rid, n, start, total, kind in zip(r.running, r.num_scheduled_tokens,
                                               r.num_computed_tokens, r.request_num_tokens,
                                               r.kinds):
             cell = f"{rid}:{n}" + (f"p {start + n}/{total}" if kind == PREFILL else "")
             cells.append(cell + ("*" if rid in r.sampled else ""))
-        lines.append(f"{r.step:>5} {f'{r.num_tokens}/{r.token_budget}':>9}  "
-                     + "  ".join(cells))
-    return "\n".join(line.rstrip() for line in lines)
+        return f"{r.step:>5} {f'{r.num_tokens}/{r.token_budget}':>9}  " + "  ".join(cells)
+
+    return render_table(f"{'step':>5} {'tokens':>9}  scheduled (id:tokens, p = prefill "
+                        f"reaching k/of, * = sampled)", records, render, max_rows)
 
 
 def add_chunk_arguments(parser, kv_capacity: bool = True) -> None:

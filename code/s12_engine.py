@@ -331,22 +331,21 @@ def format_block_table(steps: Sequence, blocks: Sequence[BlockRecord], max_rows:
     table ("A:[3,4,7]+2" is request A holding blocks 3, 4 and 7 and computing 2 tokens), and
     the blocks freed in the step. A trace longer than max_rows shows its first and last
     max_rows // 2 steps. Raises ValueError for max_rows < 2 or records of different steps."""
-    from s08_cli import elide
+    from s08_cli import render_table
     if [r.step for r in steps] != [b.step for b in blocks]:
         raise ValueError("the step records and the block records must be of the same steps")
-    lines = [f"{'step':>5} {'free':>9}  block tables (id:[blocks]+tokens)   | freed"]
-    for pair in elide(list(zip(steps, blocks)), max_rows):
-        if pair is None:
-            lines.append(f"{'…':>5} {len(steps) - 2 * (max_rows // 2)} steps not shown")
-            continue
+
+    def render(pair) -> str:
         r, b = pair
         cells = [f"{rid}:[{','.join(map(str, table))}]+{n}"
                  for rid, table, n in zip(r.running, r.block_tables, r.num_scheduled_tokens)]
         freed = [f"{rid}:{','.join(map(str, ids))}" for kind, rid, ids in b.block_events
                  if kind == "freed"]
-        lines.append(f"{r.step:>5} {f'{b.free_blocks}/{b.num_blocks - 1}':>9}  "
-                     + "  ".join(cells) + (f"   | {' '.join(freed)}" if freed else ""))
-    return "\n".join(line.rstrip() for line in lines)
+        return (f"{r.step:>5} {f'{b.free_blocks}/{b.num_blocks - 1}':>9}  " + "  ".join(cells)
+                + (f"   | {' '.join(freed)}" if freed else ""))
+
+    return render_table(f"{'step':>5} {'free':>9}  block tables (id:[blocks]+tokens)   | freed",
+                        list(zip(steps, blocks)), render, max_rows)
 
 
 def add_paged_arguments(parser, num_blocks_help: str) -> None:

@@ -100,7 +100,7 @@ import s09_continuous_batching as s09
 from s01_generation_loop import ParameterError
 from s09_continuous_batching import check_cache_salt
 from s12_engine import paged_engine
-from s12_paged_attention import BlockPool, CacheConfig, KVCacheBlock, KVCacheManager, cdiv
+from s12_paged_attention import BlockPool, CacheConfig, KVCacheBlock, KVCacheManager
 
 BlockHash = bytes                 # a SHA-256 digest, 32 bytes
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1   # a token id is encoded as an int64
@@ -552,15 +552,11 @@ def format_cache_table(steps: Sequence, blocks: Sequence, cache: Sequence[CacheR
     requests), the blocks cached, evicted and freed in the step, and cached blocks / free
     blocks after it. A trace longer than max_rows shows its first and last max_rows // 2
     steps. Raises ValueError for max_rows < 2 or records of different steps."""
-    from s08_cli import elide
+    from s08_cli import render_table
     if not [r.step for r in steps] == [b.step for b in blocks] == [c.step for c in cache]:
         raise ValueError("the step, block and cache records must be of the same steps")
-    lines = [f"{'step':>5} {'tokens':>6}  hits (cached/all) | tables (block x ref_cnt) | "
-             "events | cached, free blocks"]
-    for row in elide(list(zip(steps, blocks, cache)), max_rows):
-        if row is None:
-            lines.append(f"{'…':>5} {len(steps) - 2 * (max_rows // 2)} steps not shown")
-            continue
+
+    def render(row) -> str:
         r, b, c = row
         hits = " ".join(f"{rid} {n}/{total}" for rid, n, total in c.cache_hits) or "-"
         tables = " ".join(
@@ -570,9 +566,12 @@ def format_cache_table(steps: Sequence, blocks: Sequence, cache: Sequence[CacheR
         events = " ".join(f"{kind}:{rid}:{','.join(map(str, ids))}"
                           for kind, rid, ids in b.block_events
                           if kind in ("cached", "evicted", "freed")) or "-"
-        lines.append(f"{r.step:>5} {r.num_tokens:>6}  {hits} | {tables} | {events} | "
-                     f"{len(c.cached_blocks)}, {len(c.free_queue)}/{b.num_blocks - 1}")
-    return "\n".join(line.rstrip() for line in lines)
+        return (f"{r.step:>5} {r.num_tokens:>6}  {hits} | {tables} | {events} | "
+                f"{len(c.cached_blocks)}, {len(c.free_queue)}/{b.num_blocks - 1}")
+
+    return render_table(f"{'step':>5} {'tokens':>6}  hits (cached/all) | tables (block x "
+                        "ref_cnt) | events | cached, free blocks",
+                        list(zip(steps, blocks, cache)), render, max_rows)
 
 
 def shared_prefix_prompts(tokenizer, prompts: Sequence[str], shared_tokens: int
