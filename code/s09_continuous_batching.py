@@ -498,16 +498,27 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What observers hear after a step (`on_step`): the plan; req_ids, the requests that
-    sampled, in batch order; outputs, everything `step` returns; num_tokens computed;
-    model_s / step_s, wall seconds of the model call and of the whole step."""
+    """What observers hear after a step (`on_step`): the plan; run, the runner's
+    `ModelRunnerOutput` (None when nothing ran); outputs, everything `step` returns; step_s,
+    wall seconds of the whole step. req_ids, num_tokens and model_s are the run's (the
+    requests that sampled, in batch order; tokens computed; seconds of the model call)."""
 
     plan: SchedulerOutput
-    req_ids: list[str]
+    run: object
     outputs: list[RequestOutput]
-    num_tokens: int
-    model_s: float
     step_s: float
+
+    @property
+    def req_ids(self) -> list[str]:
+        return [] if self.run is None else self.run.req_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return 0 if self.run is None else self.run.num_tokens
+
+    @property
+    def model_s(self) -> float:
+        return 0.0 if self.run is None else self.run.model_s
 
 
 class LLMEngine:
@@ -631,66 +642,70 @@ class LLMEngine:
         outputs wait for the next step."""
         start = time.perf_counter()
         outputs, self._final = self._final, []
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule()                  # who runs, and how many tokens each
         for observer in self.observers:
             observer.on_plan(self, plan)
-        for rid in plan.finished_ids:                   # ended by the KV capacity (S10)
+        for rid in plan.finished_ids:                     # ended by the KV capacity (S10)
             outputs.append(self._end(self.requests.pop(rid), s01.FINISH_LENGTH))
-        req_ids, num_tokens, model_s, timed = [], 0, 0.0, []
+        run = None
         if plan.num_scheduled_tokens:
-            try:
-                run = self.runner.execute_model(plan, self.requests)
-            except BaseException:
-                self.scheduler.revert(plan)
-                self._final = outputs + self._final
-                raise
-            if self.config.sync_timing:
-                s06.synchronize(self.model.device)
-            model_s = time.perf_counter() - start
-            req_ids, num_tokens = run.req_ids, run.num_tokens
-            timed = [self.requests[rid].seq for rid in req_ids]
-            if req_ids:                       # S11: a step of prompt chunks samples nothing
-                outputs += self._sample(req_ids, run.logits, model_s)
-            self.scheduler.update_from_output(plan, [o.request_id for o in outputs
-                                                     if o.finished and o.request_id in
-                                                     self.requests])
-            for output in outputs:
-                if output.finished:
-                    self.requests.pop(output.request_id, None)
-        step_s = time.perf_counter() - start
-        for seq in timed:    # Part I's cost record (`Stats`) of the rows that made a token
-            if len(seq.stats.pass_times_s) > len(seq.stats.step_times_s):
-                seq.stats.step_times_s.append(step_s)
-        result = StepResult(plan, req_ids, outputs, num_tokens, model_s, step_s)
+            run = self._execute(plan, outputs)            # logits of the rows that sample
+            outputs += self._sample(run, start)           # tokens, text, Part I's stop rules
+            finished = [o.request_id for o in outputs
+                        if o.finished and o.request_id in self.requests]
+            self.scheduler.update_from_output(plan, finished)
+            for rid in finished:
+                del self.requests[rid]
+        result = StepResult(plan, run, outputs, time.perf_counter() - start)
         for observer in self.observers:
             observer.on_step(self, result)
         return outputs
 
-    def _sample(self, req_ids: list[str], logits: torch.Tensor, model_s: float
-                ) -> list[RequestOutput]:
+    def _execute(self, plan: SchedulerOutput, outputs: list[RequestOutput]):
+        """The runner's `execute_model`; if it raises, the plan is reverted and the outputs
+        gathered so far wait for the next step. Sets `run.model_s` (wall seconds; with
+        sync_timing the device's work is waited for)."""
+        start = time.perf_counter()
+        try:
+            run = self.runner.execute_model(plan, self.requests)
+        except BaseException:
+            self.scheduler.revert(plan)
+            self._final = outputs + self._final
+            raise
+        if self.config.sync_timing:
+            s06.synchronize(self.model.device)
+        run.model_s = time.perf_counter() - start
+        return run
+
+    def _sample(self, run, start: float) -> list[RequestOutput]:
         """One token per sampling row (S08's `sample_batch`), then Part I's postprocess. A
         row the sampler refuses ends its request ("abort", with the error); the other rows
         are sampled again, drawing what they would have drawn anyway (the failed call put
-        every random stream back)."""
-        requests = [self.requests[rid] for rid in req_ids]
+        every random stream back). Part I's per-request `Stats` get the step's times."""
+        if not run.req_ids:                        # S11: a step of prompt chunks samples none
+            return []
+        requests = [self.requests[rid] for rid in run.req_ids]
         seqs = [request.seq for request in requests]
         errors: dict[int, ParameterError] = {}
         try:
-            tokens, _ = self.processor.sample_batch(logits, seqs, [True] * len(seqs))
+            tokens, _ = self.processor.sample_batch(run.logits, seqs, [True] * len(seqs))
         except s08.RowsRefused as refused:
             errors = refused.errors
             active = [i not in errors for i in range(len(seqs))]
-            tokens, _ = (self.processor.sample_batch(logits, seqs, active) if any(active)
+            tokens, _ = (self.processor.sample_batch(run.logits, seqs, active) if any(active)
                          else ([None] * len(seqs), None))
         outputs = []
         for i, (request, token) in enumerate(zip(requests, tokens)):
-            seq = request.seq
             if token is None:
                 outputs.append(self._end(request, FINISH_ABORT, errors[i]))
                 continue
-            seq.stats.context_lens.append(len(seq.token_ids))
-            seq.stats.pass_times_s.append(model_s)
-            outputs.append(self._output(request, self.processor.postprocess(seq, token)))
+            request.seq.stats.context_lens.append(request.num_tokens)
+            outputs.append(self._output(request, self.processor.postprocess(request.seq, token)))
+        step_s = time.perf_counter() - start
+        for request, token in zip(requests, tokens):
+            if token is not None:
+                request.seq.stats.pass_times_s.append(run.model_s)
+                request.seq.stats.step_times_s.append(step_s)
         return outputs
 
     def _end(self, request: Request, finish_reason: str, error: ParameterError | None = None

@@ -219,15 +219,17 @@ class RaggedBatch:
                    as_tensor([end - 1 for end, s in zip(cu[1:], samples) if s]))
 
 
-@dataclass(frozen=True)
+@dataclass
 class ModelRunnerOutput:
     """What a runner returns for a step (vLLM's `ModelRunnerOutput`, trimmed): req_ids, the
     requests whose next token is sampled, in batch order; logits float32 (B_s, V) on the
-    device, their raw logits in that order; num_tokens, the tokens the step computed."""
+    device, their raw logits in that order; num_tokens, the tokens the step computed;
+    model_s, wall seconds of the run (the engine sets it)."""
 
     req_ids: list[str]
     logits: torch.Tensor
     num_tokens: int
+    model_s: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
