@@ -27,7 +27,7 @@ run: venv
 # A chapter may have sibling modules (code/s03_checkpoint.py): the one named like its page runs.
 chapter: venv
 	@test -n "$(N)" && ls code/s$(N)_*.py >/dev/null 2>&1 || { echo "usage: make chapter N=01 (two digits; chapters: $$(ls code | sed -n 's/^s\([0-9][0-9]\)_.*/\1/p' | uniq | tr '\n' ' '))"; exit 2; }
-	$(PY) code/$$(basename chapters/s$(N)-*.md .md | tr - _).py
+	@script=code/$$(basename chapters/s$(N)-*.md .md | tr - _).py; echo "$(PY) $$script"; $(PY) $$script
 
 test: venv
 	$(PY) -m pytest
