@@ -729,8 +729,12 @@ class LLMEngine:
                              out.finish_reason, out.stop_reason, out.logprobs,
                              request.num_cached_tokens, error)
 
+    def request_ids_in_use(self) -> set[str]:
+        """The ids a new request may not take: every unfinished request's, and every
+        finished one's whose last output `step` has not returned yet."""
+        return set(self.requests) | {o.request_id for o in self._final}
+
     def _taken(self, request_id: str) -> bool:
-        """Held by an unfinished request, or by one whose last output is still pending."""
         return request_id in self.requests or any(o.request_id == request_id
                                                   for o in self._final)
 
@@ -756,9 +760,10 @@ def build_engine(model: s06.TorchTransformer, tokenizer, **options) -> LLMEngine
     Raises ParameterError naming the option (before any KV is allocated)."""
     config = EngineConfig(**options).for_model(model)
     processor = make_processor(model, tokenizer, config)
+    runner = slot_runner(model, config)         # first: the slots' memory is checked there
     scheduler = FIFOScheduler(config.max_num_seqs,
                               SlotKVManager(config.max_num_seqs, config.max_context))
-    return LLMEngine(config, processor, scheduler, slot_runner(model, config))
+    return LLMEngine(config, processor, scheduler, runner)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,15 +10,14 @@ What is here
     - The requests of one call are all checked before any is queued (`make_request`), so a
       bad prompt or params raises ParameterError (prefixed "prompt i: " or "params[i]: " for
       a list) with nothing queued.
-    - A stream steps the engine until its own requests have finished; streams of one `LLM`
-      may be advanced in turns (each step's outputs go to the stream whose request they
-      are). Its request ids are held from the `stream` call; its requests are queued when
-      it is first iterated. Closing a stream early, or a failure, aborts its unfinished
-      requests and lets the ids go (a stream dropped before its first step keeps its ids
-      held: nothing was queued, so nothing else is held).
-    - The `LLM` owns its engine: it refuses to start while the engine holds unfinished
-      requests it did not add (their outputs would be taken by its steps); use the engine's
-      own `add_request` / `step` for those (S19's server does).
+    - A stream's requests are queued by the `stream` call; the stream steps the engine
+      until each of them has had its last output. Streams of one `LLM` may be advanced in
+      turns (each step's outputs go to the stream whose request they are). Closing a stream
+      early, a failure, or dropping it unread aborts its unfinished requests (their KV
+      freed at once).
+    - The `LLM` owns its engine: it refuses to start while the engine holds requests it did
+      not add, unfinished or with a last output not yet returned (its steps would take their
+      outputs); use the engine's own `add_request` / `step` for those (S19's server does).
 
 Tests
     tests/test_s09_continuous_batching.py (generate and stream against the engine's steps),
@@ -30,6 +29,7 @@ References
 """
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from typing import Iterator
 
@@ -53,7 +53,8 @@ class LLM:
 
     def __init__(self, engine):
         self.engine = engine
-        self._inboxes: dict[str, deque] = {}     # outputs kept for the running streams
+        self._inboxes: dict[str, deque] = {}     # outputs kept for the open streams, by id
+        self._dropped: set[str] = set()          # ids of requests closed streams aborted
 
     @property
     def max_context(self) -> int:
@@ -65,13 +66,11 @@ class LLM:
 
     def stream(self, prompts, params=None, temperature: float | None = None,
                seed: int | None = None, **options):
-        """Check every request, then return the stream; the requests are queued when it is
-        first iterated. Raises ParameterError before anything is queued (see the module
-        docstring), and ValueError while the engine holds requests this LLM did not add."""
-        foreign = set(self.engine.requests) - set(self._inboxes)
-        if foreign:
-            raise ValueError(f"the engine holds {len(foreign)} unfinished requests this LLM "
-                             "did not add: step or abort them first (an LLM owns its engine)")
+        """Check every request, queue them, and return the stream (nothing runs until it is
+        iterated, or until another stream of this LLM steps the engine). Raises
+        ParameterError before anything is queued (see the module docstring), and ValueError
+        while the engine holds requests (or pending last outputs) this LLM did not add."""
+        self._check_owned()
         single = isinstance(prompts, str)
         prompts = [prompts] if single else prompts
         if not isinstance(prompts, (list, tuple)) or not prompts:
@@ -80,9 +79,8 @@ class LLM:
         if len(prompts) > MAX_REQUESTS_PER_CALL:
             raise ParameterError(f"one call takes at most {MAX_REQUESTS_PER_CALL} prompts (got "
                                  f"{len(prompts)}): split them", "prompt")
-        processor = self.engine.processor
-        all_params = processor.make_batch_params(len(prompts), params, temperature, seed,
-                                                 options)
+        all_params = self.engine.processor.make_batch_params(len(prompts), params, temperature,
+                                                             seed, options)
         requests = []
         for i, (prompt, p) in enumerate(zip(prompts, all_params)):
             try:
@@ -93,35 +91,45 @@ class LLM:
                 if single or not where:
                     raise
                 raise ParameterError(where + str(err), err.parameter, err.value) from None
-        for request in requests:      # the ids are this stream's from now on
-            self._inboxes[request.request_id] = deque()
+        ids = [self.engine.queue(request) for request in requests]
+        self._inboxes.update((rid, deque()) for rid in ids)
+        steps = self._run(ids)
+        # Dropped before it ends (never iterated, say), the stream's requests are aborted
+        # (a generator closed before it starts runs no code, so its `finally` cannot).
+        weakref.finalize(steps, self._let_go, ids, ())
         if single:
-            return s01.CompletionStream(self._one(requests[0]), requests[0].seq)
-        return s08.BatchStream(self._run(requests), [r.seq for r in requests], None)
+            return s01.CompletionStream((o for outputs in steps for o in outputs),
+                                        requests[0].seq)
+        return s08.BatchStream(steps, [r.seq for r in requests], None)
+
+    def _check_owned(self) -> None:
+        """Raise ValueError while the engine holds requests this LLM did not add (unfinished,
+        or with a last output not yet returned): this LLM's steps would take their outputs."""
+        in_use = self.engine.request_ids_in_use()
+        self._dropped &= in_use                  # their last outputs have been drained
+        foreign = in_use - set(self._inboxes) - self._dropped
+        if foreign:
+            raise ValueError(f"the engine holds {len(foreign)} requests this LLM did not add "
+                             "(unfinished, or with a last output not yet returned): step or "
+                             "abort them first (an LLM owns its engine)")
 
     def _new_id(self, made: list) -> str:
-        """The lowest number that no unfinished request, no stream and no request made in
-        this call holds."""
-        taken = {r.request_id for r in made}
+        """The lowest number that no request of the engine (unfinished, or with a pending
+        last output) and no request made in this call holds."""
+        taken = {r.request_id for r in made} | self.engine.request_ids_in_use()
         k = 0
-        while str(k) in taken or str(k) in self.engine.requests or str(k) in self._inboxes:
+        while str(k) in taken:
             k += 1
         return str(k)
 
-    def _one(self, request) -> Iterator[s01.RequestOutput]:
-        for outputs in self._run([request]):
-            yield from outputs
-
-    def _run(self, requests) -> Iterator[list[s01.RequestOutput]]:
-        """Queue the requests, then step until each has had its last output, yielding their
-        outputs of each step. Closed or failed before the end, it aborts those unfinished
-        (their KV freed; their last outputs, which nobody will read, are dropped)."""
-        ids = [r.request_id for r in requests]
+    def _run(self, ids: list[str]) -> Iterator[list[s01.RequestOutput]]:
+        """Step until each request has had its last output, yielding their outputs of each
+        step (other streams' outputs go to their inboxes). Closed or failed before the end,
+        it aborts those unfinished (their KV freed; their last outputs, which nobody will
+        read, are dropped)."""
         inboxes = {rid: self._inboxes[rid] for rid in ids}
         done: set[str] = set()
         try:
-            for request in requests:
-                self.engine.queue(request)
             while True:
                 ready = [inboxes[rid].popleft() for rid in ids
                          for _ in range(len(inboxes[rid]))]
@@ -130,12 +138,18 @@ class LLM:
                     yield ready
                 if len(done) == len(ids):
                     return
+                self._check_owned()
                 for output in self.engine.step():
                     inbox = self._inboxes.get(output.request_id)
                     if inbox is not None:
                         inbox.append(output)
         finally:
-            for rid in ids:
-                self._inboxes.pop(rid, None)
-                if rid not in done:
-                    self.engine.abort(rid)
+            self._let_go(ids, done)
+
+    def _let_go(self, ids: list[str], done) -> None:
+        """A stream is over: its inboxes go, and its requests that have not finished are
+        aborted (their last outputs dropped when the engine returns them)."""
+        for rid in ids:
+            if self._inboxes.pop(rid, None) is not None and rid not in done:
+                if self.engine.abort(rid):
+                    self._dropped.add(rid)

@@ -86,24 +86,25 @@ def available_memory(device: str | torch.device) -> int:
 
 
 def allocate_kv(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device,
-                what: str, fix: str) -> tuple[torch.Tensor, torch.Tensor]:
+                what: str, parameter: str, fix: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Zeroed k and v of `shape`, after checking that both fit the memory still free on the
     device. Zeroed, not empty: a masked-out stale NaN times a probability of 0 is still NaN.
-    Raises s01.ParameterError naming what to change (`fix`) when they do not fit or the
-    allocation fails (on a GPU other processes hold memory too)."""
+    Raises s01.ParameterError (`parameter`, the setting that sized them; the message says
+    what to change, `fix`) when they do not fit or the allocation fails (on a GPU other
+    processes hold memory too)."""
     need = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
     have = available_memory(device)
     if need > have:
         raise s01.ParameterError(
             f"the {what} would take {need / 2**30:,.2f} GiB (2 x {' x '.join(map(str, shape))} "
             f"x {dtype}), more than the {have / 2**30:,.2f} GiB still free on {device}: {fix}",
-            fix.split()[1] if fix.startswith("use ") else None)
+            parameter)
     try:
         return (torch.zeros(shape, dtype=dtype, device=device),
                 torch.zeros(shape, dtype=dtype, device=device))
     except RuntimeError as err:                         # out of memory after all
         raise s01.ParameterError(f"the {what} of {need / 2**30:,.2f} GiB could not be allocated "
-                                 f"on {device}: {fix} ({err})") from err
+                                 f"on {device}: {fix} ({err})", parameter) from err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +130,8 @@ class SlotKVCache:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
         self.k, self.v = allocate_kv(shape, dtype, device, "KV slots",   # (L, slots, Hkv, S, D)
-                                     "use fewer max_num_seqs or a shorter max_context")
+                                     "max_num_seqs", "use fewer max_num_seqs or a shorter "
+                                     "max_context")
 
     @classmethod
     def for_model(cls, model: s06.TorchTransformer, num_slots: int, max_seq_len: int

@@ -391,10 +391,11 @@ def build_engine(model, tokenizer, *, max_num_batched_tokens: int | None = None,
     option."""
     config = s09.EngineConfig(**options).for_model(model)
     processor = s09.make_processor(model, tokenizer, config)
-    scheduler = Scheduler(
-        SchedulerConfig(config.max_num_seqs, config.max_context, max_num_batched_tokens, policy),
-        TokenKVPool(config.max_num_seqs, config.max_context, kv_capacity))
-    return s09.LLMEngine(config, processor, scheduler, s09.slot_runner(model, config))
+    scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_context,
+                                       max_num_batched_tokens, policy)
+    runner = s09.slot_runner(model, config)     # the slots' memory is checked there
+    kv = TokenKVPool(config.max_num_seqs, config.max_context, kv_capacity)
+    return s09.LLMEngine(config, processor, Scheduler(scheduler_config, kv), runner)
 
 
 # ---------------------------------------------------------------------------------------------

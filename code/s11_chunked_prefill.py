@@ -145,11 +145,12 @@ def build_engine(model, tokenizer, *, max_num_batched_tokens: int | None = None,
     Raises ParameterError naming the option."""
     config = s09.EngineConfig(**options).for_model(model)
     processor = s09.make_processor(model, tokenizer, config)
-    scheduler = ChunkedScheduler(
-        ChunkedSchedulerConfig(config.max_num_seqs, config.max_context, max_num_batched_tokens,
-                               policy, long_prefill_token_threshold),
-        TokenKVPool(config.max_num_seqs, config.max_context, kv_capacity))
-    return s09.LLMEngine(config, processor, scheduler, s09.slot_runner(model, config))
+    scheduler_config = ChunkedSchedulerConfig(config.max_num_seqs, config.max_context,
+                                              max_num_batched_tokens, policy,
+                                              long_prefill_token_threshold)
+    runner = s09.slot_runner(model, config)     # the slots' memory is checked there
+    kv = TokenKVPool(config.max_num_seqs, config.max_context, kv_capacity)
+    return s09.LLMEngine(config, processor, ChunkedScheduler(scheduler_config, kv), runner)
 
 
 # ---------------------------------------------------------------------------------------------

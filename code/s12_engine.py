@@ -95,7 +95,8 @@ class PagedKVCache:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.k, self.v = allocate_kv(shape, dtype, device, "KV pool",  # (L, blocks, bs, Hkv, D)
-                                     "use fewer num_blocks or a smaller block_size")
+                                     "num_blocks", "use fewer num_blocks or a smaller "
+                                     "block_size")
         self.block_size, self.max_seq_len = int(block_size), int(max_seq_len)
 
     @classmethod
@@ -230,14 +231,14 @@ def paged_engine(model: s06.TorchTransformer, tokenizer, manager_class, cache_co
     config = s09.EngineConfig(**options).for_model(model)
     processor = s09.make_processor(model, tokenizer, config)
     num_blocks = cache_config.num_blocks_for(config.max_num_seqs, config.max_context)
-    scheduler = ChunkedScheduler(
-        ChunkedSchedulerConfig(config.max_num_seqs, config.max_context, max_num_batched_tokens,
-                               policy, long_prefill_token_threshold),
-        manager_class(num_blocks, cache_config.block_size, cache_config.enable_kv_cache_events))
-    cache = PagedKVCache.for_model(model, num_blocks, cache_config.block_size,
-                                   config.max_context)
-    return s09.LLMEngine(config, processor, scheduler,
-                         PagedRunner(model, cache, config.batch_invariant, config.attention))
+    scheduler_config = ChunkedSchedulerConfig(config.max_num_seqs, config.max_context,
+                                              max_num_batched_tokens, policy,
+                                              long_prefill_token_threshold)
+    cache = PagedKVCache.for_model(model, num_blocks, cache_config.block_size,   # memory
+                                   config.max_context)                          # checked here
+    runner = PagedRunner(model, cache, config.batch_invariant, config.attention)
+    kv = manager_class(num_blocks, cache_config.block_size, cache_config.enable_kv_cache_events)
+    return s09.LLMEngine(config, processor, ChunkedScheduler(scheduler_config, kv), runner)
 
 
 def build_engine(model: s06.TorchTransformer, tokenizer, *, block_size: int = 16,

@@ -6,13 +6,12 @@ request must carry.
 """
 import numpy as np
 import pytest
-import torch
 
 import s04_sampling as s04
 import s06_torch as s06
 import s07_workloads
+import s09_continuous_batching as s09
 from s09_arrivals import poisson_arrivals, run_arrivals
-from s09_continuous_batching import LLMEngine
 from test_s03_transformer import V, IdTokenizer, build_tiny
 
 CONTEXT = 96
@@ -21,12 +20,9 @@ PROMPTS = [np.random.default_rng(400 + n).integers(2, V, size=n).tolist() for n 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     directory = tmp_path_factory.mktemp("s09_arrivals")
     build_tiny("qwen3_gqa_tied", directory)
-    yield s06.TorchTransformer.from_pretrained(directory)
-    torch.set_num_threads(before)
+    return s06.TorchTransformer.from_pretrained(directory)
 
 
 def text(ids):
@@ -47,7 +43,7 @@ def test_run_arrivals_measures_every_request_through_add_request_and_step(model)
     requests = tuple(s07_workloads.Request(i, text(p), len(p), 5) for i, p in enumerate(PROMPTS))
     workload = s07_workloads.Workload("ragged", 0, requests)
     single = s06.Engine(model, IdTokenizer(), CONTEXT)
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2)
+    engine = s09.build_engine(model, IdTokenizer(), max_context=CONTEXT, max_num_seqs=2)
     # The last request arrives after the others are done: the client waits, idle, for it.
     run = run_arrivals(engine, workload, [0.0, 0.0, 0.001, 0.3], model="tiny")
     assert [r.output_tokens for r in run.requests] == [5] * 4
@@ -56,6 +52,8 @@ def test_run_arrivals_measures_every_request_through_add_request_and_step(model)
                                                             ignore_eos=True))
         assert r.token_ids == alone.token_ids
         assert r.ttft_s >= 0 and len(r.itl_s) == 4
-    assert run.wall_s >= 0.3 and run.output_tokens == 20 and engine.num_free_slots == 2
+    assert run.wall_s >= 0.3 and run.output_tokens == 20
+    assert engine.scheduler.kv.free_slots == [0, 1] and engine.scheduler.kv.num_used_tokens == 0
+    assert not engine.has_unfinished_requests()
     with pytest.raises(ValueError, match="one time per request, in order"):
         run_arrivals(engine, workload, [0.0, 1.0, 0.5, 2.0])

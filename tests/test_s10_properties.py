@@ -5,63 +5,35 @@ policy, keeps after every rule: the token budget and max_num_seqs; KV accounting
 request holds exactly its computed tokens, waiting ones hold none, the pool's total is their
 sum); no request in two queues; under FCFS, the running then the waiting requests in arrival
 order and the oldest unfinished request scheduled in every step (so nobody starves); under
-priority, the waiting queue in (priority, arrival) order. At teardown the machine drains:
-everything finishes within a bounded number of steps, every KV token is free (invariant 8; the
-G5 bug class), and every request that was not aborted has exactly the fake model's tokens for
-it alone, as many as its max_tokens, its context or the capacity allow (closed forms; see
-tests/test_s10_scheduler.py for the fake model).
+priority, the waiting queue in (priority, arrival) order. A prompt longer than the capacity is
+refused before it is queued (G1). At teardown the machine drains: everything finishes within a
+bounded number of steps, every KV token and slot is free (invariant 8; the G5 bug class), and
+every request that was not aborted has exactly the fake model's tokens for it alone, as many as
+its max_tokens, its context or the capacity allow (closed forms; the fake model is
+tests/scheduler_testing.py's).
 """
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from s10_scheduler import POLICIES, Scheduler
-from test_s10_scheduler import FakeModel, Req, alone, check_invariants
+from s01_generation_loop import ParameterError
+from s10_scheduler import POLICIES, Scheduler, SchedulerConfig, TokenKVPool
+from scheduler_testing import (FakeModel, abort_drawn, check_invariants, check_outputs_alone,
+                               drain, make_request)
 
 MAX_MODEL_LEN = 24
-
-
-def abort_drawn(machine, data) -> str:
-    """The `abort` rule of the fake-model machines (S10-S12): abort a drawn id among those
-    added; the scheduler says it held it exactly when it was queued. Returns the id."""
-    rid = str(data.draw(st.integers(0, machine.count - 1)))
-    held = any(r.request_id == rid for r in (*machine.s.running, *machine.s.waiting))
-    assert machine.s.abort(rid) is held
-    if held:
-        machine.aborted.add(rid)
-        machine.model.ended[rid] = "abort"
-    return rid
-
-
-def drain(machine, work: int) -> None:
-    """Step the machine until its scheduler has nothing unfinished, in at most `work` steps."""
-    steps = 0
-    while machine.s.has_unfinished_requests():
-        machine.step()
-        steps += 1
-        assert steps <= work, "the scheduler does not drain within the work it has"
-
-
-def check_outputs_alone(machine, max_model_len: int) -> None:
-    """After `drain`: every request not aborted has exactly the fake model's tokens for it
-    alone, as many as its max_tokens, its context or the capacity allow, and the finish
-    reason that says which; an aborted one has a prefix of them."""
-    for rid, req in machine.model.by_id.items():
-        want = alone(len(req.prompt_ids), req.max_tokens, max_model_len)
-        if rid in machine.aborted:
-            assert req.output_ids == want[:len(req.output_ids)]
-            continue
-        room = machine.s.kv_capacity - len(req.prompt_ids) + 1
-        assert req.output_ids == want[:min(len(want), room)], rid
-        assert machine.model.ended[rid] == ("length" if room < len(want) else "stop")
 
 
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 16),
                 capacity=st.integers(1, 60), policy=st.sampled_from(POLICIES))
     def build(self, max_num_seqs, extra_budget, capacity, policy):
-        self.model = FakeModel(Scheduler(max_num_seqs, MAX_MODEL_LEN + extra_budget, capacity,
-                                         MAX_MODEL_LEN, policy))
+        # The pool counts tokens over max_num_seqs slots of MAX_MODEL_LEN: no more than those.
+        pool = TokenKVPool(max_num_seqs, MAX_MODEL_LEN, min(capacity,
+                                                            max_num_seqs * MAX_MODEL_LEN))
+        config = SchedulerConfig(max_num_seqs, MAX_MODEL_LEN, MAX_MODEL_LEN + extra_budget,
+                                 policy)
+        self.model = FakeModel(Scheduler(config, pool), MAX_MODEL_LEN)
         self.aborted: set[str] = set()
         self.count = 0
 
@@ -72,18 +44,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(prompt_len=st.integers(1, MAX_MODEL_LEN - 1), max_tokens=st.integers(1, 10),
           priority=st.integers(-2, 2))
     def add(self, prompt_len, max_tokens, priority):
-        req = Req(str(self.count), prompt_len, max_tokens)
+        req = make_request(str(self.count), prompt_len, max_tokens, priority=priority)
         if prompt_len > self.s.kv_capacity:        # G1: refused, nothing queued
             before = len(self.s.waiting)
             try:
-                self.s.add_request(req, priority)
-            except ValueError as err:
-                assert "could never be scheduled" in str(err)
+                self.model.add(req)
+            except ParameterError as err:
+                assert "could never be scheduled" in str(err) and err.parameter == "prompt"
             else:
                 raise AssertionError("a prompt longer than the capacity was queued")
-            assert len(self.s.waiting) == before
+            assert len(self.s.waiting) == before and req.request_id not in self.model.by_id
             return
-        self.model.add(req, priority)
+        self.model.add(req)
         self.count += 1
 
     @precondition(lambda self: self.count > 0)
@@ -107,8 +79,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "model"):
             return
         s = self.s
-        if self.model.outputs:
-            check_invariants(s, self.model.outputs[-1])
+        if self.model.plans:
+            check_invariants(s, self.model.plans[-1])
         assert s.kv.num_used_tokens == sum(r.num_computed_tokens for r in s.running)
         if s.policy == "fcfs":
             order = [r.arrival for r in (*s.running, *s.waiting)]
@@ -120,9 +92,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def teardown(self):
         if not hasattr(self, "model"):
             return
-        work = sum(r.max_tokens + 1 for r in self.model.by_id.values())
+        work = sum(r.params.max_tokens + 1 for r in self.model.by_id.values())
         drain(self, work)
-        assert self.s.kv.num_free_tokens == self.s.kv_capacity and not self.s.kv.held
+        kv = self.s.kv
+        assert kv.num_free_tokens == kv.capacity and not kv.slots
+        assert kv.free_slots == list(range(kv.num_slots))
         check_outputs_alone(self, MAX_MODEL_LEN)
 
 
