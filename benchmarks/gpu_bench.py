@@ -1,0 +1,597 @@
+"""The GPU benchmarks that scripts/gpu_check.sh runs: tokens/s and memory bandwidth on a device.
+
+    python benchmarks/gpu_bench.py bandwidth --json OUT/bandwidth.json
+    python benchmarks/gpu_bench.py s06 --json OUT/bench_s06.json --bandwidth-json OUT/bandwidth.json
+    python benchmarks/gpu_bench.py s08 --json OUT/bench_s08.json --budget-s 60
+    python benchmarks/gpu_bench.py s12 --device cpu --shape tiny --json /tmp/s12.json  # smoke run
+
+A benchmark, not a test: it prints and writes JSON, never asserts speed. Each part is its own
+process, so scripts/gpu_check.sh can stop it at its time budget; the JSON file is rewritten
+(atomically) after every measured row, so a part stopped early leaves what it had measured,
+and `--budget-s` makes a part leave out the rows it has no time left for (said in the JSON).
+
+The model: random weights in Qwen3-0.6B's shape (bench_s06_torch's `QWEN3_0_6B`, its
+published config.json: 596M parameters), built by `transformers` from --seed directly on the
+device (nothing is downloaded), in bfloat16 by default; our `TorchTransformer` holds the same
+weights. Prompts are random token ids, every request greedy with EOS ignored, so each makes
+exactly the tokens asked for. `--shape tiny` swaps in a 0.1M-parameter model and a few tokens
+per part so that the whole path runs on a CPU in seconds (figures meaningless there).
+
+Parts, each against the copy bandwidth measured by the `bandwidth` part (`--bandwidth-json`;
+without it the part measures its own):
+  bandwidth  the device's copy bandwidth (S07's `measure_bandwidth`: a large tensor copied
+             device to device, bytes read + written, best of 10) and its bfloat16 matmul rate.
+  s06        batch 1: S06's `Engine` against HF `generate()` on the same weights.
+  s08        static batches of B = 1 .. 64: S08's `Engine` against HF's padded `generate()`.
+  s09        a mixed-length workload: S09's continuous batching (`build_engine`, driven by
+             `LLM`) against S08's static batches of the same size, in arrival order.
+  s12        decode steps of one batch: S12's paged engine against S09's contiguous slots,
+             steps alternated between the two.
+
+How the figures are made. tokens/s: generated tokens / wall seconds of the whole call
+(prefill included), the device synchronised before and after, best of the repeats, the engines'
+runs interleaved. Decode step (s06, s08): (t(N tokens) - t(1 token)) / (N - 1), the same call
+made twice, so each engine is timed through its public call with no instrument inside it. Decode
+step (s09, s12): the engine's own step time (an observer's `StepResult.step_s`) over the steps
+in which every scheduled request decodes one token. Bytes of a decode step: S07's
+`decode_step_cost` / `batched_decode_cost` (every weight read once, plus each request's K and
+V), at the step's context; achieved bandwidth = bytes / decode step seconds, reported next to
+the measured copy bandwidth as a fraction of it. A decode step far below 100 % of the copy is
+limited not by memory but by the host: kernel launches and Python, step by step.
+
+What it leaves out: HF's own continuous batching as S09's peer (bench_s09_continuous_batching.py
+has it), prefill throughput on its own, S13's prefix caching and S19's server (no GPU part yet).
+
+Tests: tests/test_gpu_check.py runs every part here with --device cpu --shape tiny (the code
+paths, not the figures) and checks that a failing part still writes its JSON with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("bandwidth", "s06", "s08", "s09", "s12")
+H200_COPY_BYTES_PER_S = 4.3e12   # device-to-device copy measured on H200s (bytes read + written)
+
+# The tiny shape: the 0.6B code path on a CPU in seconds (Qwen3 layout, GQA 4:2, tied head).
+TINY = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, vocab_size=512, rope_theta=1_000_000.0,
+    tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=1024,
+)
+# What each part runs, per shape. tokens: new tokens per request; prompt: prompt tokens.
+WORKLOADS = {
+    "qwen3-0.6b": dict(
+        s06=dict(prompt=32, tokens=128, repeats=3),
+        s08=dict(prompt=32, tokens=64, batch_sizes=(1, 8, 32, 64), repeats=2),
+        s09=dict(prompt=32, requests=64, max_num_seqs=16, min_tokens=8, max_tokens=64),
+        s12=dict(prompt=512, batch=16, steps=32, warmup=3, block_size=16),
+        bandwidth=dict(nbytes=4 * 2**30, matmul_n=8192)),
+    "tiny": dict(
+        s06=dict(prompt=8, tokens=4, repeats=1),
+        s08=dict(prompt=8, tokens=4, batch_sizes=(3,), repeats=1),
+        s09=dict(prompt=8, requests=5, max_num_seqs=2, min_tokens=2, max_tokens=6),
+        s12=dict(prompt=16, batch=3, steps=3, warmup=1, block_size=4),
+        bandwidth=dict(nbytes=16 * 2**20, matmul_n=128)),
+}
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT (scripts/gpu_check.sh's `timeout`): save what was measured, leave."""
+
+
+def _on_term(signum, frame):
+    raise Stopped(f"stopped by signal {signum} (the part's time budget)")
+
+
+class Report:
+    """A part's JSON, rewritten atomically after every row (`save`), with the part's deadline.
+
+    data["key"] holds the few figures the summary quotes; data["cut"] names rows left out
+    for lack of time; data["status"] is "running" until the part ends."""
+
+    def __init__(self, path: Path | None, part: str, budget_s: float | None):
+        self.path, self.start = path, time.perf_counter()
+        self.deadline = None if budget_s is None else self.start + budget_s
+        self.data = {"part": part, "status": "running", "budget_s": budget_s, "key": {},
+                     "rows": [], "cut": []}
+
+    def time_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.perf_counter()
+
+    def fits(self, what: str, need_s: float) -> bool:
+        """Whether `need_s` more seconds fit the budget; if not, the row is recorded as cut."""
+        if need_s <= self.time_left():
+            return True
+        self.data["cut"].append(f"{what}: needs about {need_s:.0f} s, "
+                                f"{max(self.time_left(), 0):.0f} s left")
+        print(f"  cut (budget): {self.data['cut'][-1]}", flush=True)
+        return False
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.data["seconds"] = round(time.perf_counter() - self.start, 3)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up shared by the parts (torch and the course's modules are imported here, on use, so
+# that --help and the pure-CPU helpers work where torch or CUDA is missing)
+# ---------------------------------------------------------------------------------------------
+
+def course_imports():
+    for sub in ("code", "benchmarks"):
+        if str(ROOT / sub) not in sys.path:
+            sys.path.insert(0, str(ROOT / sub))
+    import torch
+    import bench_s06_torch
+    return torch, bench_s06_torch
+
+
+def resolve(args):
+    """(torch device, torch dtype) from --device / --dtype, S06's rules."""
+    import s06_torch as s06
+    return s06.resolve_device_dtype(args.device, args.dtype)
+
+
+def build_model(args, device, dtype, report: Report, with_hf: bool = True):
+    """(HF model in `dtype` or None, our TorchTransformer, IdTokenizer, S03 config): random
+    weights from args.seed, made by transformers on the device itself (faster than on the
+    host; a build that fails there is made on the host and moved, said in the report)."""
+    torch, bench06 = course_imports()
+    import s03_checkpoint
+    import s03_transformer as s03
+    import s06_torch as s06
+    shape = bench06.QWEN3_0_6B if args.shape == "qwen3-0.6b" else TINY
+    start = time.perf_counter()
+    try:
+        with torch.device(device):
+            hf = bench06.random_qwen3(shape, args.seed)
+        built_on = str(device)
+    except (RuntimeError, TypeError) as err:     # an image whose HF cannot init on a device
+        print(f"  HF model could not be built on {device} ({err}); building on the host")
+        hf = bench06.random_qwen3(shape, args.seed).to(device)
+        built_on = "cpu, then moved"
+    config = s03_checkpoint.config_from_hf_dict(hf.config.to_dict())
+    ours = s06.TorchTransformer(config, hf.state_dict(), device, dtype, args.attention)
+    if with_hf:
+        hf = hf.to(dtype=dtype)
+        hf.generation_config.eos_token_id = None   # never stop early: exactly N tokens
+        hf.generation_config.pad_token_id = 0
+    else:
+        hf = None
+    s06.synchronize(device)
+    report.data["model"] = {
+        "shape": args.shape, "config": shape, "parameters": s03.parameter_count(config),
+        "dtype": str(dtype).removeprefix("torch."), "device": str(device),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+        "attention": args.attention, "seed": args.seed, "built_on": built_on,
+        "build_s": round(time.perf_counter() - start, 2)}
+    print(f"  model: {args.shape} shape, {s03.parameter_count(config) / 1e6:.1f}M parameters, "
+          f"{report.data['model']['dtype']} on {device}, built in "
+          f"{report.data['model']['build_s']:.1f} s", flush=True)
+    return hf, ours, bench06.IdTokenizer(config.vocab_size), config
+
+
+def random_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """n prompts of `length` random ids in [1, V) (0 is the EOS / pad id of these models)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, vocab_size, size=(n, length)).tolist()
+
+
+def as_text(ids: list[int]) -> str:
+    return " ".join(map(str, ids))
+
+
+def copy_bandwidth(args, device) -> tuple[float, str]:
+    """The copy bandwidth to compare against: --bandwidth-json's, else measured here."""
+    if args.bandwidth_json is not None:
+        try:
+            data = json.loads(Path(args.bandwidth_json).read_text(encoding="utf-8"))
+            return float(data["key"]["copy_bytes_per_s"]), f"from {args.bandwidth_json}"
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"  {args.bandwidth_json} unreadable ({err}): measuring the copy here")
+    import s07_roofline
+    nbytes = WORKLOADS[args.shape]["bandwidth"]["nbytes"] // 4
+    value, method = s07_roofline.measure_bandwidth(nbytes, 5, str(device))
+    return value, method
+
+
+def bandwidth_figures(moved_bytes: int, step_s: float, copy_bytes_per_s: float) -> dict:
+    """Achieved bytes/s of a decode step and its fraction of the copy bandwidth (None when
+    the step time came out <= 0: t(N) within t(1)'s noise, on a model too small to time)."""
+    if step_s <= 0:
+        return {"bytes_per_decode_step": moved_bytes, "achieved_bytes_per_s": None,
+                "fraction_of_copy": None}
+    achieved = moved_bytes / step_s
+    return {"bytes_per_decode_step": moved_bytes, "achieved_bytes_per_s": achieved,
+            "fraction_of_copy": achieved / copy_bytes_per_s}
+
+
+def share(row: dict) -> str:
+    """The row's achieved bandwidth as printed: GB/s and its fraction of the copy."""
+    achieved = row.get("achieved_bytes_per_s", row.get("median_achieved_bytes_per_s"))
+    if achieved is None:
+        return "bandwidth not measurable (step time <= 0)"
+    return f"{achieved / 1e9:,.0f} GB/s = {row['fraction_of_copy']:.1%} of the copy"
+
+
+def best_times(report: Report, what: str, runs: dict, repeats: int, device, bench06
+               ) -> tuple[dict, dict]:
+    """({name: best wall seconds}, {name: what its last run returned}): one warm-up each, then `repeats` rounds of every run in
+    turn (interleaved, so all see the same conditions). runs: {name: zero-argument call}.
+    Stops early (keeping what it has) when the budget runs out."""
+    for fn in runs.values():
+        fn()                                                    # warm-up
+    best = {name: float("inf") for name in runs}
+    outputs = {}
+    for r in range(repeats):
+        round_start = time.perf_counter()
+        for name, fn in runs.items():
+            wall, _, outputs[name] = bench06.timed(fn, device)
+            best[name] = min(best[name], wall)
+        if r + 1 < repeats and not report.fits(f"{what}: repeat {r + 2}",
+                                               time.perf_counter() - round_start):
+            break
+    return best, outputs
+
+
+# ---------------------------------------------------------------------------------------------
+# The parts
+# ---------------------------------------------------------------------------------------------
+
+def part_bandwidth(args, report: Report) -> None:
+    torch, _ = course_imports()
+    import s07_roofline
+    device, _ = resolve(args)
+    work = WORKLOADS[args.shape]["bandwidth"]
+    value, method = s07_roofline.measure_bandwidth(work["nbytes"], 10, str(device))
+    report.data["key"].update(copy_bytes_per_s=value)
+    report.data["copy_method"] = method
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if "H200" in name:
+        report.data["key"]["expected_h200_copy_bytes_per_s"] = H200_COPY_BYTES_PER_S
+    print(f"  copy: {value / 1e9:,.0f} GB/s ({method})", flush=True)
+    report.save()
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    flops, method = s07_roofline.measure_matmul_flops(work["matmul_n"], 5, str(device), dtype)
+    report.data["key"][f"matmul_{dtype}_flops_per_s"] = flops
+    report.data["matmul_method"] = method
+    print(f"  matmul: {flops / 1e12:,.1f} TFLOP/s ({method})", flush=True)
+
+
+def part_s06(args, report: Report) -> None:
+    import s07_roofline
+    torch, bench06 = course_imports()
+    device, dtype = resolve(args)
+    work = WORKLOADS[args.shape]["s06"]
+    copy, copy_how = copy_bandwidth(args, device)
+    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
+    hf, ours, tokenizer, config = build_model(args, device, dtype, report)
+    report.save()
+    prompt = random_prompts(1, work["prompt"], config.vocab_size, args.seed)[0]
+    n = work["tokens"]
+    engines = {"ours": bench06.OurEngine(ours, tokenizer, prompt, n),
+               "ours_1": bench06.OurEngine(ours, tokenizer, prompt, 1),
+               "hf": bench06.HFEngine(hf, prompt, n, device),
+               "hf_1": bench06.HFEngine(hf, prompt, 1, device)}
+    with torch.inference_mode():
+        best, outputs = best_times(report, "s06", {k: e.once for k, e in engines.items()},
+                                   work["repeats"], device, bench06)
+    moved = s07_roofline.decode_step_cost(config, len(prompt) + n // 2,
+                                          torch.empty((), dtype=dtype).element_size()).bytes
+    for name in ("ours", "hf"):
+        step_s = (best[name] - best[f"{name}_1"]) / (n - 1)
+        row = {"engine": "S06 Engine" if name == "ours" else "HF generate()",
+               "batch_size": 1, "prompt_tokens": len(prompt), "generated_tokens": n,
+               "tokens_per_s": n / best[name], "wall_s": best[name],
+               "one_token_wall_s": best[f"{name}_1"], "decode_step_s": step_s,
+               **bandwidth_figures(moved, step_s, copy)}
+        report.data["rows"].append(row)
+        print(f"  {row['engine']:<14} {row['tokens_per_s']:9.1f} tokens/s, decode step "
+              f"{step_s * 1e3:.2f} ms, {share(row)}", flush=True)
+    mine, theirs = report.data["rows"]
+    report.data["key"].update(
+        ours_tokens_per_s=mine["tokens_per_s"], hf_tokens_per_s=theirs["tokens_per_s"],
+        ours_decode_fraction_of_copy=mine["fraction_of_copy"],
+        hf_decode_fraction_of_copy=theirs["fraction_of_copy"],
+        greedy_agreement=bench06.agreement(outputs["ours"], outputs["hf"]))
+    print(f"  greedy ids ours vs HF: {report.data['key']['greedy_agreement']}")
+
+
+def part_s08(args, report: Report) -> None:
+    import s04_sampling as s04
+    import s07_roofline
+    import s08_static_batching as s08
+    torch, bench06 = course_imports()
+    device, dtype = resolve(args)
+    work = WORKLOADS[args.shape]["s08"]
+    copy, copy_how = copy_bandwidth(args, device)
+    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
+    hf, ours, tokenizer, config = build_model(args, device, dtype, report)
+    report.save()
+    n, width = work["tokens"], torch.empty((), dtype=dtype).element_size()
+    prompts = random_prompts(max(work["batch_sizes"]), work["prompt"], config.vocab_size,
+                             args.seed)
+
+    @torch.inference_mode()
+    def hf_batch(batch, tokens):
+        ids, mask = s08.left_pad(batch, 0, device)
+        hf.generate(ids, attention_mask=mask.long(), max_new_tokens=tokens, do_sample=False,
+                    pad_token_id=0)
+
+    last_s = 0.0
+    for b in work["batch_sizes"]:
+        if not report.fits(f"batch size {b}", 2 * last_s):
+            break
+        start = time.perf_counter()
+        batch = prompts[:b]
+        texts = [as_text(p) for p in batch]
+        engine = s08.Engine(ours, tokenizer, max_context=work["prompt"] + n, max_batch_size=b)
+        params = {t: s04.SamplingParams(temperature=0.0, max_tokens=t, ignore_eos=True)
+                  for t in (n, 1)}
+        runs = {"ours": lambda: engine.generate(texts, params[n]),
+                "ours_1": lambda: engine.generate(texts, params[1]),
+                "hf": lambda: hf_batch(batch, n), "hf_1": lambda: hf_batch(batch, 1)}
+        best, _ = best_times(report, f"batch size {b}", runs, work["repeats"], device, bench06)
+        moved = s07_roofline.batched_decode_cost(config, b, work["prompt"] + n // 2, width).bytes
+        for name in ("ours", "hf"):
+            step_s = (best[name] - best[f"{name}_1"]) / (n - 1)
+            row = {"engine": "S08 Engine" if name == "ours" else "HF generate() padded",
+                   "batch_size": b, "prompt_tokens": work["prompt"], "generated_tokens": b * n,
+                   "tokens_per_s": b * n / best[name], "wall_s": best[name],
+                   "decode_step_s": step_s, **bandwidth_figures(moved, step_s, copy)}
+            report.data["rows"].append(row)
+            print(f"  B={b:<3} {row['engine']:<21} {row['tokens_per_s']:9.1f} tokens/s, "
+                  f"decode step {step_s * 1e3:.2f} ms, {share(row)}", flush=True)
+        report.save()
+        last_s = time.perf_counter() - start
+    rows = report.data["rows"]
+    for name, engine in (("ours", "S08 Engine"), ("hf", "HF generate() padded")):
+        mine = [r for r in rows if r["engine"] == engine]
+        if mine:
+            top = max(mine, key=lambda r: r["tokens_per_s"])
+            report.data["key"][f"{name}_best_tokens_per_s"] = top["tokens_per_s"]
+            report.data["key"][f"{name}_best_batch_size"] = top["batch_size"]
+            report.data["key"][f"{name}_batch1_decode_fraction_of_copy"] = mine[0][
+                "fraction_of_copy"] if mine[0]["batch_size"] == 1 else None
+
+
+class DecodeSteps:
+    """An engine observer (`on_plan`, `on_step`, S09's seam) that keeps, for every step in which
+    each scheduled request computes exactly one token, (batch size, mean context, step_s,
+    model_s)."""
+
+    def __init__(self):
+        self.steps: list[tuple[int, float, float, float]] = []
+
+    def on_plan(self, engine, plan) -> None:
+        pass
+
+    def on_step(self, engine, result) -> None:
+        plan = result.plan
+        counts = plan.num_scheduled_tokens
+        if counts and all(c == 1 for c in counts.values()):
+            contexts = [plan.num_computed_tokens[rid] + 1 for rid in counts]
+            self.steps.append((len(contexts), sum(contexts) / len(contexts), result.step_s,
+                               result.model_s))
+
+
+def decode_summary(steps, config, width: int, copy: float) -> dict:
+    """Median decode step and the median achieved bandwidth over `DecodeSteps.steps`."""
+    import s07_roofline
+    if not steps:
+        return {"decode_steps": 0}
+    achieved = [s07_roofline.batched_decode_cost(config, b, max(1, round(ctx)), width).bytes
+                / step_s for b, ctx, step_s, _ in steps]
+    median = statistics.median(achieved)
+    return {"decode_steps": len(steps),
+            "median_decode_batch": statistics.median(b for b, _, _, _ in steps),
+            "median_decode_step_s": statistics.median(s for _, _, s, _ in steps),
+            "median_decode_model_s": statistics.median(m for _, _, _, m in steps),
+            "median_achieved_bytes_per_s": median, "fraction_of_copy": median / copy}
+
+
+def part_s09(args, report: Report) -> None:
+    import numpy as np
+    import s04_sampling as s04
+    import s08_static_batching as s08
+    import s09_continuous_batching as s09
+    from s09_llm import LLM
+    torch, bench06 = course_imports()
+    device, dtype = resolve(args)
+    work = WORKLOADS[args.shape]["s09"]
+    copy, copy_how = copy_bandwidth(args, device)
+    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
+    _, ours, tokenizer, config = build_model(args, device, dtype, report, with_hf=False)
+    report.save()
+    width = torch.empty((), dtype=dtype).element_size()
+    rng = np.random.default_rng(args.seed)
+    lengths = rng.integers(work["min_tokens"], work["max_tokens"] + 1,
+                           size=work["requests"]).tolist()
+    texts = [as_text(p) for p in random_prompts(work["requests"], work["prompt"],
+                                                 config.vocab_size, args.seed)]
+    params = [s04.SamplingParams(temperature=0.0, max_tokens=t, ignore_eos=True) for t in lengths]
+    seqs, context = work["max_num_seqs"], work["prompt"] + work["max_tokens"]
+    useful = sum(lengths)
+    static = s08.Engine(ours, tokenizer, max_context=context, max_batch_size=seqs)
+    engine = s09.build_engine(ours, tokenizer, max_context=context, max_num_seqs=seqs)
+    observer = DecodeSteps()
+    engine.observers.append(observer)
+    llm = LLM(engine)
+
+    def run_static():
+        return [c for i in range(0, len(texts), seqs)
+                for c in static.generate(texts[i:i + seqs], params[i:i + seqs])]
+
+    def run_continuous():
+        return llm.generate(texts, params)
+
+    with torch.inference_mode():
+        static.generate(texts[:1], params[:1])                # warm-up of both paths
+        llm.generate(texts[:1], params[:1])
+        for name, fn in (("S08 static batches", run_static), ("S09 continuous", run_continuous)):
+            if report.data["rows"] and not report.fits(name, 1.5 * report.data["rows"][-1][
+                    "wall_s"]):
+                break
+            observer.steps.clear()
+            wall, _, done = bench06.timed(fn, device)
+            assert [len(c.token_ids) for c in done] == lengths, "every request its max_tokens"
+            row = {"engine": name, "requests": len(texts), "max_num_seqs": seqs,
+                   "generated_tokens": useful, "tokens_per_s": useful / wall, "wall_s": wall}
+            if name.startswith("S09"):
+                row.update(decode_summary(observer.steps, config, width, copy))
+            report.data["rows"].append(row)
+            print(f"  {name:<20} {row['tokens_per_s']:9.1f} tokens/s ({useful} tokens in "
+                  f"{wall:.2f} s)" + (f", median decode step "
+                                     f"{row['median_decode_step_s'] * 1e3:.2f} ms at B="
+                                     f"{row['median_decode_batch']:g}, {share(row)}"
+                                     if row.get("decode_steps") else ""), flush=True)
+            report.save()
+    rows = {r["engine"]: r for r in report.data["rows"]}
+    report.data["key"] = {f"{'static' if k.startswith('S08') else 'continuous'}_tokens_per_s":
+                          r["tokens_per_s"] for k, r in rows.items()}
+    if "S09 continuous" in rows:
+        report.data["key"]["continuous_decode_fraction_of_copy"] = rows["S09 continuous"].get(
+            "fraction_of_copy")
+
+
+def part_s12(args, report: Report) -> None:
+    import numpy as np
+    import s04_sampling as s04
+    import s09_continuous_batching as s09
+    import s12_engine as s12
+    torch, bench06 = course_imports()
+    device, dtype = resolve(args)
+    work = WORKLOADS[args.shape]["s12"]
+    copy, copy_how = copy_bandwidth(args, device)
+    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
+    _, ours, tokenizer, config = build_model(args, device, dtype, report, with_hf=False)
+    report.save()
+    width = torch.empty((), dtype=dtype).element_size()
+    rng = np.random.default_rng(args.seed)
+    b, p = work["batch"], work["prompt"]
+    lens = rng.integers(int(p * 0.75), int(p * 1.25) + 1, size=b).tolist()   # +-25 %
+    prompts = [rng.integers(1, config.vocab_size, size=n).tolist() for n in lens]
+    steps = work["warmup"] + work["steps"]
+    context = max(lens) + steps + 4
+    params = s04.SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
+    options = dict(max_context=context, max_num_seqs=b, sync_timing=True)
+    engines = {"S09 contiguous slots": s09.build_engine(ours, tokenizer, **options),
+               f"S12 paged, block {work['block_size']}": s12.build_engine(
+                   ours, tokenizer, block_size=work["block_size"], **options)}
+    observers = {}
+    with torch.inference_mode():
+        for name, engine in engines.items():
+            observers[name] = DecodeSteps()
+            engine.observers.append(observers[name])
+            for ids in prompts:
+                engine.add_request(as_text(ids), params)
+            while any(len(r.output_ids) == 0 for r in engine.requests.values()):
+                engine.step()                                  # the prefill steps
+        for _ in range(work["warmup"]):
+            for engine in engines.values():
+                engine.step()
+        for observer in observers.values():
+            observer.steps.clear()
+        for i in range(work["steps"]):                         # alternated, step by step
+            for engine in engines.values():
+                engine.step()
+            if i % 8 == 7 and report.time_left() < 5:
+                report.data["cut"].append(f"decode steps after {i + 1}: budget")
+                break
+        for engine in engines.values():
+            for rid in list(engine.requests):
+                engine.abort(rid)
+    for name, observer in observers.items():
+        row = {"engine": name, "batch_size": b, "prompt_tokens": lens,
+               **decode_summary(observer.steps, config, width, copy)}
+        if row["decode_steps"]:
+            row["tokens_per_s"] = row["median_decode_batch"] / row["median_decode_step_s"]
+            print(f"  {name:<22} decode step {row['median_decode_step_s'] * 1e3:.2f} ms "
+                  f"(forward {row['median_decode_model_s'] * 1e3:.2f} ms), "
+                  f"{row['tokens_per_s']:.0f} tokens/s, {share(row)}", flush=True)
+        report.data["rows"].append(row)
+    contiguous, paged = report.data["rows"]
+    if contiguous["decode_steps"] and paged["decode_steps"]:
+        report.data["key"] = {
+            "paged_decode_step_s": paged["median_decode_step_s"],
+            "contiguous_decode_step_s": contiguous["median_decode_step_s"],
+            "paged_over_contiguous": (paged["median_decode_step_s"]
+                                      / contiguous["median_decode_step_s"]),
+            "paged_fraction_of_copy": paged["fraction_of_copy"],
+            "contiguous_fraction_of_copy": contiguous["fraction_of_copy"]}
+
+
+PART_FUNCTIONS = {"bandwidth": part_bandwidth, "s06": part_s06, "s08": part_s08,
+                  "s09": part_s09, "s12": part_s12}
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Parts: " + ", ".join(PARTS) + ". See the module docstring for what each runs.")
+    parser.add_argument("part", choices=PARTS)
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write the figures here (rewritten after every row)")
+    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                        help="default: bfloat16 on CUDA, float32 on the CPU (S06's rule)")
+    parser.add_argument("--shape", default="qwen3-0.6b", choices=tuple(WORKLOADS),
+                        help="the model and workload sizes (tiny: a CPU smoke run)")
+    parser.add_argument("--attention", default="sdpa", choices=("manual", "sdpa"),
+                        help="our engines' attention (HF uses SDPA)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds this part may take: rows that would not fit are cut")
+    parser.add_argument("--bandwidth-json", type=Path, default=None,
+                        help="the bandwidth part's JSON: its copy bandwidth is the reference")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    report = Report(args.json, args.part, args.budget_s)
+    report.data["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    previous = signal.signal(signal.SIGTERM, _on_term)
+    print(f"gpu_bench {args.part}: device {args.device}, shape {args.shape}, budget "
+          f"{'none' if args.budget_s is None else f'{args.budget_s:.0f} s'}", flush=True)
+    try:
+        course_imports()
+        PART_FUNCTIONS[args.part](args, report)
+        report.data["status"] = "ok"
+        return 0
+    except (Stopped, KeyboardInterrupt) as stop:
+        stop = stop if isinstance(stop, Stopped) else Stopped("stopped by SIGINT")
+        report.data["status"], report.data["reason"] = "timeout", str(stop)
+        print(f"  {stop}: partial figures kept", flush=True)
+        return 124
+    except Exception as err:   # any failure: record it, keep the rows measured before it
+        report.data["status"] = "failed"
+        report.data["reason"] = f"{type(err).__name__}: {err}"
+        report.data["traceback"] = traceback.format_exc()
+        traceback.print_exc()
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        report.save()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

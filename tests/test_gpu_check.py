@@ -1,0 +1,151 @@
+"""The GPU check (scripts/gpu_check.sh) on a machine without a GPU.
+
+What a CPU can check: the script says there is no device, exits 0 and writes its summary;
+every test marked `gpu` skips with its reason; the summary's bookkeeping (statuses, key figures,
+pytest's outcomes); and benchmarks/gpu_bench.py's parts run end to end with --device cpu
+--shape tiny, so a change to an engine's public API shows here and not first on a GPU. The
+figures themselves, the CUDA paths and the budgets' fit are checked only by running the script
+on a GPU (README.md, "The GPU check").
+"""
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+# The script's rule for the files that use the marker (its grep -E, here as a Python regex).
+MARKER_LINE = re.compile(r"^[^#\"']*pytest\.mark\.gpu\b", re.MULTILINE)
+PARTS = ("bandwidth", "pytest_gpu", "s06", "s08", "s09", "s12")
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+report = load(ROOT / "scripts" / "gpu_check_report.py")
+
+
+def gpu_test_files() -> list[Path]:
+    return sorted(p for p in (ROOT / "tests").rglob("test_*.py")
+                  if MARKER_LINE.search(p.read_text(encoding="utf-8")))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: run the script")
+def test_script_without_cuda_says_so_exits_0_and_writes_the_summary(tmp_path):
+    out = tmp_path / "gpu"
+    done = subprocess.run(["bash", str(SCRIPT), str(out)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHON=sys.executable))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "no CUDA device: nothing to check" in done.stdout
+    assert "no CUDA device: nothing to check" in (out / "gpu_check.log").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "no_device" and summary["device"]["available"] is False
+    assert summary["parts"]["versions"]["status"] == "ok"
+    for part in PARTS:
+        assert summary["parts"][part]["status"] == "skipped"
+        assert summary["parts"][part]["reason"].startswith("no CUDA device")
+    versions = json.loads((out / "versions.json").read_text())
+    assert versions["python"] == platform.python_version()
+    assert versions["cuda"]["torch"] == torch.__version__ and versions["cuda"]["available"] is False
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "summary.json",
+                                                      "versions.json"]
+
+
+def test_script_refuses_a_missing_outdir_argument():
+    done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "usage: scripts/gpu_check.sh OUTDIR" in done.stderr
+
+
+@pytest.mark.slow   # pytest in a subprocess imports the S06 and S08 test modules: ~10 s
+def test_every_gpu_test_skips_with_its_reason_without_cuda(tmp_path):
+    files = gpu_test_files()
+    assert {"test_s06_torch.py", "test_s08_static_batching.py"} <= {p.name for p in files}
+    junit = tmp_path / "gpu.xml"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+         f"--junitxml={junit}", *map(str, files)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))   # no device, even on a GPU machine
+    assert done.returncode == 0, done.stdout[-3000:]
+    results = report.pytest_results(junit)
+    assert results["counts"]["skipped"] == len(results["tests"]) > 0, results["counts"]
+    for test in results["tests"]:
+        assert test["message"] == "needs a CUDA device (none found)", test
+
+
+def test_summary_reports_each_part_and_fails_on_a_timeout(tmp_path):
+    (tmp_path / "bench_s06.json").write_text(json.dumps(
+        {"status": "timeout", "key": {"ours_tokens_per_s": 100.0}, "cut": ["repeat 3: ..."]}))
+    (tmp_path / "pytest.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.t" name="a" time="0.5"/>'
+        '<testcase classname="tests.t" name="b"><skipped message="needs fastapi"/></testcase>'
+        '<testcase classname="tests.t" name="c"><failure message="assert 1 == 2"/></testcase>'
+        '</testsuite></testsuites>')
+    parts = tmp_path / "parts.tsv"
+    parts.write_text("pytest_gpu\tfailed\texit status 1\t12\t150\t\n"
+                     "s06\ttimeout\tstopped at its budget of 90 s\t90\t90\tbench_s06.json\n"
+                     "s12\tskipped\tthe total budget (440 s) is spent\t0\t\tbench_s12.json\n")
+    data = report.summary(tmp_path, parts, tmp_path / "pytest.xml", {"budget_s": 440.0})
+    assert data == json.loads((tmp_path / "summary.json").read_text())
+    assert data["status"] == "failed"
+    s06 = data["parts"]["s06"]
+    assert s06["status"] == "timeout" and s06["key"] == {"ours_tokens_per_s": 100.0}
+    assert s06["cut"] == ["repeat 3: ..."] and s06["seconds"] == 90.0
+    assert data["parts"]["s12"] == {"status": "skipped", "budget_s": None, "output":
+                                    "bench_s12.json", "reason": "the total budget (440 s) is "
+                                    "spent", "seconds": 0.0}
+    tests = data["parts"]["pytest_gpu"]
+    assert tests["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
+    assert [t["outcome"] for t in tests["tests"]] == ["passed", "skipped", "failed"]
+    assert tests["tests"][2]["message"] == "assert 1 == 2"
+    assert tests["reason"] == ("1 failed, 0 errors (collection errors included), 1 passed, "
+                               "1 skipped; exit status 1")
+
+
+def test_gpu_bench_help_needs_no_torch():
+    done = subprocess.run([sys.executable, "-S", str(ROOT / "benchmarks" / "gpu_bench.py"),
+                           "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "bandwidth,s06,s08,s09,s12" in done.stdout.replace(" ", "")
+
+
+def test_gpu_bench_part_that_fails_writes_its_reason(tmp_path, capsys):
+    bench = load(ROOT / "benchmarks" / "gpu_bench.py")
+    out = tmp_path / "s06.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "is_available", lambda: False)
+        assert bench.main(["s06", "--device", "cuda", "--json", str(out)]) == 1
+    data = json.loads(out.read_text())
+    assert data["status"] == "failed" and "needs a CUDA device" in data["reason"]
+
+
+@pytest.mark.slow   # four tiny models built and run: a few seconds
+def test_gpu_bench_parts_run_end_to_end_on_the_cpu(tmp_path, capsys):
+    bench = load(ROOT / "benchmarks" / "gpu_bench.py")
+    common = ["--device", "cpu", "--shape", "tiny", "--bandwidth-json",
+              str(tmp_path / "bandwidth.json")]
+    for part in ("bandwidth", "s06", "s08", "s09", "s12"):
+        out = tmp_path / f"{part}.json"
+        assert bench.main([part, "--json", str(out), *common]) == 0, capsys.readouterr().out
+        data = json.loads(out.read_text())
+        assert data["status"] == "ok" and data["cut"] == [], data
+        assert data["key"], f"{part}: no key figures"
+        if part != "bandwidth":
+            assert data["copy_source"] == f"from {tmp_path / 'bandwidth.json'}"
+            assert data["model"]["parameters"] > 0 and data["rows"]
+    s06 = json.loads((tmp_path / "s06.json").read_text())
+    assert s06["key"]["greedy_agreement"] == "all 4 equal"   # float32: ours == HF
+    s12 = json.loads((tmp_path / "s12.json").read_text())
+    assert [r["decode_steps"] for r in s12["rows"]] == [3, 3]
