@@ -11,13 +11,14 @@ A benchmark, not a test: it prints, never asserts speed. What runs (float32, the
     loopback port, with --max-num-seqs S; a load generator in this process keeps C streaming
     /v1/completions requests in flight (closed loop: a client sends its next request when its
     last one ends) over httpx, and stamps each SSE chunk as it arrives;
-  - in-process: the same engine class, built the same way (s19_server.make_engine, the same
-    S), driven directly in this process with C requests in flight (add_request / step /
-    a new request when one finishes), each output stamped when step() returns it.
+  - in-process: the same engine, built the same way (s19_server.make_engine, the same S),
+    driven directly in this process with C requests in flight (add_request / step / a new
+    request when one finishes), each output stamped when step() returns it.
   The requests: --requests prompts cut from the corpus (S07's "chat" workload, 8 to 32
   tokens), greedy, --max-tokens tokens each (ignore_eos, so every request does the same work
-  both ways). Bounded: a fixed request count, and --time-limit seconds per run (a run past it
-  stops, keeps what finished and says so). The two ways alternate (server first at C = 1,
+  both ways). Bounded: at most MAX_REQUESTS requests and MAX_REPEATS repeats, and
+  --time-limit seconds per run (a run past it stops, keeps what finished and says so); a run
+  of PROGRESS_FROM requests or more prints its progress as it goes. The two ways alternate (server first at C = 1,
   in-process first at the next C, and so on), one run each: a change of load on the shared
   machine falls on both; --repeats times (default 3), the order turning each time, and the
   median of each figure over the repeats reported.
@@ -32,6 +33,10 @@ A benchmark, not a test: it prints, never asserts speed. What runs (float32, the
   What the server pays that the in-process loop does not: HTTP and JSON parsing, request
   validation, the hand-over between the event loop and the engine thread (one Python
   interpreter: they share the GIL), SSE encoding, the socket, and the client's parsing here.
+
+Flags are checked before any model loads (a usage error, exit status 2, naming the rule):
+--threads, --seed and --device as every Part II script (`s08_cli.check_common_arguments`),
+every count in the range its help gives (--requests 0 is an error, not the default).
 
 The CPU is shared with other jobs: `uptime` is printed before and after and kept in the JSON,
 with each run's 1-minute load average. Writes JSON to --json (default a scratch file in the
@@ -63,7 +68,7 @@ import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
 import s07_measuring as s07  # noqa: E402
-import s08_static_batching as s08  # noqa: E402
+import s08_cli  # noqa: E402
 import s19_server as srv  # noqa: E402
 from bench_s10_scheduler import uptime  # noqa: E402
 
@@ -72,6 +77,23 @@ SERVER, IN_PROCESS = "server", "in-process"
 # A gap this short between two tokens of one stream means they arrived together (one read of
 # the socket: the event loop sent them back to back), not that a step took 0.5 ms.
 BURST_S = 0.0005
+MAX_REQUESTS = s08_cli.MAX_NUM_PROMPTS   # per run (4096): past it, use S20's load tests
+MAX_REPEATS = 20
+MAX_CONCURRENCY = 1024
+PROGRESS_FROM = 256                      # a run this long prints its progress
+
+
+class Progress:
+    """Prints "way C=c: k/total requests" about every tenth of a run of PROGRESS_FROM
+    requests or more (a long run shows it is alive); silent for shorter runs."""
+
+    def __init__(self, way: str, concurrency: int, total: int):
+        self.label, self.total = f"{way} C={concurrency}", total
+        self.every = max(1, total // 10) if total >= PROGRESS_FROM else 0
+
+    def done(self, k: int) -> None:
+        if self.every and (k % self.every == 0 or k == self.total):
+            print(f"  {self.label}: {k}/{self.total} requests", flush=True)
 
 
 def dist_ms(values) -> dict | None:
@@ -143,6 +165,7 @@ def run_in_process(engine, prompts: list[str], params, concurrency: int,
     pending = list(prompts)
     live: dict[str, dict] = {}
     done: list[dict] = []
+    progress = Progress(IN_PROCESS, concurrency, len(prompts))
     start = time.perf_counter()
     timed_out = False
     while pending or live:
@@ -165,6 +188,7 @@ def run_in_process(engine, prompts: list[str], params, concurrency: int,
             record["tokens"].extend([now] * len(out.new_token_ids))
             if out.finished:
                 done.append(live.pop(out.request_id))
+                progress.done(len(done))
     end = max((r["tokens"][-1] for r in done if r["tokens"]), default=time.perf_counter())
     return summarize(IN_PROCESS, concurrency, done, end - start, timed_out)
 
@@ -194,6 +218,7 @@ async def run_server_async(base: str, model_name: str, prompts: list[str], max_t
                            concurrency: int, time_limit: float) -> dict:
     queue = list(prompts)
     done: list[dict] = []
+    progress = Progress(SERVER, concurrency, len(prompts))
     url = base + "/v1/completions"
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
 
@@ -203,6 +228,7 @@ async def run_server_async(base: str, model_name: str, prompts: list[str], max_t
             done.append(await one_request(http, url, {
                 "model": model_name, "prompt": prompt, "max_tokens": max_tokens,
                 "temperature": 0, "ignore_eos": True, "stream": True}))
+            progress.done(len(done))
 
     start = time.perf_counter()
     timed_out = False
@@ -258,12 +284,13 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="fewer requests, shorter answers, concurrency 1 and 8 only")
     parser.add_argument("--requests", type=int, default=None,
-                        help="requests per run (default: 128, --quick 24)")
+                        help=f"requests per run, 1 to {MAX_REQUESTS} (default: 128, "
+                             "--quick 24)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="tokens per request (default: 32, --quick 16)")
     parser.add_argument("--concurrency", default=None,
-                        help="comma-separated requests in flight (default: 1,8,32,64, "
-                             "--quick 1,8)")
+                        help=f"comma-separated requests in flight, each 1 to "
+                             f"{MAX_CONCURRENCY} (default: 1,8,32,64, --quick 1,8)")
     parser.add_argument("--max-num-seqs", type=int, default=64,
                         help="the engine's seats, both ways (default: %(default)s)")
     parser.add_argument("--time-limit", type=float, default=120.0,
@@ -271,12 +298,12 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default=str(s03.BUNDLED_MODEL_DIR),
                         help="checkpoint directory (default: the bundled model)")
     parser.add_argument("--device", default=None,
-                        help="cpu or cuda (default: cuda when available, else cpu)")
+                        help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads in each process (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="runs of each way at each concurrency, medians reported "
-                             "(default: 3, --quick 1)")
+                        help=f"runs of each way at each concurrency, medians reported, 1 "
+                             f"to {MAX_REPEATS} (default: 3, --quick 1)")
     parser.add_argument("--seed", type=int, default=0,
                         help="which corpus prompts are drawn (default: %(default)s)")
     parser.add_argument("--json", default=str(DEFAULT_JSON),
@@ -285,29 +312,36 @@ def main(argv=None) -> None:
                         help="write here instead of --json, e.g. the committed "
                              "chapters/figures/s19_server.json (default: none)")
     args = parser.parse_args(argv)
-    if not 1 <= args.threads <= cores:
-        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
-    requests = args.requests or (24 if args.quick else 128)
-    max_tokens = args.max_tokens or (16 if args.quick else 32)
-    repeats = args.repeats or (1 if args.quick else 3)
+    s08_cli.check_common_arguments(parser, args)          # --threads, --seed, --device
+    # A flag given as 0 is an error, not "use the default" (None is "not given").
+    requests = args.requests if args.requests is not None else (24 if args.quick else 128)
+    max_tokens = args.max_tokens if args.max_tokens is not None else (16 if args.quick else 32)
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     try:
-        levels = [int(c) for c in (args.concurrency or ("1,8" if args.quick else
-                                                        "1,8,32,64")).split(",")]
+        levels = [int(c) for c in (args.concurrency if args.concurrency is not None else
+                                   ("1,8" if args.quick else "1,8,32,64")).split(",")]
     except ValueError:
         parser.error(f"--concurrency must be comma-separated integers (got {args.concurrency!r})")
-    for flag, value in (("--requests", requests), ("--max-tokens", max_tokens),
-                        ("--repeats", repeats),
-                        ("--max-num-seqs", args.max_num_seqs), *(("--concurrency", c)
-                                                                 for c in levels)):
-        s07.check_count(parser, flag, value, 1)
-    if args.time_limit <= 0:
-        parser.error(f"--time-limit must be > 0 (got {args.time_limit})")
+    for flag, value, high in (("--requests", requests, MAX_REQUESTS),
+                              ("--max-tokens", max_tokens, None),
+                              ("--repeats", repeats, MAX_REPEATS),
+                              ("--max-num-seqs", args.max_num_seqs, None),
+                              *(("--concurrency", c, MAX_CONCURRENCY) for c in levels)):
+        s07.check_count(parser, flag, value, 1, high)
+    if not args.time_limit > 0 or args.time_limit == float("inf"):
+        parser.error(f"--time-limit must be a number of seconds > 0 (got {args.time_limit})")
     out = Path(args.out or args.json)
     before = uptime()
     torch.set_num_threads(args.threads)
     model, tokenizer = s06.load(args.model, args.device)
-    prompts = s08.corpus_prompts(tokenizer, requests, args.seed,
-                                 model.config.max_position_embeddings)
+    prompts = s08_cli.corpus_prompts(tokenizer, requests, args.seed,
+                                     model.config.max_position_embeddings)
+    context = min(model.config.max_position_embeddings, srv.DEFAULT_MAX_CONTEXT)
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    if longest + max_tokens > context:      # the server would refuse them (a 400 each)
+        parser.error(f"--max-tokens {max_tokens} does not fit: the longest prompt is "
+                     f"{longest} tokens and the context {context}; use at most "
+                     f"{context - longest}")
     params = s04.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     print(f"before: {before}\ntorch {torch.__version__}, {args.threads} thread(s), "
           f"{model.device}; {requests} requests x {max_tokens} tokens, max_num_seqs "
@@ -360,7 +394,7 @@ def main(argv=None) -> None:
                           "parameters": s03.parameter_count(cfg), "requests": requests,
                           "max_tokens": max_tokens, "max_num_seqs": args.max_num_seqs,
                           "concurrency": levels, "time_limit_s": args.time_limit,
-                          "engine": f"{srv.ENGINE_CLASS.__module__}.{srv.ENGINE_CLASS.__name__}",
+                          "engine": srv.builder_name(),
                           "device": str(model.device), "threads": args.threads,
                           "seed": args.seed, "repeats": repeats, "quick": args.quick,
                           "torch": torch.__version__, "cpu_count": cores,

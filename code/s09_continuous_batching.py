@@ -563,12 +563,14 @@ class LLMEngine:
         """A checked `Request`, not yet queued (`add_request` queues it). prompt: text, or a
         list of token ids in [0, V). params: a SamplingParams, or max_tokens as an int
         (default: 16 tokens, greedy). request_id: a non-empty str no unfinished request uses
-        (default: the next free number). priority: an int, lower first (S10's "priority"
-        policy). cache_salt: None or a non-empty str (S13). Raises ParameterError naming the
+        (default: the next number no request holds; each request made gets a new one, so
+        several may be made before they are queued). priority: an int, lower first (S10's
+        "priority" policy). cache_salt: None or a non-empty str (S13). Raises ParameterError naming the
         parameter: a bad id, params or prompt (Part I's rules, token ids in [0, V)), a stop
         token id outside the vocabulary, a bad priority or salt, or a prompt the KV pool
         could never hold (the scheduler's rule)."""
-        if request_id is None:
+        auto = request_id is None       # the next number no request holds, given once
+        if auto:
             while self._taken(str(self._next_id)):
                 self._next_id += 1
             request_id = str(self._next_id)
@@ -587,6 +589,7 @@ class LLMEngine:
         self.processor.finish_if_stopped(seq)     # a prompt that fills the context: done now
         if not seq.finished:
             self.scheduler.check_request(request)
+        self._next_id += auto
         return request
 
     def add_request(self, prompt: str | list[int], params=None, request_id: str | None = None,
@@ -600,8 +603,6 @@ class LLMEngine:
         output, no token, from the next `step`). Returns its id."""
         assert not self._taken(request.request_id), "make_request checks the id"
         request.arrival, self._arrivals = self._arrivals, self._arrivals + 1
-        if request.request_id == str(self._next_id):
-            self._next_id += 1
         if request.finished:
             request.status = RequestStatus.FINISHED
             self._final.append(self._output(request, s01.RequestOutput(

@@ -6,32 +6,42 @@ What this file is
     a plain function or a small class, so the tests and the simulator run it without a socket.
 
     - `parse_request(kind, body, ...)`: one JSON body of `/v1/completions` (kind "completion")
-      or `/v1/chat/completions` ("chat") -> `ParsedRequest`: the prompt's token ids, one S04
-      `SamplingParams` per choice (n choices are n engine requests), stream flags, logprobs.
-      Every rule a request can break is an `APIError` with OpenAI's error schema and a 4xx
-      status: the types here, the ranges in S04's `SamplingParams` (its ValueError becomes a
-      400 naming the field), the context length here (`check_length`).
+      or `/v1/chat/completions` ("chat") -> `ParsedRequest`: the prompt's token ids (the
+      server hands the engine these ids, so the ids it counts for `usage` are the ids that
+      run), one S04 `SamplingParams` per choice (n choices are n engine requests), stream
+      flags, logprobs, cache_salt. Every rule a request can break is an `APIError` with
+      OpenAI's error schema and a 4xx status. Each rule lives in one place: the API's own
+      rules (types of the API fields, n, stop count, the context length) here; the ranges of
+      the sampling fields in S04's `SamplingParams`; the engine's own rules (token ids in
+      [0, V), stop_token_ids in the vocabulary, cache_salt) in `LLMEngine.make_request`. The
+      last two raise `s01.ParameterError`, whose `.parameter` `ParsedRequest.refusal` maps
+      back to the field the client sent (max_completion_tokens for S04's max_tokens, ...).
     - Chat messages become one prompt through the checkpoint's chat template
       (`transformers`' `apply_chat_template`) when it has one, else through the course's
       template for the bundled model (`course_chat_prompt`): each message a speech of the
       corpus, "User.\\n<content>\\n\\n", then "Assistant.\\n" opens the reply.
     - `Delta`: what the engine made for one choice in one step (the server builds them from
-      S09's `RequestOutput` and the request's logprobs). `StreamWriter` turns deltas into
-      server-sent events in OpenAI's chunk format; `collect_response` into one JSON response.
-      The server and `record_stream` (the simulator's trace) use the same writer, so what the
-      chapter shows is what the server sends.
+      S09's `RequestOutput`: its tokens, text, logprobs, cached prompt tokens).
+      `StreamWriter` turns deltas into server-sent events in OpenAI's chunk format;
+      `collect_response` into one JSON response. Usage counts the prefix cache's hits as
+      OpenAI does (`usage.prompt_tokens_details.cached_tokens`). The server and
+      `record_stream` (the simulator's trace) use the same writer, so what the chapter shows
+      is what the server sends.
 
 What it does not handle
-    Tools and function calls, response_format (JSON mode), logit_bias, echo, best_of, suffix,
-    audio or image content, the Responses API: each is refused with a 400 naming it, never
-    silently ignored. Fields nobody defines are ignored with a warning (vLLM's rule).
+    Tools and function calls, response_format (JSON mode), logit_bias, echo, best_of other
+    than n, suffix, audio or image content, the Responses API: each is refused with a 400
+    naming it, never silently ignored; so are max_completion_tokens and top_logprobs sent to
+    /v1/completions (chat fields that OpenAI's completions API does not have). Fields nobody
+    defines are ignored with a warning (vLLM's rule).
 
 References
-    OpenAI API reference (completions, chat completions, streaming chunk objects, error
-    object); vLLM's `entrypoints/openai/protocol.py` (field names, its extra sampling fields,
-    seed + index for n > 1, the context-length check) and `serving_chat.py` /
-    `serving_completion.py` (chunk order: role first, finish_reason chunk, usage chunk,
-    [DONE]). Read to learn; written anew.
+    OpenAI API reference (completions, chat completions, streaming chunk objects, the usage
+    object with prompt_tokens_details, the error object); vLLM's
+    `entrypoints/openai/completion/protocol.py` and `chat_completion/protocol.py` (field
+    names, its extra sampling fields, cache_salt, seed + index for n > 1, the context-length
+    check) and `serving_chat.py` / `serving_completion.py` (chunk order: role first,
+    finish_reason chunk, usage chunk, [DONE]). Read to learn; written anew.
 """
 from __future__ import annotations
 
@@ -60,16 +70,25 @@ SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed
                    "min_p": "min_p", "repetition_penalty": "repetition_penalty",
                    "min_tokens": "min_tokens", "ignore_eos": "ignore_eos",
                    "stop_token_ids": "stop_token_ids"}
-# OpenAI fields this server does not implement, and the value that means "not used": any
-# other value is a 400 (a request that asks for them must not get an answer without them).
-UNSUPPORTED = {"echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},),
+# OpenAI fields this server does not implement, and the values that mean "not used", JSON
+# type included (`unused`: false is "not used", 0 is not; {} is, [] is not): any other value
+# is a 400 (a request that asks for them must not get an answer without them). best_of has
+# its own rule (`_check_best_of`).
+UNSUPPORTED = {"echo": (False,), "suffix": ("",), "logit_bias": ({},),
                "tools": ([],), "tool_choice": ("none",), "functions": ([],),
                "function_call": ("none",), "response_format": ({"type": "text"},),
                "audio": (), "modalities": (["text"],), "prediction": (),
                "parallel_tool_calls": (), "web_search_options": ()}
+# Chat fields that /v1/completions does not have, and what it takes instead. OpenAI's
+# completions API (API reference, "Create completion") has neither field and answers an
+# argument it does not define with a 400 ("Unrecognized request argument supplied: ...");
+# vLLM's `CompletionRequest` (vllm/entrypoints/openai/completion/protocol.py) has neither
+# either, so vLLM ignores them with a warning. Neither honours them, and ignoring them would
+# silently give 16 tokens or no top logprobs, so this server refuses them, naming the field.
+CHAT_ONLY = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs (an integer)"}
 KNOWN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "stream",
          "stream_options", "stop", "logprobs", "top_logprobs", "user", "metadata", "store",
-         "service_tier", *SAMPLING_FIELDS, *UNSUPPORTED}
+         "service_tier", "best_of", "cache_salt", *SAMPLING_FIELDS, *UNSUPPORTED}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,63 +150,22 @@ def _no_constant(name: str):
 # Prompts: text, token ids, chat messages
 # ---------------------------------------------------------------------------------------------
 
-class PromptIds(str):
-    """A prompt the server has already tokenized: the str is its text (for display and for
-    Part I's prompt checks), `token_ids` its ids, which `ServingTokenizer.encode` hands the
-    engine as they are. So the ids the server counted for `usage` are the ids the engine
-    runs, and a chat template's special tokens keep their ids."""
-
-    token_ids: tuple[int, ...]
-
-    def __new__(cls, text: str, token_ids: Sequence[int]) -> "PromptIds":
-        self = super().__new__(cls, text or " ")   # Part I refuses "", which ids may decode to
-        self.token_ids = tuple(token_ids)
-        return self
-
-
-class ServingTokenizer:
-    """A checkpoint tokenizer (S03's `CheckpointTokenizer` or any with encode/decode/eos_id)
-    that encodes a `PromptIds` to its own ids; everything else is the wrapped tokenizer's."""
-
-    def __init__(self, tokenizer):
-        self.inner = tokenizer
-
-    def encode(self, text, *args, **kwargs) -> list[int]:
-        if isinstance(text, PromptIds):
-            return list(text.token_ids)
-        return self.inner.encode(text, *args, **kwargs)
-
-    @property
-    def max_token_chars(self) -> int:
-        """The most characters one token stands for: the longest decode([id]) of the vocab,
-        or special-token name (a chat template's "<|im_start|>" is one token). So a text of
-        more than max_context * max_token_chars characters cannot fit the context, and the
-        server refuses it without encoding it (`prompt_char_limit`). Computed once."""
-        if "_max_token_chars" not in self.__dict__:
-            names = getattr(self.inner, "special_tokens", {}) or {}
-            longest = max((len(self.inner.decode([i])) for i in range(self.inner.vocab_size)),
-                          default=1)
-            self._max_token_chars = max(1, longest, *(len(n) for n in names))
-        return self._max_token_chars
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-def prompt_char_limit(tokenizer, max_context: int) -> int | None:
-    """The most characters a prompt that fits the context can have (max_context tokens of at
-    most `max_token_chars` characters each), or None when the tokenizer does not say (not a
-    ServingTokenizer): then every prompt is encoded and counted."""
-    per_token = getattr(tokenizer, "max_token_chars", None) \
-        if isinstance(tokenizer, ServingTokenizer) else None
-    return None if per_token is None else max_context * per_token
+def max_token_chars(tokenizer) -> int:
+    """The most characters one token stands for: the longest decode([id]) of the vocabulary,
+    or special-token name (a chat template's "<|im_start|>" is one token). A text of more
+    than max_context * max_token_chars characters cannot fit the context (`parse_request`
+    refuses it without encoding it). One pass over the vocabulary: the server computes it
+    once, when it starts."""
+    names = getattr(tokenizer, "special_tokens", {}) or {}
+    longest = max((len(tokenizer.decode([i])) for i in range(tokenizer.vocab_size)), default=1)
+    return max(1, longest, *(len(n) for n in names))
 
 
 def context_error(prompt_tokens: int | None, max_context: int, param: str,
                   chars: int | None = None) -> APIError:
     """The 400 for a prompt that leaves no room for a completion (code
     context_length_exceeded). chars: the prompt was refused by its length in characters,
-    before encoding (`prompt_char_limit`)."""
+    before encoding."""
     if chars is None:
         why = (f"the prompt is {prompt_tokens} tokens but the model's context holds "
                f"{max_context}, which leaves no room for a completion")
@@ -224,14 +202,13 @@ class ChatTemplate:
     def name(self) -> str:
         return "checkpoint" if self.hf is not None else "course"
 
-    def render(self, messages: Sequence[dict], tokenizer) -> PromptIds:
+    def render(self, messages: Sequence[dict], tokenizer) -> list[int]:
+        """The prompt's token ids for these messages."""
         if self.hf is None:
-            text = course_chat_prompt(messages)
-            return PromptIds(text, tokenizer.encode(text))
+            return list(tokenizer.encode(course_chat_prompt(messages)))
         text = self.hf.apply_chat_template(list(messages), tokenize=False,
                                            add_generation_prompt=True)
-        ids = tokenizer.encode(text, allowed_special="all")   # the template's tokens are special
-        return PromptIds(text, ids)
+        return list(tokenizer.encode(text, allowed_special="all"))   # the template's tokens
 
 
 def _has_chat_template(directory: Path) -> bool:
@@ -283,21 +260,17 @@ def check_messages(messages) -> list[dict]:
     return out
 
 
-def completion_prompt(prompt, tokenizer, max_context: int | None = None) -> PromptIds:
-    """/v1/completions' prompt: a non-empty string, a list holding one, or a non-empty list of
-    token ids (ints). Several prompts in one request (OpenAI's batch form) are refused: send
-    one request per prompt. With max_context, a prompt that cannot fit is refused before it
-    is decoded or encoded (ids: max_context or more; text: over `prompt_char_limit`), so a
-    megabyte of text costs no tokenizer time. Raises APIError 400."""
+def completion_prompt(prompt, tokenizer, max_context: int | None = None,
+                      max_token_chars: int | None = None) -> list[int]:
+    """/v1/completions' prompt as token ids: a non-empty string (encoded), a list holding
+    one, or a non-empty list of token ids (ints, passed on as they are: the engine checks
+    that each lies in [0, V)). Several prompts in one request (OpenAI's batch form) are
+    refused: send one request per prompt. With max_context and max_token_chars, a text of
+    more than max_context * max_token_chars characters is refused before it is encoded, so a
+    megabyte of text costs no tokenizer time (a guard against a denial of service; the
+    context rule on tokens is `parse_request`'s). Raises APIError 400."""
     if isinstance(prompt, list) and prompt and all(s01.is_int(t) for t in prompt):
-        if max_context is not None and len(prompt) >= max_context:
-            raise context_error(len(prompt), max_context, "prompt")
-        vocab = tokenizer.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise APIError(400, f"prompt token ids must lie in [0, {vocab}) (got {bad[0]})",
-                           "prompt")
-        return PromptIds(tokenizer.decode(prompt), prompt)
+        return [int(t) for t in prompt]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, list):
@@ -305,13 +278,18 @@ def completion_prompt(prompt, tokenizer, max_context: int | None = None) -> Prom
                             "ids; send several prompts as several requests", "prompt")
     if not isinstance(prompt, str) or not prompt:
         raise APIError(400, "prompt must be a non-empty string", "prompt")
-    limit = None if max_context is None else prompt_char_limit(tokenizer, max_context)
-    if limit is not None and len(prompt) > limit:
+    if _too_many_chars(len(prompt), max_context, max_token_chars):
         raise context_error(None, max_context, "prompt", len(prompt))
     try:
-        return PromptIds(prompt, tokenizer.encode(prompt))
-    except ValueError as err:        # not valid Unicode (a lone surrogate)
+        s01.check_text(prompt, "prompt")    # a lone surrogate has no UTF-8, so no tokens
+    except s01.ParameterError as err:
         raise APIError(400, str(err), "prompt") from None
+    return list(tokenizer.encode(prompt))
+
+
+def _too_many_chars(chars: int, max_context: int | None, max_token_chars: int | None) -> bool:
+    return (max_context is not None and max_token_chars is not None
+            and chars > max_context * max_token_chars)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,17 +298,22 @@ def completion_prompt(prompt, tokenizer, max_context: int | None = None) -> Prom
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """One API request, checked. kind: COMPLETION or CHAT; prompt: its `PromptIds`; params:
-    one SamplingParams per choice (n = len(params)); stream, include_usage; logprobs: None,
-    or how many top logprobs each token carries; ignored: unknown fields (warned about)."""
+    """One API request, checked. kind: COMPLETION or CHAT; prompt_ids: the prompt's token ids
+    (chat: after the template), what the engine runs; params: one SamplingParams per choice
+    (n = len(params)); stream, include_usage; logprobs: None, or how many top logprobs each
+    token carries; cache_salt: None or what the client sent (the engine checks it);
+    max_tokens_field: the field that set S04's max_tokens ("max_tokens", or chat's
+    "max_completion_tokens"); ignored: unknown fields (warned about)."""
 
     kind: str
     model: str
-    prompt: PromptIds
+    prompt_ids: tuple[int, ...]
     params: tuple[s04.SamplingParams, ...]
     stream: bool
     include_usage: bool
     logprobs: int | None
+    cache_salt: object = None
+    max_tokens_field: str = "max_tokens"
     ignored: tuple[str, ...] = ()
 
     @property
@@ -339,16 +322,54 @@ class ParsedRequest:
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.prompt.token_ids)
+        return len(self.prompt_ids)
+
+    def field_of(self, parameter: str | None) -> str | None:
+        """The request field an engine or SamplingParams parameter stands for: chat's prompt is
+        its messages, S04's max_tokens is max_completion_tokens when the chat request set
+        that, S04's logprobs is chat's top_logprobs; every other name is the field's own."""
+        return _renames(self.kind, self.max_tokens_field).get(parameter, parameter)
+
+    def refusal(self, err: s01.ParameterError, prefix: str = "") -> APIError:
+        """The 400 for a ParameterError the engine raised for this request (at add_request,
+        or inside a step because of its own parameters), param the field the client sent."""
+        renames = _renames(self.kind, self.max_tokens_field)
+        return APIError(400, prefix + _as_sent(str(err), renames),
+                        renames.get(err.parameter, err.parameter))
+
+
+def _renames(kind: str, max_tokens_field: str) -> dict[str, str]:
+    """Engine / SamplingParams names -> the fields of this kind of request."""
+    renames = {"max_tokens": max_tokens_field}
+    if kind == CHAT:
+        renames.update(prompt="messages", logprobs="top_logprobs")
+    return renames
+
+
+def _as_sent(message: str, renames: dict[str, str]) -> str:
+    """S04's message in the names the request used (max_completion_tokens for S04's
+    max_tokens, top_logprobs for its logprobs): a rule must read in the client's terms. Only
+    the words are renamed; which field is at fault comes from the error's `parameter`."""
+    for name in ("max_tokens", "logprobs"):
+        sent = renames.get(name, name)
+        if sent != name:
+            message = re.sub(rf"\b{name}\b", sent, message)
+    return message
 
 
 def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context: int,
-                  chat_template: ChatTemplate | None = None) -> ParsedRequest:
+                  chat_template: ChatTemplate | None = None,
+                  max_token_chars: int | None = None) -> ParsedRequest:
     """Check one request body (a dict from `parse_json_body`) and turn it into engine
     requests. Raises APIError: 404 model_not_found for another model; 400 for everything
     else the request gets wrong, its param naming the field. The checks, in order: model,
-    unsupported fields, prompt or messages, n, stream and stream_options, logprobs, the
-    sampling fields (S04's rules), the context length."""
+    unsupported fields, prompt or messages, n (and best_of), stream and stream_options,
+    logprobs, the context length, the number of stop strings, the sampling fields (S04's
+    rules), whether an explicit max_tokens fits. max_token_chars (`max_token_chars`, which
+    the server computes once): refuse a prompt longer than the context can hold in
+    characters before encoding it; None encodes every prompt. What the engine checks
+    (token ids in [0, V), stop_token_ids in the vocabulary, cache_salt) is left to it: the
+    server maps its ParameterError with `ParsedRequest.refusal`."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise APIError(400, "model is required: the name of the served model (GET /v1/models)",
@@ -356,43 +377,45 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
     if model != model_name:
         raise APIError(404, f"The model {model!r} does not exist; this server serves "
                             f"{model_name!r}", "model", "model_not_found")
-    for name, unused in UNSUPPORTED.items():
-        if name in body and body[name] is not None and body[name] not in unused:
-            raise APIError(400, f"{name} is not supported by this server", name)
+    _check_unsupported(kind, body)
     if kind == COMPLETION:
         if "messages" in body:
             raise APIError(400, "messages belongs to /v1/chat/completions; /v1/completions "
                                 "takes a prompt", "messages")
-        prompt = completion_prompt(body.get("prompt"), tokenizer, max_context)
+        prompt_ids = completion_prompt(body.get("prompt"), tokenizer, max_context,
+                                       max_token_chars)
     else:
         if "prompt" in body:
             raise APIError(400, "prompt belongs to /v1/completions; /v1/chat/completions "
                                 "takes messages", "prompt")
         messages = check_messages(body.get("messages"))
-        if len(messages) >= max_context:   # the template gives every message a token at least
+        # Two guards before the template runs (a denial of service costs no tokenizer time):
+        # the template gives every message a token at least, and only adds characters.
+        if len(messages) >= max_context:
             raise APIError(400, f"{len(messages)} messages cannot fit in the model's context of "
                                 f"{max_context} tokens, which leaves no room for a completion "
                                 "(refused before encoding)", "messages", "context_length_exceeded")
-        chars, limit = sum(len(m["content"]) for m in messages), prompt_char_limit(
-            tokenizer, max_context)
-        if limit is not None and chars > limit:   # the template only adds characters
+        chars = sum(len(m["content"]) for m in messages)
+        if _too_many_chars(chars, max_context, max_token_chars):
             raise context_error(None, max_context, "messages", chars)
-        prompt = (chat_template or ChatTemplate(None)).render(messages, tokenizer)
+        prompt_ids = (chat_template or ChatTemplate(None)).render(messages, tokenizer)
     n = _get(body, "n", 1)
     if not s01.is_int(n) or not 1 <= n <= MAX_N:
         raise APIError(400, f"n must be an integer in [1, {MAX_N}] (got {n!r})", "n")
+    _check_best_of(body.get("best_of"), n)
     stream = _get(body, "stream", False)
     if not isinstance(stream, bool):
         raise APIError(400, f"stream must be a boolean (got {stream!r})", "stream")
     include_usage = _stream_options(body, stream)
-    logprobs, logprobs_param = _logprobs(kind, body)
-    room = max_context - len(prompt.token_ids)
+    logprobs = _logprobs(kind, body)
+    room = max_context - len(prompt_ids)
     if room < 1:
-        raise context_error(len(prompt.token_ids), max_context,
+        raise context_error(len(prompt_ids), max_context,
                             "messages" if kind == CHAT else "prompt")
-    max_tokens, max_tokens_param = body.get("max_tokens"), "max_tokens"
+    max_tokens, max_tokens_field = body.get("max_tokens"), "max_tokens"
     if kind == CHAT and body.get("max_completion_tokens") is not None:
-        max_tokens, max_tokens_param = body["max_completion_tokens"], "max_completion_tokens"
+        max_tokens, max_tokens_field = body["max_completion_tokens"], "max_completion_tokens"
+    renames = _renames(kind, max_tokens_field)
     stop = _get(body, "stop", None)
     if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
         raise APIError(400, f"stop may hold at most {MAX_STOP_STRINGS} sequences (got "
@@ -414,50 +437,62 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
         choice_seed = seed + i if s01.is_int(seed) else seed   # not an int: S04 refuses it
         try:
             params.append(s04.SamplingParams(seed=choice_seed, **options))
-        except (ValueError, TypeError) as err:
-            param = _param_of(str(err), max_tokens_param, logprobs_param)
-            raise APIError(400, _as_sent(str(err), max_tokens_param, logprobs_param),
-                           param) from None
-    _check_stop_token_ids(params[0], tokenizer)
-    if given and len(prompt.token_ids) + max_tokens > max_context:
+        except s01.ParameterError as err:   # S04's rule, named by the field the client sent
+            raise APIError(400, _as_sent(str(err), renames),
+                           renames.get(err.parameter, err.parameter)) from None
+    if given and len(prompt_ids) + max_tokens > max_context:
         raise APIError(400, f"the model's context holds {max_context} tokens, but the prompt "
-                            f"is {len(prompt.token_ids)} and {max_tokens_param} asks for "
-                            f"{max_tokens} more ({len(prompt.token_ids) + max_tokens}); "
-                            f"ask for at most {room}", max_tokens_param,
+                            f"is {len(prompt_ids)} and {max_tokens_field} asks for "
+                            f"{max_tokens} more ({len(prompt_ids) + max_tokens}); "
+                            f"ask for at most {room}", max_tokens_field,
                        "context_length_exceeded")
     ignored = tuple(sorted(k for k in body if k not in KNOWN))
-    return ParsedRequest(kind, model, prompt, tuple(params), stream, include_usage, logprobs,
-                         ignored)
+    return ParsedRequest(kind, model, tuple(prompt_ids), tuple(params), stream, include_usage,
+                         params[0].logprobs, body.get("cache_salt"), max_tokens_field, ignored)
 
 
-def _check_stop_token_ids(params: s04.SamplingParams, tokenizer) -> None:
-    """Checks a step would otherwise fail on, made before the request runs: stop_token_ids
-    inside the vocabulary, and min_tokens with at least one token left to sample (EOS, unless
-    ignore_eos, and stop_token_ids are banned until min_tokens tokens exist)."""
-    vocab = tokenizer.vocab_size
-    bad = [i for i in params.stop_token_ids if i >= vocab]
-    if bad:
-        raise APIError(400, f"stop_token_ids must lie in [0, {vocab}) (got {bad[0]})",
-                       "stop_token_ids")
-    if params.min_tokens > 0:
-        banned = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            eos = getattr(tokenizer, "eos_ids", None) or (getattr(tokenizer, "eos_id", None),)
-            banned.update(i for i in eos if i is not None)
-        if len(banned) >= vocab:
-            raise APIError(400, f"min_tokens {params.min_tokens} bans EOS and every "
-                                f"stop_token_ids id until then, and those cover all {vocab} "
-                                "tokens of the vocabulary: nothing is left to sample",
-                           "min_tokens")
+def _check_unsupported(kind: str, body: dict) -> None:
+    """A 400 naming the first field this server does not implement that the request uses: a
+    value other than the one meaning "not used", compared with its JSON type (echo: 0 is not
+    false), and on /v1/completions the chat-only fields (`CHAT_ONLY`)."""
+    for name, unused in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and not any(_same_json(value, u) for u in unused):
+            raise APIError(400, f"{name} is not supported by this server (got "
+                                f"{_short(value)})", name)
+    if kind == COMPLETION:
+        for name, instead in CHAT_ONLY.items():
+            if body.get(name) is not None:
+                raise APIError(400, f"{name} is a chat completions field; /v1/completions "
+                                    f"takes {instead}", name)
 
 
-def _as_sent(message: str, max_tokens_param: str, logprobs_param: str) -> str:
-    """S04's message in the names the request used: max_completion_tokens (chat) for S04's
-    max_tokens, top_logprobs (chat) for its logprobs."""
-    for s04_name, sent in (("max_tokens", max_tokens_param), ("logprobs", logprobs_param)):
-        if sent != s04_name:
-            message = re.sub(rf"\b{s04_name}\b", sent, message)
-    return message
+def _same_json(value, unused) -> bool:
+    """value == unused with the same JSON type (bool is not int, int is not float)."""
+    return type(value) is type(unused) and value == unused
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_best_of(best_of, n: int) -> None:
+    """best_of: None, or an integer >= n (OpenAI: the candidates generated server-side, of
+    which the n with the highest log probability per token are returned; "best_of must be
+    greater than n", and vLLM's older CompletionRequest refused best_of < n). Only best_of
+    == n is served, where there is nothing to choose: every candidate is returned."""
+    if best_of is None:
+        return
+    if not s01.is_int(best_of):
+        raise APIError(400, f"best_of must be an integer (got {_short(best_of)})", "best_of")
+    if best_of < n:
+        raise APIError(400, f"best_of must be >= n (got best_of {best_of} and n {n})",
+                       "best_of")
+    if best_of > n:
+        raise APIError(400, f"best_of {best_of} > n {n} is not supported by this server: it "
+                            "returns every choice it generates (ask for n choices instead)",
+                       "best_of")
 
 
 def _get(body: dict, name: str, default):
@@ -481,38 +516,21 @@ def _stream_options(body: dict, stream: bool) -> bool:
     return usage
 
 
-def _logprobs(kind: str, body: dict) -> tuple[int | None, str]:
-    """(top logprobs per token or None, the field to blame). Completions: logprobs is an int
-    (the top count); chat: logprobs is a bool and top_logprobs the count."""
+def _logprobs(kind: str, body: dict):
+    """The top logprobs per token to pass to S04 as its logprobs (None: none asked).
+    Completions: logprobs is the count itself (S04 checks it: an integer in [0, 20]). Chat:
+    logprobs is a boolean and top_logprobs the count (S04 checks it, and the server names
+    top_logprobs); top_logprobs needs logprobs: true."""
     if kind == COMPLETION:
-        value = body.get("logprobs")
-        if value is not None and not s01.is_int(value):
-            raise APIError(400, f"logprobs must be an integer in [0, {s04.MAX_LOGPROBS}] or "
-                                f"null (got {value!r})", "logprobs")
-        return value, "logprobs"
+        return body.get("logprobs")
     on, top = body.get("logprobs"), body.get("top_logprobs")
     if on is not None and not isinstance(on, bool):
         raise APIError(400, f"logprobs must be a boolean (got {on!r})", "logprobs")
     if top is not None and not on:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    if top is not None and not s01.is_int(top):
-        raise APIError(400, f"top_logprobs must be an integer in [0, {s04.MAX_LOGPROBS}] "
-                            f"(got {top!r})", "top_logprobs")
-    return (top or 0) if on else None, "top_logprobs"
-
-
-def _param_of(message: str, max_tokens_param: str, logprobs_param: str) -> str | None:
-    """The request field a SamplingParams message is about (its messages start with the
-    field's name: "temperature must be a number in [0, 100] (got 5)")."""
-    first = message.split(" ", 1)[0]
-    if first == "max_tokens":
-        return max_tokens_param
-    if first == "logprobs":
-        return logprobs_param
-    if first == "stop" or message.startswith("stop strings"):
-        return "stop"
-    names = {v: k for k, v in SAMPLING_FIELDS.items()}
-    return names.get(first)
+    if not on:
+        return None
+    return 0 if top is None else top
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,8 +542,9 @@ class Delta:
     """What the engine made for one choice in one step: index (the choice), token_ids (new
     ids, usually one), text (the text that became safe to show; may be ""), finished,
     finish_reason ("stop", "length"; "abort" never reaches a client), logprobs (one S04
-    `TokenLogprobs` per new token when asked, else None), step (the engine trace's step
-    number that produced it, None for a step that ran no model)."""
+    `TokenLogprobs` per new token when asked, else None), num_cached_tokens (the choice's
+    prompt tokens the prefix cache held when it was admitted; S09's
+    `RequestOutput.num_cached_tokens`)."""
 
     index: int
     token_ids: tuple[int, ...]
@@ -533,7 +552,7 @@ class Delta:
     finished: bool
     finish_reason: str | None
     logprobs: tuple | None = None
-    step: int | None = None
+    num_cached_tokens: int = 0
 
 
 def token_text(tokenizer, token_id: int) -> str:
@@ -549,7 +568,8 @@ def token_text(tokenizer, token_id: int) -> str:
 @dataclass
 class ResponseMeta:
     """What every chunk and response of one request shares: id ("cmpl-..." or
-    "chatcmpl-..."), created (Unix seconds), model, the parsed request, the tokenizer."""
+    "chatcmpl-..."), created (Unix seconds), model, the parsed request, the tokenizer; and
+    what the deltas told so far: completion_tokens and cached_tokens per choice."""
 
     id: str
     created: int
@@ -557,18 +577,31 @@ class ResponseMeta:
     request: ParsedRequest
     tokenizer: object
     completion_tokens: list[int] = field(default_factory=list)
+    cached_tokens: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.completion_tokens = [0] * self.request.n
+        self.cached_tokens = [0] * self.request.n
+
+    def count(self, delta: Delta) -> None:
+        """Add one delta to the usage counts."""
+        self.completion_tokens[delta.index] += len(delta.token_ids)
+        self.cached_tokens[delta.index] = delta.num_cached_tokens
 
     @property
     def chat(self) -> bool:
         return self.request.kind == CHAT
 
     def usage(self) -> dict:
+        """OpenAI's usage object. The prompt is counted once however many choices run it, and
+        so are its tokens found in the prefix cache (`prompt_tokens_details.cached_tokens`,
+        OpenAI's field; vLLM reports the same with --enable-prompt-tokens-details): those of
+        choice 0, the first admitted (the n choices are admitted together, so none of them
+        finds blocks another one is still computing)."""
         made = sum(self.completion_tokens)
         return {"prompt_tokens": self.request.prompt_tokens, "completion_tokens": made,
-                "total_tokens": self.request.prompt_tokens + made}
+                "total_tokens": self.request.prompt_tokens + made,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens[0]}}
 
     def logprobs(self, lps, offset: int = 0) -> dict | None:
         """OpenAI's logprobs object for some tokens: chat {"content": [{token, logprob,
@@ -646,7 +679,7 @@ class StreamWriter:
         if not delta.token_ids and not delta.finished:
             return []
         m, i = self.meta, delta.index
-        m.completion_tokens[i] += len(delta.token_ids)
+        m.count(delta)
         logprobs = m.logprobs(delta.logprobs, self.offsets[i])
         if logprobs is not None and not m.chat:   # the next chunk's tokens start here
             self.offsets[i] += sum(len(text) for text in logprobs["tokens"])
@@ -682,10 +715,10 @@ def collect_response(meta: ResponseMeta, deltas: Sequence[Delta]) -> dict:
     (text joined, finish_reason of its last delta, logprobs of every token), and usage."""
     n = meta.request.n
     texts, reasons, lps = [[] for _ in range(n)], [None] * n, [[] for _ in range(n)]
-    meta.completion_tokens = [0] * n
+    meta.completion_tokens, meta.cached_tokens = [0] * n, [0] * n
     for d in deltas:
         texts[d.index].append(d.text)
-        meta.completion_tokens[d.index] += len(d.token_ids)
+        meta.count(d)
         if d.logprobs:
             lps[d.index].extend(d.logprobs)
         if d.finished:

@@ -23,20 +23,28 @@ What is new since S13
       response when the client disconnects, and the response (`EventStream`) then aborts the
       choices that have not finished; a non-streaming handler watches for the disconnect
       itself. Either way `abort` frees the KV before the next step (vLLM #24584).
+    - The server keeps its own tokenizer: it encodes each prompt once (chat: through the
+      template), counts those ids for `usage` and hands the engine the same ids as a list. It
+      reads only what the engine returns: each step's `RequestOutput`s (new tokens, text,
+      logprobs, `num_cached_tokens`, `error`), never the engine's requests.
     - Errors have OpenAI's schema and a 4xx status for every bad request, FastAPI's 422 and
-      Starlette's 404/405 included; an error after streaming has begun is one SSE event with
-      the error object, then [DONE]. A step that raises fails only the requests in it (500, or
-      the error event), and the loop goes on; when S04 says the request's own parameters
-      broke its row (a repetition_penalty past float32's range), it is a 400 naming the field.
+      Starlette's 404/405 included; the field at fault comes from the `s01.ParameterError`'s
+      `.parameter`, never from its text. A body that is not `application/json` is a 415. An
+      error after streaming has begun is one SSE event with the error object, then [DONE].
+      A request the engine ends inside a step because its own row was refused (a
+      repetition_penalty past float32's range: `RequestOutput.error`) fails alone: a 400
+      naming the field, or a 500 when the model's logits were bad; its neighbours go on. A
+      step that raises fails only the requests it scheduled (500), and the loop goes on.
+    - `cache_salt` (vLLM's per-request field) reaches `add_request`: requests with different
+      salts never share cached KV blocks. Hits are reported as OpenAI reports them,
+      `usage.prompt_tokens_details.cached_tokens`.
     - `record_stream`: one request run in-process, its SSE lines beside the engine steps that
-      produced them (the chapter's simulator shows this trace).
-    - The engine is a seam: `ENGINE_CLASS` and `make_engine`. It serves Part II's most complete
-      engine, S13's `LLMEngine` (code/s13_engine.py: prefix caching over S12's paged KV, with
-      S11's chunked prefill); S11's or S12's is the same one-line swap. The engine's trace
-      keeps its last TRACE_LIMIT steps (128), so a server running for days holds a bounded
-      trace. The bound is in records, not bytes: each S13 record holds snapshots of the pool
-      (its free queue and cached blocks), so a record grows with num_blocks (a reviewer
-      measured about 50-70 kB per record at 257-513 blocks, the requests' own state included).
+      produced them (the chapter's simulator shows this trace; it attaches S09's
+      `StepTracer` for its run, and the server runs none).
+    - The engine is a seam: `ENGINE_BUILDER` and `make_engine`. It serves Part II's most
+      complete engine, S13's (`s13_prefix_caching.build_engine`: prefix caching over S12's
+      paged KV, with S11's chunked prefill); S11's or S12's `build_engine` is the same
+      one-line swap.
 
 What it does not handle yet
     One model, one engine thread, one process: the engine's steps and the server's JSON work
@@ -59,16 +67,20 @@ Tests
     client: completions and chat, streaming and not, greedy text equal to the engine run in
     process, n > 1, stop, seeds, usage, logprobs; a disconnect mid-stream frees every KV token;
     64 concurrent streams each equal to the request alone; every bad request's 4xx and error
-    schema; a step that raises fails only its requests; record_stream's lines equal what the
-    server sends; the public bugs K1, K2, K4, K6, G4 and G5. tests/test_s19_protocol.py: the
-    protocol alone (fields into SamplingParams, templates, refusals, the chunk formats).
+    schema (content types, strict types, out-of-range numbers); one bad request among good
+    streams fails alone; a client gone while uploading logs no error; cache_salt keeps
+    tenants' cached blocks apart; a step that raises fails only its requests; record_stream's
+    lines equal what the server sends; the public bugs K1, K2, K4, K6, G4 and G5.
+    tests/test_s19_protocol.py: the protocol alone (fields into SamplingParams, templates,
+    refusals, the chunk formats).
 
 References
     OpenAI API reference (completions, chat, streaming, errors). vLLM's OpenAI server
-    (`entrypoints/openai/api_server.py`, `serving_completion.py`, `serving_chat.py`) and
-    `AsyncLLM` (a background loop that owns the engine; per-request output queues; abort on
-    disconnect). FastAPI, Starlette, uvicorn documentation. Server-sent events: the WHATWG
-    HTML standard, section 9.2.
+    (`entrypoints/openai/api_server.py`, `serving_completion.py`, `serving_chat.py`; its
+    `validate_json_request`, vLLM #11171 / PR #13193, for the content type) and `AsyncLLM`
+    (a background loop that owns the engine; per-request output queues; abort on
+    disconnect). FastAPI ("Strict Content-Type"), Starlette, uvicorn documentation.
+    Server-sent events: the WHATWG HTML standard, section 9.2.
 """
 from __future__ import annotations
 
@@ -81,7 +93,6 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-import re
 import socket
 import sys
 import threading
@@ -97,22 +108,25 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
-import s01_generation_loop as s01
 import s03_checkpoint
 import s03_transformer as s03
-import s04_sampling as s04
 import s06_torch as s06
-import s13_engine as s13
+import s08_cli
+import s09_trace
+import s13_prefix_caching as s13
 import s19_protocol as proto
+from s01_generation_loop import ParameterError
 from s19_protocol import APIError, Delta
 
 log = logging.getLogger("s19_server")
 
-ENGINE_CLASS = s13.LLMEngine     # the engine served; S11's or S12's LLMEngine drops in here
+ENGINE_BUILDER = s13.build_engine   # the engine served; s11/s12's build_engine drop in here
 DEFAULT_MODEL_NAME = "bundled"
 DEFAULT_PORT = 8000
-TRACE_LIMIT = 128                # engine.trace keeps the last 128 step records (S09's StepTrace)
+DEFAULT_MAX_CONTEXT = 4096          # the longest context served unless --max-context says
+JSON_MEDIA_TYPE = "application/json"
 MAX_BODY_BYTES = 4 * 2**20       # a larger request body is a 413, unread
 OFF_LOOP_BYTES = 64 * 2**10      # a larger body is parsed and tokenized in a worker thread
 
@@ -129,19 +143,24 @@ class ErrorResponse(JSONResponse):
 
 def make_engine(model, tokenizer, max_num_seqs: int = 32,
                 max_num_batched_tokens: int | None = None, max_context: int | None = None,
-                engine_class=None, trace_limit: int | None = TRACE_LIMIT):
-    """The served engine: `engine_class` (default ENGINE_CLASS, S13's) over the model, with
-    the tokenizer wrapped in `ServingTokenizer` (so the engine runs the ids the server
-    counted). max_context: default the model's window, at most 4096. trace_limit: the step
-    records engine.trace keeps (the latest; None keeps all). Raises ValueError naming the
-    rule (the engine's)."""
-    engine_class = ENGINE_CLASS if engine_class is None else engine_class
+                builder=None, **options):
+    """The served engine: `builder` (default ENGINE_BUILDER, S13's `build_engine`) over the
+    model and tokenizer. max_context: default the model's window, at most
+    DEFAULT_MAX_CONTEXT (4096); max_num_batched_tokens: the token budget of a step (None:
+    max_num_seqs x max_context, nothing chunked). options: the builder's other keywords.
+    No observer is attached: the server runs no tracer. Raises ParameterError naming the
+    option (the engine's rule)."""
+    builder = ENGINE_BUILDER if builder is None else builder
     window = model.config.max_position_embeddings
-    max_context = min(window, 4096) if max_context is None else max_context
-    engine = engine_class(model, proto.ServingTokenizer(tokenizer), max_context, max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens)
-    engine.trace.limit = trace_limit
-    return engine
+    max_context = min(window, DEFAULT_MAX_CONTEXT) if max_context is None else max_context
+    return builder(model, tokenizer, max_context=max_context, max_num_seqs=max_num_seqs,
+                   max_num_batched_tokens=max_num_batched_tokens, **options)
+
+
+def builder_name(builder=None) -> str:
+    """"module.function" of the engine builder (default ENGINE_BUILDER), as --help says."""
+    builder = ENGINE_BUILDER if builder is None else builder
+    return f"{builder.__module__}.{builder.__qualname__}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,43 +169,47 @@ def make_engine(model, tokenizer, max_num_seqs: int = 32,
 
 @dataclass(frozen=True)
 class EngineFailure:
-    """Sent to a request's sink instead of a Delta when a step that ran it raised: status 500
-    (the server's fault), or 400 with the field at fault for S04's known per-request failures
-    (`REQUEST_FAILURES`: the request's own sampling parameters broke its row)."""
+    """Sent to a request's sink instead of a Delta when the engine failed it: message, and
+    parameter, the engine's name of the request's own field to blame (the request's row was
+    refused because of it: a 400 naming that field, since the same request fails every time),
+    or None when the server is at fault (a 500: a step that raised, or bad logits from the
+    model)."""
 
     message: str
-    status: int = 500
-    param: str | None = None
+    parameter: str | None = None
 
-    def api_error(self) -> APIError:
-        return APIError(self.status, self.message, self.param)
+    @classmethod
+    def from_output(cls, error: ParameterError) -> "EngineFailure":
+        """The failure for a request the engine ended inside a step (`RequestOutput.error`)."""
+        return cls(f"this request failed while it ran: {error}", error.parameter)
 
-
-_REQUEST_PREFIX = re.compile(r"^request '([^']+)': ")
-# S04's errors a row raises because of its request's own parameters (S09 names the request):
-# the message -> the field to blame. A 400, not a 500: the same request fails every time.
-REQUEST_FAILURES = {s04.PENALTY_OVERFLOW: "repetition_penalty",
-                    s04.PENALTY_RULED_OUT: "repetition_penalty",
-                    s04.MIN_TOKENS_RULED_OUT: "min_tokens"}
+    def api_error(self, request: proto.ParsedRequest) -> APIError:
+        """OpenAI's error for it, in the request's field names."""
+        if self.parameter is None:
+            return APIError(500, self.message)
+        return request.refusal(ParameterError(self.message, self.parameter))
 
 
 class EngineLoop:
     """The thread that owns `engine` and steps it while requests are unfinished.
 
-    Thread-safe calls (any thread): `submit(requests, sink)` queues an add of several engine
-    requests (one per choice) and returns a concurrent Future of their ids (it raises the
-    engine's ValueError, nothing added, if any of them is refused); `abort(ids)`; `call(fn)`
-    runs fn(engine) in the engine thread between steps and returns a Future of its result
-    (tests and benchmarks look at the engine this way). Each `Delta` of those requests, or
-    one `EngineFailure`, goes to `sink(item)` through `deliver`: after every step the engine
-    thread calls deliver([(sink, item), ...]) once with all of the step's items (default:
-    call each sink there and then; it must not block). The server's deliver hands the whole
-    list to the event loop in one `call_soon_threadsafe`, where each sink is an asyncio
-    queue's put_nowait: one wake-up of the event loop per step, not one per token (vLLM's
-    AsyncLLM also moves a step's outputs as one batch). After a request's last Delta its sink
-    is dropped; an aborted request's last output is dropped too (nobody is listening).
-    `start()` / `stop()` / `alive`; `steps` counts engine steps, `failed_steps` the ones that
-    raised.
+    Thread-safe calls (any thread): `submit(requests, sink, cache_salt)` queues an add of
+    several engine requests (one per choice, each a (token ids, SamplingParams) pair) and
+    returns a concurrent Future of their ids (it raises the engine's ParameterError, nothing
+    added, if any of them is refused: all are made with `make_request` before any is queued);
+    `abort(ids)`; `call(fn)` runs fn(engine) in the engine thread between steps and returns a
+    Future of its result (tests and benchmarks look at the engine this way). Each `Delta` of
+    those requests, or one `EngineFailure`, goes to `sink(item)` through `deliver`: after
+    every step the engine thread calls deliver([(sink, item), ...]) once with all of the
+    step's items (default: call each sink there and then; it must not block). The server's
+    deliver hands the whole list to the event loop in one `call_soon_threadsafe`, where each
+    sink is an asyncio queue's put_nowait: one wake-up of the event loop per step, not one per
+    token (vLLM's AsyncLLM also moves a step's outputs as one batch). After a request's last
+    item its sink is dropped; an aborted request's last output is dropped too (nobody is
+    listening). An output with an `error` (its row refused) becomes an EngineFailure for that
+    request alone. A step that raises fails the requests it scheduled (it learns them as an
+    observer, `on_plan`: one tuple kept per step, no trace). `start()` / `stop()` / `alive`;
+    `steps` counts engine steps, `failed_steps` the ones that raised.
     """
 
     def __init__(self, engine, deliver: Callable[[list], None] | None = None):
@@ -195,12 +218,13 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._commands: deque[Callable[[], None]] = deque()
         self._sinks: dict[str, tuple[Callable, int]] = {}   # id -> (sink, choice index)
-        self._seqs: dict[str, s01.Sequence] = {}
+        self._scheduled: tuple[str, ...] = ()   # the ids the step in progress scheduled
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.failed_steps = 0
         self._next_id = 0
+        engine.observers.append(self)
 
     # --- called from any thread -----------------------------------------------------------
 
@@ -226,26 +250,23 @@ class EngineLoop:
             self._commands.append(fn)
             self._cond.notify()
 
-    def submit(self, requests: Sequence[tuple[str, object]], sink: Callable,
-               request_ids: Sequence[str] | None = None) -> concurrent.futures.Future:
+    def submit(self, requests: Sequence[tuple[list[int], object]], sink: Callable,
+               cache_salt=None) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
 
         def add() -> None:
-            added = []
-            try:
-                for k, (prompt, params) in enumerate(requests):
-                    rid = request_ids[k] if request_ids else self._new_id()
-                    self.engine.add_request(prompt, params, request_id=rid)
-                    added.append(rid)
-            except Exception as err:             # all or nothing: take back those added
-                for rid in added:
-                    self.engine.abort(rid)
+            try:                              # all or nothing: every check before any queue
+                made = [self.engine.make_request(prompt, params, self._new_id(),
+                                                 cache_salt=cache_salt)
+                        for prompt, params in requests]
+            except Exception as err:
                 future.set_exception(err)
                 return
-            for k, rid in enumerate(added):
-                self._sinks[rid] = (sink, k)
-                self._seqs[rid] = self.engine.requests.get(rid)
-            future.set_result(added)
+            ids = []
+            for k, request in enumerate(made):
+                ids.append(self.engine.queue(request))
+                self._sinks[ids[-1]] = (sink, k)
+            future.set_result(ids)
 
         self._command(add)
         return future
@@ -256,7 +277,6 @@ class EngineLoop:
         def abort() -> None:
             for rid in ids:
                 if self._sinks.pop(rid, None) is not None:
-                    self._seqs.pop(rid, None)
                     self.engine.abort(rid)
 
         self._command(abort)
@@ -272,6 +292,14 @@ class EngineLoop:
 
         self._command(run)
         return future
+
+    # --- the engine's observer (engine thread) --------------------------------------------
+
+    def on_plan(self, engine, plan) -> None:
+        self._scheduled = plan.scheduled_ids
+
+    def on_step(self, engine, result) -> None:
+        pass
 
     # --- the engine thread --------------------------------------------------------------
 
@@ -296,59 +324,42 @@ class EngineLoop:
                 self._step()
 
     def _step(self) -> None:
-        engine = self.engine
-        traced = engine.trace.num_recorded
+        self._scheduled = ()
         try:
-            outputs = engine.step()
+            outputs = self.engine.step()
         except Exception as err:            # fail the requests of this step, keep serving
             self.failed_steps += 1
             self._fail(err)
             return
         self.steps += 1
-        # The trace's number of this step; None when it ran no model (only last outputs).
-        trace_step = engine.trace[-1].step if engine.trace.num_recorded > traced else None
         batch = []
         for out in outputs:
             entry = self._sinks.get(out.request_id)
             if entry is None:               # aborted: its last output has no listener
                 continue
             sink, index = entry
-            seq = self._seqs.get(out.request_id)
-            batch.append((sink, to_delta(out, seq, index, trace_step)))
+            item = (to_delta(out, index) if out.error is None
+                    else EngineFailure.from_output(out.error))
+            batch.append((sink, item))
             if out.finished:
                 del self._sinks[out.request_id]
-                self._seqs.pop(out.request_id, None)
         if batch:
             self.deliver(batch)
 
     def _fail(self, err: Exception) -> None:
-        """A step raised. S09's step names the request a bad row belongs to ("request 'id':
-        ..."): only it fails, with a 400 naming the field when the error is one of S04's
-        REQUEST_FAILURES. Otherwise every request the step scheduled fails (S10's `revert`
-        gave their KV back), a 500. Each is aborted and told; the others go on."""
-        match = _REQUEST_PREFIX.match(str(err))
-        out = getattr(self.engine, "scheduler_output", None)
-        if match:
-            ids = [match.group(1)]
-        elif out is not None and out.num_scheduled_tokens:
-            ids = list(out.num_scheduled_tokens)
-        else:
-            ids = list(self._sinks)         # nothing else to blame: fail all, never spin
+        """A step raised (its plan was taken back: the requests keep their place and KV as
+        before the step). Every request it scheduled fails with a 500 and is aborted; the
+        others go on. When it failed before scheduling anyone (no plan seen), every request
+        fails: nothing else to blame, and a loop that retried would spin."""
+        ids = [rid for rid in self._scheduled if rid in self._sinks] or list(self._sinks)
         log.error("engine step failed for %s: %s: %s", ids, type(err).__name__, err)
-        reason = str(err)[match.end():] if match else None
-        if reason in REQUEST_FAILURES:
-            failure = EngineFailure(f"this request's sampling parameters failed while it ran: "
-                                    f"{reason}", 400, REQUEST_FAILURES[reason])
-        else:
-            failure = EngineFailure(f"the engine failed while running this request "
-                                    f"({type(err).__name__}: {err})")
+        failure = EngineFailure(f"the engine failed while running this request "
+                                f"({type(err).__name__}: {err})")
         batch = []
         for rid in ids:
-            entry = self._sinks.pop(rid, None)
-            self._seqs.pop(rid, None)
+            sink, _ = self._sinks.pop(rid)
             self.engine.abort(rid)
-            if entry is not None:
-                batch.append((entry[0], failure))
+            batch.append((sink, failure))
         if batch:
             self.deliver(batch)
 
@@ -358,35 +369,31 @@ def _call_each(batch: list) -> None:
         sink(item)
 
 
-def to_delta(out: s01.RequestOutput, seq: s01.Sequence | None, index: int,
-             step: int | None) -> Delta:
-    """One engine output as the protocol's Delta: the new tokens' logprobs are the last
-    entries of the request's logprobs list (S04 appends one per sampled token)."""
-    logprobs = None
-    if seq is not None and seq.logprobs is not None and out.new_token_ids:
-        logprobs = tuple(seq.logprobs[len(seq.logprobs) - len(out.new_token_ids):])
+def to_delta(out, index: int) -> Delta:
+    """One engine output (S09's `RequestOutput`) as the protocol's Delta of choice `index`:
+    its new tokens, text, logprobs (the step's `TokenLogprobs`, when asked) and the prompt
+    tokens the prefix cache held for it."""
+    logprobs = tuple(out.logprobs) if out.logprobs and out.new_token_ids else None
     return Delta(index, tuple(out.new_token_ids), out.text_delta, out.finished,
-                 out.finish_reason, logprobs, step)
+                 out.finish_reason, logprobs, out.num_cached_tokens)
 
 
 # ---------------------------------------------------------------------------------------------
 # The HTTP app
 # ---------------------------------------------------------------------------------------------
 
-def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
+def build_app(engine, tokenizer, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
               engine_loop: EngineLoop | None = None):
     """The FastAPI app serving `engine` (built by `make_engine`) as `model_name`.
 
-    chat_template: a `s19_protocol.ChatTemplate` (default: the course's template). The app
-    starts its `EngineLoop` on startup and stops it on shutdown; `app.state.engine_loop` is
-    it (tests look at the engine through `app.state.engine_loop.call`)."""
-    if not isinstance(engine.tokenizer, proto.ServingTokenizer):
-        raise ValueError("build the engine with make_engine: the server hands it token ids "
-                         "through a ServingTokenizer")
+    tokenizer: the server's own, the one the engine was built with (the server encodes every
+    prompt and hands the engine the ids). chat_template: a `s19_protocol.ChatTemplate`
+    (default: the course's template). The app starts its `EngineLoop` on startup and stops it
+    on shutdown; `app.state.engine_loop` is it (tests look at the engine through
+    `app.state.engine_loop.call`)."""
     loop_ = engine_loop or EngineLoop(engine)
     template = chat_template or proto.ChatTemplate(None)
-    tokenizer = engine.tokenizer
-    tokenizer.max_token_chars          # computed once now, not on the first request
+    per_token = proto.max_token_chars(tokenizer)    # once now, not on the first request
     created_at = int(time.time())
 
     @asynccontextmanager
@@ -410,6 +417,12 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
     async def api_error(request, err: APIError):
         return ErrorResponse(err.body(), status_code=err.status)
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request, err: ClientGone):
+        # Nobody reads this answer; 499 is nginx's name for it. Not an error of the server.
+        log.info("%s %s: %s", request.method, request.url.path, err)
+        return Response(status_code=499)
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, err):       # FastAPI's 422 -> OpenAI's 400
         first = (err.errors() or [{}])[0]
@@ -428,7 +441,8 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
 
     @app.exception_handler(Exception)
     async def server_error(request, err: Exception):
-        log.exception("unexpected error")
+        # Starlette re-raises the error after this answer, and uvicorn logs it with its
+        # traceback ("Exception in ASGI application"): logged once, there.
         return ErrorResponse(proto.error_body(f"internal error: {type(err).__name__}: {err}",
                                              "server_error"), status_code=500)
 
@@ -444,9 +458,10 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
 
     def parse(raw: bytes, kind: str) -> proto.ParsedRequest:
         return proto.parse_request(kind, proto.parse_json_body(raw), model_name, tokenizer,
-                                   engine.max_context, template)
+                                   engine.max_context, template, per_token)
 
     async def serve(request: Request, kind: str):
+        check_content_type(request)
         raw = await read_body(request)
         if len(raw) > OFF_LOOP_BYTES:       # the JSON parser and the tokenizer, off the loop
             parsed = await asyncio.get_running_loop().run_in_executor(None, parse, raw, kind)
@@ -457,12 +472,10 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
         queue: asyncio.Queue = asyncio.Queue()
         try:
             ids = await asyncio.wrap_future(loop_.submit(
-                [(parsed.prompt, p) for p in parsed.params], queue.put_nowait))
-        except ValueError as err:           # the engine refused the request (its rule named)
-            field = str(err).split(" ", 1)[0]
-            param = field if field in proto.SAMPLING_FIELDS else (
-                "messages" if kind == proto.CHAT else "prompt")
-            raise APIError(400, str(err), param) from None
+                [(list(parsed.prompt_ids), p) for p in parsed.params], queue.put_nowait,
+                parsed.cache_salt))
+        except ParameterError as err:       # the engine refused it: its rule, its field
+            raise parsed.refusal(err) from None
         prefix = "chatcmpl-" if kind == proto.CHAT else "cmpl-"
         meta = proto.ResponseMeta(prefix + uuid.uuid4().hex, int(time.time()), model_name,
                                   parsed, tokenizer)
@@ -470,10 +483,7 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
             writer = proto.StreamWriter(meta)
             return EventStream(stream(writer, queue),
                                on_close=lambda: writer.done or loop_.abort(ids))
-        try:
-            return await collect(request, meta, queue, ids)
-        except ClientGone:                  # nobody reads this; 499 is nginx's name for it
-            return Response(status_code=499)
+        return await collect(request, meta, queue, ids)
 
     async def stream(writer, queue):
         for line in writer.start():
@@ -481,7 +491,7 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
         while not writer.done:
             item = await queue.get()
             if isinstance(item, EngineFailure):
-                for line in writer.error(item.api_error()):
+                for line in writer.error(item.api_error(writer.meta.request)):
                     yield line
                 return
             for line in writer.feed(item):
@@ -499,10 +509,10 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if get not in done:         # the client went away: nobody to answer
                     get.cancel()
-                    raise ClientGone()
+                    raise ClientGone("the client disconnected before its answer")
                 item = get.result()
                 if isinstance(item, EngineFailure):
-                    raise item.api_error()
+                    raise item.api_error(meta.request)
                 deltas.append(item)
                 finished += item.finished
         finally:
@@ -522,18 +532,40 @@ def build_app(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
     return app
 
 
+def check_content_type(request: Request) -> None:
+    """A 415 (code "unsupported_media_type") unless the body is declared as JSON: media type
+    application/json, parameters such as charset allowed, the header required. vLLM refuses
+    the same bodies (`validate_json_request`, vLLM #11171 / PR #13193; it answers 400 since
+    PR #17664 only to fit its OpenAPI schema), and FastAPI parses a body without this header
+    as JSON only when told to (its "Strict Content-Type" default): a page a browser opens may
+    POST text/plain or a header-less body to a server on this machine without a CORS
+    preflight, and this server has no authentication."""
+    given = request.headers.get("content-type", "")
+    if given.split(";", 1)[0].strip().lower() != JSON_MEDIA_TYPE:
+        shown = repr(given[:80]) if given else "no Content-Type header"
+        raise APIError(415, f"the request body must be JSON, sent with Content-Type: "
+                            f"{JSON_MEDIA_TYPE} (got {shown})", None, "unsupported_media_type")
+
+
 async def read_body(request: Request) -> bytes:
     """The request body, refused with a 413 when larger than MAX_BODY_BYTES: at once when its
-    Content-Length says so, else as soon as that many bytes have come."""
+    Content-Length says so, else as soon as that many bytes have come. A client that
+    disconnects before the whole body came is `ClientGone` (Starlette's ClientDisconnect,
+    which the app would otherwise treat as the server's own failure and log, traceback and
+    all, twice: its 500 handler, then uvicorn)."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise _too_large(int(length))
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _too_large(size)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise _too_large(size)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone(f"the client disconnected while sending its body ({size} bytes "
+                         f"came)") from None
     return b"".join(chunks)
 
 
@@ -562,7 +594,8 @@ class EventStream(StreamingResponse):
 
 
 class ClientGone(Exception):
-    """A non-streaming request whose client disconnected before its answer."""
+    """The client disconnected before its answer: while sending its body, or while a
+    non-streaming request ran (then its choices are aborted)."""
 
 
 async def _disconnected(request) -> None:
@@ -619,10 +652,11 @@ class ServerThread:
         self.stop()
 
 
-def serve_in_thread(engine, model_name: str = DEFAULT_MODEL_NAME, chat_template=None,
-                    host: str = "127.0.0.1", port: int = 0) -> ServerThread:
-    """`build_app(engine, ...)` served by uvicorn in a thread on a free port (port 0)."""
-    return ServerThread(build_app(engine, model_name, chat_template), host, port)
+def serve_in_thread(engine, tokenizer, model_name: str = DEFAULT_MODEL_NAME,
+                    chat_template=None, host: str = "127.0.0.1", port: int = 0) -> ServerThread:
+    """`build_app(engine, tokenizer, ...)` served by uvicorn in a thread on a free port
+    (port 0)."""
+    return ServerThread(build_app(engine, tokenizer, model_name, chat_template), host, port)
 
 
 def load_served(model: str | None, device: str | None = None):
@@ -638,64 +672,82 @@ def load_served(model: str | None, device: str | None = None):
 # The simulator's trace: one request's SSE lines beside the engine steps
 # ---------------------------------------------------------------------------------------------
 
-def record_stream(engine, body: dict, kind: str = proto.COMPLETION,
+def record_stream(engine, tokenizer, body: dict, kind: str = proto.COMPLETION,
                   model_name: str = DEFAULT_MODEL_NAME, companions: Sequence[tuple] = (),
                   chat_template=None, max_steps: int = 10_000) -> dict:
     """Run one streaming request in-process, without HTTP, and record what the server would
-    send beside the engine steps that produced it.
+    send beside the engine steps that produced them.
 
-    body: the request's JSON body (its "stream" is forced true). companions: other requests
-    running beside it, (prompt, SamplingParams) pairs added to the engine first (ids "c0",
-    "c1", ...), so the trace shows batching. The engine must be idle (built by `make_engine`;
-    its tokenizer a `ServingTokenizer`). Uses the server's own parser and `StreamWriter`, so
-    the lines are the server's (id "cmpl-0" / "chatcmpl-0" and created 0, to be
-    reproducible). Returns {"kind", "request": body, "prompt_tokens", "start": lines before
-    any step (chat's role chunks), "steps": [{"step", "num_tokens", "token_budget",
-    "scheduled": [{"id", "tokens", "kind"}] (S11's kinds, "prefill"/"decode"), "lines"
-    (this request's SSE lines from this step, maybe [])}], "end": the usage chunk and [DONE]}.
-    Raises APIError for a bad body, ValueError when the engine is busy."""
+    engine: idle, built by `make_engine` with `tokenizer`. body: the request's JSON body (its
+    "stream" is forced true). companions: other requests running beside it, (prompt,
+    SamplingParams) pairs added to the engine first (ids "c0", "c1", ...), so the trace shows
+    batching. Uses the server's own parser, token ids and `StreamWriter`, so the lines are the
+    server's (id "cmpl-0" / "chatcmpl-0" and created 0, to be reproducible); S09's
+    `StepTracer` is attached for the run and taken off after. Returns {"kind", "request":
+    body, "prompt_tokens", "start": lines before any step (chat's role chunks), "steps":
+    [{"step", "num_tokens", "token_budget", "scheduled": [{"id", "tokens", "kind" ("prefill"
+    / "decode"), "start" (its computed tokens before the step), "total" (its tokens when
+    scheduled), "sampled"}], "lines" (this request's SSE lines from this step, maybe [])}],
+    "end": the usage chunk and [DONE] (or the error event and [DONE], as the server sends a
+    failure after streaming began)}. Raises APIError or ParameterError (mapped as the
+    server maps it) for a bad body, ValueError when the engine is busy."""
     if engine.has_unfinished_requests():
         raise ValueError("record_stream needs an idle engine")
     body = dict(body, stream=True)
-    parsed = proto.parse_request(kind, body, model_name, engine.tokenizer, engine.max_context,
+    parsed = proto.parse_request(kind, body, model_name, tokenizer, engine.max_context,
                                  chat_template)
-    for k, (prompt, params) in enumerate(companions):
-        engine.add_request(prompt, params, request_id=f"c{k}")
     ids = [f"choice{i}" for i in range(parsed.n)]
-    for rid, params in zip(ids, parsed.params):
-        engine.add_request(parsed.prompt, params, request_id=rid)
-    seqs = {rid: engine.requests[rid] for rid in ids}
-    meta = proto.ResponseMeta(("chatcmpl-" if kind == proto.CHAT else "cmpl-") + "0", 0,
-                              model_name, parsed, engine.tokenizer)
-    writer = proto.StreamWriter(meta)
-    trace = {"kind": kind, "request": body, "prompt_tokens": parsed.prompt_tokens,
-             "start": writer.start(), "steps": [], "end": []}
-    for _ in range(max_steps):
-        if not engine.has_unfinished_requests():
-            break
-        traced = engine.trace.num_recorded
-        outputs = engine.step()
-        ran = engine.trace.num_recorded > traced   # a step that only returned outputs ran none
-        record = engine.trace[-1] if ran else None
-        lines = []
-        for out in outputs:
-            if out.request_id in seqs:
-                lines += writer.feed(to_delta(out, seqs[out.request_id],
-                                              ids.index(out.request_id),
-                                              record.step if ran else None))
-        if record is None:
-            if lines:
-                trace["steps"].append({"step": None, "num_tokens": 0, "token_budget": None,
-                                       "scheduled": [], "lines": lines})
-            continue
-        kinds = dict(zip(record.running, getattr(record, "kinds", ())))
-        trace["steps"].append({
-            "step": record.step, "num_tokens": record.num_tokens,
-            "token_budget": getattr(record, "token_budget", None),
-            "scheduled": [{"id": rid, "tokens": n, "kind": kinds.get(rid)}
-                          for rid, n in zip(record.running, record.num_scheduled_tokens)],
-            "lines": lines})
-    trace["end"] = writer.finish()
+    try:
+        made = [engine.make_request(list(parsed.prompt_ids), params, rid,
+                                    cache_salt=parsed.cache_salt)
+                for rid, params in zip(ids, parsed.params)]
+    except ParameterError as err:
+        raise parsed.refusal(err) from None
+    tracer = s09_trace.trace(engine)
+    try:
+        for k, (prompt, params) in enumerate(companions):
+            engine.add_request(prompt, params, request_id=f"c{k}")
+        for request in made:
+            engine.queue(request)
+        meta = proto.ResponseMeta(("chatcmpl-" if kind == proto.CHAT else "cmpl-") + "0", 0,
+                                  model_name, parsed, tokenizer)
+        writer = proto.StreamWriter(meta)
+        trace = {"kind": kind, "request": body, "prompt_tokens": parsed.prompt_tokens,
+                 "start": writer.start(), "steps": [], "end": []}
+        for _ in range(max_steps):
+            if not engine.has_unfinished_requests():
+                break
+            recorded = tracer.num_recorded
+            outputs = engine.step()
+            record = tracer.records[-1] if tracer.num_recorded > recorded else None
+            lines = []
+            for out in outputs:
+                if out.request_id not in ids or trace["end"]:
+                    continue
+                if out.error is not None:       # as the server: the error event, the rest off
+                    failure = EngineFailure.from_output(out.error)
+                    trace["end"] = writer.error(failure.api_error(parsed))
+                    for rid in ids:
+                        engine.abort(rid)
+                    continue
+                lines += writer.feed(to_delta(out, ids.index(out.request_id)))
+            if record is None:                  # a step that ran no model (last outputs)
+                if lines:
+                    trace["steps"].append({"step": None, "num_tokens": 0, "token_budget": None,
+                                           "scheduled": [], "lines": lines})
+                continue
+            trace["steps"].append({
+                "step": record.step, "num_tokens": record.num_tokens,
+                "token_budget": record.token_budget,
+                "scheduled": [{"id": rid, "tokens": n, "kind": kind_, "start": start,
+                               "total": total, "sampled": rid in record.sampled}
+                              for rid, n, kind_, start, total in zip(
+                                  record.running, record.num_scheduled_tokens, record.kinds,
+                                  record.num_computed_tokens, record.request_num_tokens)],
+                "lines": lines})
+        trace["end"] = trace["end"] or writer.finish()
+    finally:
+        engine.observers.remove(tracer)
     return trace
 
 
@@ -706,8 +758,8 @@ def record_stream(engine, body: dict, kind: str = proto.COMPLETION,
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 19: an OpenAI-compatible streaming server over the step engine "
-                    f"({ENGINE_CLASS.__module__}.{ENGINE_CLASS.__name__}: S13's prefix "
-                    "caching over S12's paged KV and S11's chunked prefill).")
+                    f"({builder_name()}: S13's prefix caching over S12's paged KV and S11's "
+                    "chunked prefill).")
     parser.add_argument("--model", default=None,
                         help="checkpoint directory, or a Hugging Face hub id when it is not a "
                              "directory (default: the bundled model)")
@@ -727,13 +779,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="longest context a request may reach (default: the model's "
                              "window, at most 4096)")
     parser.add_argument("--device", default=None,
-                        help="cpu or cuda (default: cuda when available, else cpu)")
+                        help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads, as S07 (default: %(default)s)")
     args = parser.parse_args(argv)
-    cores = os.cpu_count() or 1
-    if not 1 <= args.threads <= cores:
-        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
+    s08_cli.check_common_arguments(parser, args)     # --threads, --device
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in [0, 65535] (got {args.port})")
     if args.max_num_seqs < 1:
@@ -749,10 +799,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     name = args.served_model_name or (DEFAULT_MODEL_NAME if args.model is None else args.model)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     print(f"serving {name} ({model.config.model_type}, "
-          f"{s03.parameter_count(model.config):,} parameters, {ENGINE_CLASS.__module__}."
-          f"{ENGINE_CLASS.__name__}, context {engine.max_context}, chat template "
-          f"{template.name}) on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(build_app(engine, name, template), host=args.host, port=args.port,
+          f"{s03.parameter_count(model.config):,} parameters, {builder_name()}, context "
+          f"{engine.max_context}, chat template {template.name}) on "
+          f"http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(build_app(engine, tokenizer, name, template), host=args.host, port=args.port,
                 log_level="info")
 
 

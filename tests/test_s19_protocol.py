@@ -1,15 +1,17 @@
 """Tests for chapter S19's protocol half (code/s19_protocol.py), without a server.
 
 Oracles: OpenAI's documented formats and limits (4 stop strings, n, the error object, the
-chunk objects), S04's SamplingParams (the server must pass its fields on unchanged and its
-rules through as 400s), the tokenizer, and HF `transformers`' own `apply_chat_template` with
-tokenization (for a checkpoint that has a chat template).
+chunk objects, the usage object), S04's SamplingParams (the server must pass its fields on
+unchanged and its rules through as 400s, named by the error's parameter), the tokenizer, and
+HF `transformers`' own `apply_chat_template` with tokenization (for a checkpoint that has a
+chat template).
 """
 import json
 import shutil
 
 import pytest
 
+import s01_generation_loop as s01
 import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
@@ -22,8 +24,7 @@ CONTEXT = 256
 
 @pytest.fixture(scope="module")
 def tok():
-    return proto.ServingTokenizer(
-        s03_checkpoint.CheckpointTokenizer.from_pretrained(s03.BUNDLED_MODEL_DIR))
+    return s03_checkpoint.CheckpointTokenizer.from_pretrained(s03.BUNDLED_MODEL_DIR)
 
 
 def parse(tok, body, kind=proto.COMPLETION, **kwargs):
@@ -40,7 +41,7 @@ def test_fields_reach_sampling_params_unchanged(tok):
                               presence_penalty=0.5, frequency_penalty=-0.5, top_k=4,
                               min_p=0.1, repetition_penalty=1.1, min_tokens=2, logprobs=3)
     assert r.params == (want,)
-    assert r.prompt.token_ids == tuple(tok.encode("O")) and r.prompt_tokens == 1
+    assert r.prompt_ids == tuple(tok.encode("O")) and r.prompt_tokens == 1
 
 
 def test_defaults_follow_openai(tok):
@@ -83,7 +84,7 @@ def test_course_chat_template_is_the_corpus_speech_format(tok):
                                              {"type": "text", "text": "art thou?"}]}]
     r = parse(tok, {"messages": messages}, proto.CHAT)
     text = "System.\nBe brief.\n\nUser.\nWho art thou?\n\nAssistant.\n"
-    assert str(r.prompt) == text and r.prompt.token_ids == tuple(tok.encode(text))
+    assert r.prompt_ids == tuple(tok.encode(text))
 
 
 def test_a_checkpoint_chat_template_is_rendered_by_transformers(tmp_path, tok):
@@ -102,17 +103,17 @@ def test_a_checkpoint_chat_template_is_rendered_by_transformers(tmp_path, tok):
     hf = AutoTokenizer.from_pretrained(str(directory))
     want = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
-    assert list(r.prompt.token_ids) == list(want)
-    assert r.prompt.token_ids[0] == 2047          # the template's token is the special id
+    assert list(r.prompt_ids) == list(want)
+    assert r.prompt_ids[0] == 2047                # the template's token is the special id
     assert proto.ChatTemplate(s03.BUNDLED_MODEL_DIR).name == "course"
 
 
-def test_serving_tokenizer_hands_the_engine_the_counted_ids(tok):
-    prompt = proto.PromptIds("anything", [3, 4, 5])
-    assert tok.encode(prompt) == [3, 4, 5]
-    assert tok.encode("O") == tok.inner.encode("O")
-    assert tok.eos_id == tok.inner.eos_id
-    assert str(proto.PromptIds("", [2047])) == " "     # Part I's non-empty prompt rule holds
+def test_token_id_prompts_are_passed_on_as_they_are(tok):
+    # The engine runs the ids the server counted; whether each lies in [0, V) is the
+    # engine's rule (LLMEngine.make_request), checked there once.
+    assert parse(tok, {"prompt": [3, 4, 5]}).prompt_ids == (3, 4, 5)
+    assert parse(tok, {"prompt": [2047]}).prompt_ids == (2047,)
+    assert parse(tok, {"prompt": [1, 99999]}).prompt_ids == (1, 99999)
 
 
 @pytest.mark.parametrize("body, status, param, fragment", [
@@ -131,9 +132,27 @@ def test_serving_tokenizer_hands_the_engine_the_counted_ids(tok):
     ({"prompt": [5] * 250, "max_tokens": 7}, 400, "max_tokens", "at most 6"),
     # Issue 20: values the user sent, rules checked before the request runs.
     ({"prompt": "O", "seed": 2**63 - 1, "n": 2}, 400, "seed", "seed + n - 1 must be < 2**63"),
-    ({"prompt": "O", "stop_token_ids": [2048]}, 400, "stop_token_ids", "[0, 2048)"),
-    ({"prompt": "O", "min_tokens": 1, "max_tokens": 2, "stop_token_ids": list(range(2047))},
-     400, "min_tokens", "nothing is left to sample"),
+    # Issue 26: every number checked to a finite range at the door (S04's rules), strict
+    # types for the unsupported fields, chat-only fields refused on /v1/completions.
+    ({"prompt": "O", "presence_penalty": 10**20}, 400, "presence_penalty", "[-2, 2]"),
+    ({"prompt": "O", "frequency_penalty": -10**20}, 400, "frequency_penalty", "[-2, 2]"),
+    ({"prompt": "O", "temperature": 10**400}, 400, "temperature", "[0, 100]"),
+    ({"prompt": "O", "temperature": 1e400}, 400, "temperature", "[0, 100]"),   # JSON's inf
+    ({"prompt": "O", "repetition_penalty": 10**400}, 400, "repetition_penalty", "(0, inf)"),
+    ({"prompt": "O", "min_p": 10**30}, 400, "min_p", "[0, 1]"),
+    ({"prompt": "O", "top_k": 2.5}, 400, "top_k", "int"),
+    ({"prompt": "O", "max_tokens": 10**30}, 400, "max_tokens", "ask for at most"),
+    ({"prompt": "O", "n": 10**30}, 400, "n", "[1, 128]"),
+    ({"prompt": "O", "logprobs": 10**30}, 400, "logprobs", "[0, 20]"),
+    ({"prompt": "O", "echo": 0}, 400, "echo", "not supported"),
+    ({"prompt": "O", "echo": True}, 400, "echo", "not supported"),
+    ({"prompt": "O", "best_of": True}, 400, "best_of", "must be an integer"),
+    ({"prompt": "O", "best_of": 1.0}, 400, "best_of", "must be an integer"),
+    ({"prompt": "O", "best_of": 1, "n": 2}, 400, "best_of", ">= n"),
+    ({"prompt": "O", "suffix": 0}, 400, "suffix", "not supported"),
+    ({"prompt": "O", "max_completion_tokens": 5}, 400, "max_completion_tokens",
+     "/v1/completions takes max_tokens"),
+    ({"prompt": "O", "top_logprobs": 2}, 400, "top_logprobs", "takes logprobs"),
 ])
 def test_refusals_name_the_rule_and_the_field(tok, body, status, param, fragment):
     with pytest.raises(APIError) as err:
@@ -146,6 +165,39 @@ def test_refusals_name_the_rule_and_the_field(tok, body, status, param, fragment
 def test_the_room_exactly_fits(tok):
     r = parse(tok, {"prompt": [5] * 250, "max_tokens": 6})
     assert r.params[0].max_tokens == 6
+
+
+def test_values_meaning_not_used_are_accepted_with_their_json_type(tok):
+    # false, "", {} and best_of == n ask for nothing this server lacks (OpenAI's defaults).
+    r = parse(tok, {"prompt": "O", "echo": False, "suffix": "", "logit_bias": {},
+                    "best_of": 2, "n": 2})
+    assert r.n == 2
+    assert parse(tok, {"prompt": "O", "best_of": 1}).n == 1
+    chat = parse(tok, {"messages": [{"role": "user", "content": "Hi"}], "tools": [],
+                       "tool_choice": "none", "max_completion_tokens": 3, "top_logprobs": 1,
+                       "logprobs": True}, proto.CHAT)
+    assert chat.params[0].max_tokens == 3 and chat.logprobs == 1
+
+
+def test_cache_salt_is_passed_on_for_the_engine_to_check(tok):
+    assert parse(tok, {"prompt": "O", "cache_salt": "tenant-a"}).cache_salt == "tenant-a"
+    assert parse(tok, {"prompt": "O"}).cache_salt is None
+    assert "cache_salt" in proto.KNOWN          # no "ignoring unknown fields" warning
+
+
+def test_engine_errors_map_to_the_field_the_client_sent(tok):
+    # The mapping reads ParameterError.parameter, never the message's text.
+    chat = parse(tok, {"messages": [{"role": "user", "content": "Hi"}],
+                       "max_completion_tokens": 4, "logprobs": True}, proto.CHAT)
+    cases = [(chat, "prompt", "messages"), (chat, "max_tokens", "max_completion_tokens"),
+             (chat, "logprobs", "top_logprobs"), (chat, "cache_salt", "cache_salt"),
+             (chat, None, None), (parse(tok, {"prompt": "O"}), "prompt", "prompt"),
+             (parse(tok, {"prompt": "O"}), "max_tokens", "max_tokens")]
+    for request, parameter, field in cases:
+        err = request.refusal(s01.ParameterError("whatever the text says", parameter))
+        assert (err.status, err.param, err.type) == (400, field, "invalid_request_error")
+    err = chat.refusal(s01.ParameterError("max_tokens must be an integer >= 1", "max_tokens"))
+    assert err.message == "max_completion_tokens must be an integer >= 1"
 
 
 def test_unknown_fields_are_listed_not_refused(tok):
@@ -186,7 +238,17 @@ def test_stream_writer_completion_chunks(tok):
         {"index": 1, "text": "", "logprobs": None, "finish_reason": "stop"}]
     assert all(c["object"] == "text_completion" and c["usage"] is None for c in got[:3])
     assert got[3]["choices"] == [] and got[3]["usage"] == {
-        "prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+        "prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_usage_reports_the_prompt_tokens_the_cache_held(tok):
+    # OpenAI's usage.prompt_tokens_details.cached_tokens, counted once, as the prompt is.
+    m = meta(tok, {"prompt": [5] * 40, "n": 2, "max_tokens": 1})
+    r = proto.collect_response(m, [Delta(0, (7,), "a", True, "length", None, 32),
+                                   Delta(1, (8,), "b", True, "length", None, 32)])
+    assert r["usage"] == {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42,
+                          "prompt_tokens_details": {"cached_tokens": 32}}
 
 
 def test_stream_writer_chat_chunks_and_error(tok):
@@ -269,21 +331,16 @@ def test_messages_use_the_names_the_request_sent(tok):
     assert [p.seed for p in r.params] == [2**63 - 2, 2**63 - 1]
 
 
-def test_min_tokens_with_eos_ignored_leaves_eos_to_sample(tok):
-    # stop_token_ids holds every id but EOS (2047). Without ignore_eos, min_tokens bans EOS
-    # too (refused above); with it, EOS does not end the request, is not banned, and is left.
-    ids = list(range(2047))
-    assert parse(tok, {"prompt": "O", "min_tokens": 1, "stop_token_ids": ids,
-                       "ignore_eos": True}).params[0].min_tokens == 1
+class NoEncodeTokenizer:
+    """Fails the test if a huge prompt is encoded or decoded (it must be refused before)."""
 
-
-class NoEncodeTokenizer(proto.ServingTokenizer):
-    """Fails the test if a prompt is encoded or decoded (it must be refused before)."""
+    def __init__(self, inner):
+        self.inner = inner
 
     def encode(self, text, *args, **kwargs):
         if len(text) > 10_000:
             raise AssertionError("the huge prompt was encoded")
-        return super().encode(text, *args, **kwargs)
+        return self.inner.encode(text, *args, **kwargs)
 
     def decode(self, ids, *args, **kwargs):
         if len(ids) > 10_000:
@@ -292,24 +349,23 @@ class NoEncodeTokenizer(proto.ServingTokenizer):
 
 
 def test_a_prompt_too_long_for_the_context_is_refused_before_encoding(tok):
-    guard = NoEncodeTokenizer(tok.inner)
-    per_token = guard.max_token_chars
+    guard = NoEncodeTokenizer(tok)
+    per_token = proto.max_token_chars(tok)
     # Independent of the helper: the longest token text of the vocabulary, or special name.
-    assert per_token == max([len(tok.inner.decode([i])) for i in range(tok.vocab_size)]
-                            + [len(n) for n in tok.inner.special_tokens])
+    assert per_token == max([len(tok.decode([i])) for i in range(tok.vocab_size)]
+                            + [len(n) for n in tok.special_tokens])
     limit = CONTEXT * per_token
-    assert proto.prompt_char_limit(guard, CONTEXT) == limit
     for body, kind, param in [({"prompt": "x" * 1_000_000}, proto.COMPLETION, "prompt"),
                               ({"prompt": [5] * 1_000_000}, proto.COMPLETION, "prompt"),
                               ({"messages": [{"role": "user", "content": "x" * (limit + 1)}]},
                                proto.CHAT, "messages")]:
         with pytest.raises(APIError) as err:
-            parse(guard, body, kind)
+            parse(guard, body, kind, max_token_chars=per_token)
         assert (err.value.status, err.value.param, err.value.code) == (
             400, param, "context_length_exceeded")
     # At the limit the prompt is encoded and counted as before (here: too many tokens).
     with pytest.raises(APIError) as err:
-        parse(tok, {"prompt": "x" * limit})
+        parse(tok, {"prompt": "x" * limit}, max_token_chars=per_token)
     assert "tokens but the model's context holds" in err.value.message
 
 

@@ -1,12 +1,15 @@
 """Tests for chapter S19, the OpenAI-compatible server (code/s19_server.py), over real HTTP.
 
 A module fixture starts the real server (uvicorn in a thread, on a port the OS picks on the
-loopback interface) over the bundled model and the engine it serves (srv.ENGINE_CLASS, S13's:
-prefix caching, paged KV, chunked prefill); the official `openai` client (and
-httpx, for raw bytes and for disconnecting) talks to it. Oracles: the same engine class run in
-process, alone, on the same prompt (greedy text, token ids, seeded samples, logprobs); the
-tokenizer for usage counts; the chat prompt written out by hand (the course's template in the
-module docstring of code/s19_protocol.py); OpenAI's documented formats.
+loopback interface) over the bundled model and the engine it serves (srv.ENGINE_BUILDER,
+S13's: prefix caching, paged KV, chunked prefill); the official `openai` client (and httpx,
+for raw bytes and for disconnecting; a raw socket for a body cut off) talks to it. Oracles:
+the same engine built the same way, run in process through S09's `LLM`, one request alone, on
+the same prompt (greedy text, token ids, seeded samples, logprobs); the tokenizer for usage
+counts; the chat prompt written out by hand (the course's template in the module docstring of
+code/s19_protocol.py); OpenAI's documented formats. The engine is seen only through its public
+state (has_unfinished_requests, the KV manager's counts) and, where a test needs a step's
+rows, through an observer the test attaches.
 
 Public bug reports (../shared/cases/public-bugs.md, sections (k) and (g)), each a test below:
 K1 ggml-org/llama.cpp #3817 (a prompt over the context crashed the server), K2
@@ -20,17 +23,22 @@ server adds no scheduling.
 """
 import asyncio
 import json
+import logging
+import socket
 import threading
 import time
+import uuid
 
 import httpx
 import openai
 import pytest
+import torch
 
 import s04_sampling as s04
 import s06_torch as s06
-import s13_engine as s13
+import s13_prefix_caching as s13
 import s19_server as srv
+from s09_llm import LLM
 
 pytestmark = pytest.mark.slow   # a real server, a few hundred requests: about a minute
 
@@ -51,7 +59,7 @@ def loaded():
 def server(loaded):
     model, tok = loaded
     engine = srv.make_engine(model, tok, MAX_NUM_SEQS)
-    with srv.serve_in_thread(engine) as running:
+    with srv.serve_in_thread(engine, tok) as running:
         running.loop = running.server.config.app.state.engine_loop
         yield running
 
@@ -63,16 +71,16 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def local(loaded):
-    """The same engine class, in process, one request at a time: the oracle."""
+    """The same engine, built the same way, in process, one request at a time: the oracle."""
     model, tok = loaded
-    engine = srv.ENGINE_CLASS(model, tok, model.config.max_position_embeddings, MAX_NUM_SEQS)
+    llm = LLM(srv.make_engine(model, tok, MAX_NUM_SEQS))
     cache = {}
 
     def run(prompt, **kwargs):
         key = (prompt, tuple(sorted(kwargs.items())))
         if key not in cache:
             kwargs.setdefault("temperature", 0.0)
-            cache[key] = engine.generate(prompt, s04.SamplingParams(**kwargs))
+            cache[key] = llm.generate(prompt, s04.SamplingParams(**kwargs))
         return cache[key]
     run.tokenizer = tok
     return run
@@ -84,12 +92,12 @@ def chat_text(user: str) -> str:
 
 def engine_state(server):
     """(unfinished requests?, KV tokens in use, KV blocks held), read in the engine thread
-    between steps. Held = usable - free blocks, S13's notion: a cached block nobody holds is
-    in the free queue (still hittable, taken first-in-first-out), so it counts as free."""
+    between steps from the engine's public state. Held = usable - free blocks, S13's notion: a
+    cached block nobody holds is in the free queue (still hittable, taken first-in-first-out),
+    so it counts as free."""
     return server.loop.call(lambda e: (
         e.has_unfinished_requests(), e.scheduler.kv.num_used_tokens,
-        e.scheduler.kv.pool.num_usable_blocks - e.scheduler.kv.pool.num_free_blocks)
-    ).result(WAIT_S)
+        e.scheduler.kv.num_used_blocks)).result(WAIT_S)
 
 
 IDLE = (False, 0, 0)
@@ -265,33 +273,44 @@ def test_chat_logprobs_match_the_engine(client, local):
 STEP_S = 0.004
 
 
-class FlakyEngine(srv.ENGINE_CLASS):
-    """The served engine through its model seam, `execute_model`: the next model step raises when
-    `fail_next` is set (an injected fault), and every step takes at least STEP_S (the
-    bundled model makes 240 tokens faster than a client reads its first chunk, so a
-    disconnect test needs steps of a real model's length)."""
+class FlakyRunner:
+    """The served engine's model runner, wrapped (composition, the engine untouched): the next
+    `execute_model` raises when `fail_next` is set (an injected fault); a request whose prompt
+    ids are `poison` gets NaN logits (a model gone bad for that row alone); and every model
+    run takes at least STEP_S (the bundled model makes 240 tokens faster than a client reads
+    its first chunk, so a disconnect test needs steps of a real model's length)."""
 
-    fail_next = False
+    def __init__(self, runner):
+        self.runner, self.fail_next, self.poison = runner, False, None
 
-    def execute_model(self, batch):
+    def execute_model(self, plan, requests):
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("injected fault")
         time.sleep(STEP_S)
-        return super().execute_model(batch)
+        out = self.runner.execute_model(plan, requests)
+        for row, rid in enumerate(out.req_ids):
+            if self.poison is not None and tuple(requests[rid].prompt_ids) == self.poison:
+                with torch.inference_mode():        # the runner's logits are inference tensors
+                    out.logits[row] = float("nan")
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
 
 
 @pytest.fixture(scope="module")
 def flaky(loaded):
     model, tok = loaded
-    engine = srv.make_engine(model, tok, 4, engine_class=FlakyEngine)
-    with srv.serve_in_thread(engine) as running:
+    engine = srv.make_engine(model, tok, 4)
+    engine.runner = FlakyRunner(engine.runner)
+    with srv.serve_in_thread(engine, tok) as running:
         running.loop = running.server.config.app.state.engine_loop
         yield running
 
 
 def arm(server):
-    server.loop.call(lambda e: setattr(e, "fail_next", True)).result(WAIT_S)
+    server.loop.call(lambda e: setattr(e.runner, "fail_next", True)).result(WAIT_S)
 
 
 
@@ -300,6 +319,7 @@ def test_g4_disconnect_mid_stream_aborts_and_frees_every_kv_token(flaky):
     # G4, vllm-project/vllm #24584 / PR #24586: read one chunk, close; the request must stop
     # within a few steps and its KV go back (the free count returns to its idle value).
     assert wait_idle(server) == IDLE
+    before = server.loop.steps
     body = {"model": MODEL, "prompt": "ROMEO.\n", "max_tokens": 240, "ignore_eos": True,
             "temperature": 0, "stream": True}
     with httpx.Client(timeout=WAIT_S) as http:
@@ -307,10 +327,10 @@ def test_g4_disconnect_mid_stream_aborts_and_frees_every_kv_token(flaky):
             assert response.status_code == 200
             lines = response.iter_lines()     # kept open: leaving it would close the stream
             assert next(line for line in lines if line.startswith("data: "))
-            ids = server.loop.call(lambda e: list(e.requests)).result(WAIT_S)
-            assert len(ids) == 1                  # still running while the client reads
+            busy = server.loop.call(lambda e: e.has_unfinished_requests()).result(WAIT_S)
+            assert busy                           # still running while the client reads
     assert wait_idle(server) == IDLE
-    ran = server.loop.call(lambda e: sum(ids[0] in r.running for r in e.trace)).result(WAIT_S)
+    ran = server.loop.steps - before   # the only request: every step was one of its own
     assert ran < 240            # it stopped long before its 240 tokens
     print(f"G4: the abandoned request ran {ran} steps of 240")
 
@@ -318,13 +338,13 @@ def test_g4_disconnect_mid_stream_aborts_and_frees_every_kv_token(flaky):
 def test_a_non_streaming_client_that_leaves_is_aborted_too(flaky):
     server = flaky
     assert wait_idle(server) == IDLE
-    before = server.loop.call(lambda e: e.trace.num_recorded).result(WAIT_S)
+    before = server.loop.steps
     body = {"model": MODEL, "prompt": "O", "max_tokens": 255, "ignore_eos": True,
             "temperature": 0}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(server.url + "/v1/completions", json=body, timeout=0.1)
     assert wait_idle(server) == IDLE
-    steps = server.loop.call(lambda e: e.trace.num_recorded - before).result(WAIT_S)
+    steps = server.loop.steps - before
     assert steps < 255          # only this request ran: it was cut off before its end
     print(f"non-streaming disconnect: {steps} steps of 255")
 
@@ -450,6 +470,8 @@ BAD = [
      b'[{"type": "text", "text": "\\udfff"}]}]}', 400, "messages[0].content", None),
     ("stop_token_ids past the vocabulary", C, dict(GOOD_C, stop_token_ids=[5000]), 400,
      "stop_token_ids", None),
+    # The engine's step refuses this row (min_tokens bans every token): the request alone
+    # ends, and without streaming that is the 400 naming min_tokens.
     ("min_tokens with every token banned", C, dict(GOOD_C, min_tokens=1, max_tokens=3,
                                                     stop_token_ids=list(range(2048))),
      400, "min_tokens", None),
@@ -460,6 +482,28 @@ BAD = [
     ("more messages than the context has tokens", CH,
      {"model": "bundled", "messages": [{"role": "user", "content": ""}] * 300}, 400, "messages",
      "context_length_exceeded"),
+    # Issue 26: numbers far out of range (an OverflowError inside the step before), strict
+    # JSON types, chat fields on completions, cache_salt checked at the door.
+    ("presence_penalty 10**20", C, b'{"model": "bundled", "prompt": "O", '
+     b'"presence_penalty": 100000000000000000000}', 400, "presence_penalty", None),
+    ("frequency_penalty -10**20, chat", CH, dict(GOOD_CH, frequency_penalty=-10**20), 400,
+     "frequency_penalty", None),
+    ("seed past a C long", C, dict(GOOD_C, seed=2**70), 400, "seed", None),
+    ("repetition_penalty 1e999 (JSON's inf)", C,
+     b'{"model": "bundled", "prompt": "O", "repetition_penalty": 1e999}', 400,
+     "repetition_penalty", None),
+    ("min_tokens 10**30", C, dict(GOOD_C, min_tokens=10**30), 400, "min_tokens", None),
+    ("echo 0", C, dict(GOOD_C, echo=0), 400, "echo", None),
+    ("best_of true", C, dict(GOOD_C, best_of=True), 400, "best_of", None),
+    ("best_of 2", C, dict(GOOD_C, best_of=2), 400, "best_of", None),
+    ("max_completion_tokens on completions", C, dict(GOOD_C, max_completion_tokens=4), 400,
+     "max_completion_tokens", None),
+    ("top_logprobs on completions", C, dict(GOOD_C, logprobs=2, top_logprobs=2), 400,
+     "top_logprobs", None),
+    ("cache_salt a number", C, dict(GOOD_C, cache_salt=5), 400, "cache_salt", None),
+    ("cache_salt empty, chat", CH, dict(GOOD_CH, cache_salt=""), 400, "cache_salt", None),
+    ("cache_salt a lone surrogate", C,
+     b'{"model": "bundled", "prompt": "O", "cache_salt": "\\ud800"}', 400, "cache_salt", None),
 ]
 
 
@@ -467,13 +511,41 @@ BAD = [
                          ids=[b[0] for b in BAD])
 def test_every_bad_request_gets_its_4xx_and_the_error_schema(server, name, path, body, status,
                                                              param, code):
-    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    kwargs = ({"content": body, "headers": {"content-type": "application/json"}}
+              if isinstance(body, bytes) else {"json": body})
     r = httpx.post(server.url + path, timeout=WAIT_S, **kwargs)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and error["message"]
     assert (error["param"], error["code"]) == (param, code)
+
+
+def test_huge_numbers_inside_their_ranges_run(server):
+    # Issue 26's other half: a number the door lets through must not overflow in the step.
+    body = dict(GOOD_C, max_tokens=4, temperature=1.0, top_k=10**30, seed=2**63 - 1,
+                repetition_penalty=1e30, presence_penalty=2, frequency_penalty=-2)
+    r = httpx.post(server.url + C, json=body, timeout=WAIT_S)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("content_type, status", [
+    (None, 415), ("text/plain", 415), ("application/x-www-form-urlencoded", 415),
+    ("application/jsonx", 415), ("application/json; charset=utf-8", 200),
+    ("Application/JSON", 200)])
+def test_a_body_not_sent_as_json_is_a_415(server, content_type, status):
+    # vLLM's validate_json_request (vllm #11171, PR #13193) and FastAPI's strict content type:
+    # only application/json (parameters allowed, case-insensitive) is parsed as JSON.
+    raw = json.dumps(dict(GOOD_C, max_tokens=1)).encode()
+    headers = {} if content_type is None else {"content-type": content_type}
+    r = httpx.post(server.url + C, content=raw, headers=headers, timeout=WAIT_S)
+    assert r.status_code == status, r.text
+    if status == 415:
+        error = r.json()["error"]
+        assert (error["type"], error["param"], error["code"]) == (
+            "invalid_request_error", None, "unsupported_media_type")
+        assert "application/json" in error["message"]
 
 
 def test_wrong_paths_and_methods_use_the_schema(server):
@@ -519,8 +591,11 @@ def test_k2_prompts_at_the_context_boundary(server, loaded, length, ok):
     r = httpx.post(server.url + C, json=body, timeout=WAIT_S)
     if ok:
         assert r.status_code == 200
-        assert r.json()["usage"] == {"prompt_tokens": 255, "completion_tokens": 1,
-                                     "total_tokens": 256}
+        usage = r.json()["usage"]
+        assert {k: usage[k] for k in ("prompt_tokens", "completion_tokens",
+                                      "total_tokens")} == {"prompt_tokens": 255,
+                                                           "completion_tokens": 1,
+                                                           "total_tokens": 256}
         assert r.json()["choices"][0]["finish_reason"] == "length"
     else:
         assert r.status_code == 400
@@ -569,6 +644,30 @@ def test_a_failed_step_is_a_500_and_the_loop_goes_on(flaky):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
 
 
+def test_bad_logits_for_one_request_are_a_500_for_it_alone(flaky, local):
+    # The engine refuses a row of NaN logits (RequestOutput.error, parameter None: the
+    # request's own fields are not to blame): a 500 for that request, its neighbour untouched.
+    poison = [7, 8, 9, 10]
+    flaky.loop.call(lambda e: setattr(e.runner, "poison", tuple(poison))).result(WAIT_S)
+
+    async def main():
+        async with httpx.AsyncClient(timeout=WAIT_S) as http:
+            return await asyncio.gather(
+                http.post(flaky.url + C, json=dict(GOOD_C, prompt=poison, max_tokens=4)),
+                http.post(flaky.url + C, json=dict(GOOD_C, prompt=PROMPTS[2], max_tokens=12,
+                                                   temperature=0)))
+    try:
+        bad, good = asyncio.run(main())
+    finally:
+        flaky.loop.call(lambda e: setattr(e.runner, "poison", None)).result(WAIT_S)
+    assert bad.status_code == 500, bad.text
+    assert (bad.json()["error"]["type"], bad.json()["error"]["param"]) == ("server_error", None)
+    assert "NaN" in bad.json()["error"]["message"]
+    assert good.status_code == 200
+    assert good.json()["choices"][0]["text"] == local(PROMPTS[2], max_tokens=12).text
+    assert wait_idle(flaky) == IDLE
+
+
 def test_a_failure_after_streaming_began_is_an_error_event_then_done(flaky):
     body = dict(GOOD_C, max_tokens=200, ignore_eos=True, stream=True)
     with httpx.stream("POST", flaky.url + C, json=body, timeout=WAIT_S) as response:
@@ -583,6 +682,151 @@ def test_a_failure_after_streaming_began_is_an_error_event_then_done(flaky):
     assert flaky.loop.failed_steps >= 1
 
 
+# --- one request's failure is its own (issue 26) ---------------------------------------------
+
+class ErrorWatcher:
+    """An observer the test attaches: for each request a step ended with an error, (its id,
+    the error's parameter, the ids of every row that sampled in that step)."""
+
+    def __init__(self):
+        self.failed = []
+
+    def on_plan(self, engine, plan):
+        pass
+
+    def on_step(self, engine, result):
+        self.failed += [(o.request_id, o.error.parameter, tuple(result.req_ids))
+                        for o in result.outputs if o.error is not None]
+
+
+def test_one_bad_request_among_good_streams_fails_alone(flaky, local):
+    # repetition_penalty 1e-40 passes the door (any number > 0) and divides a positive logit
+    # of a prompt token past float32's range in the step: that row is refused. Two good
+    # streams decode while the bad requests (one streamed, one not) join them; the good ones
+    # must be what each is alone, the bad ones a 400 / an error event naming the field.
+    server, watcher = flaky, ErrorWatcher()
+    assert wait_idle(server) == IDLE
+    server.loop.call(lambda e: e.observers.append(watcher)).result(WAIT_S)
+    goods = PROMPTS[:2]
+    bad = dict(GOOD_C, prompt="ROMEO.\n", max_tokens=8, repetition_penalty=1e-40)
+
+    async def good(client, prompt, started):
+        stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                                 temperature=0, stream=True)
+        parts, reason = [], None
+        async for chunk in stream:
+            parts.append(chunk.choices[0].text)
+            reason = chunk.choices[0].finish_reason or reason
+            started.release()
+        return prompt, "".join(parts), reason
+
+    async def bad_requests(http, started):
+        for _ in goods:                          # both good streams are decoding by now
+            await started.acquire()
+        plain = http.post(server.url + C, json=bad)
+        streamed = http.post(server.url + C, json=dict(bad, stream=True))
+        return await asyncio.gather(plain, streamed)
+
+    async def main():
+        started = asyncio.Semaphore(0)
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0,
+                                      timeout=60) as client, \
+                httpx.AsyncClient(timeout=WAIT_S) as http:
+            return await asyncio.gather(bad_requests(http, started),
+                                        *(good(client, p, started) for p in goods))
+
+    try:
+        (plain, streamed), *results = asyncio.run(main())
+    finally:
+        server.loop.call(lambda e: e.observers.remove(watcher)).result(WAIT_S)
+    assert plain.status_code == 400, plain.text
+    assert (plain.json()["error"]["param"], plain.json()["error"]["type"]) == (
+        "repetition_penalty", "invalid_request_error")
+    assert s04.PENALTY_OVERFLOW in plain.json()["error"]["message"]
+    events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert json.loads(events[-2])["error"]["param"] == "repetition_penalty"
+    assert events[-1] == "[DONE]"
+    for prompt, text, reason in results:
+        want = local(prompt, max_tokens=24)
+        assert (text, reason) == (want.text, want.finish_reason)
+    assert [parameter for _, parameter, _ in watcher.failed] == ["repetition_penalty"] * 2
+    # Each bad row was refused in a step where other rows sampled: neighbours, untouched.
+    assert all(len(rows) > 1 for _, _, rows in watcher.failed), watcher.failed
+    assert wait_idle(server) == IDLE
+
+
+class Captured(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_a_client_gone_while_uploading_its_body_logs_no_error(server):
+    # Issue 26: Starlette's ClientDisconnect from the body read reached the app's 500 handler
+    # (logged with a traceback) and uvicorn ("Exception in ASGI application"): twice, for a
+    # client that simply left. uvicorn's loggers do not propagate to the root, so the test
+    # listens on them and on the server's own.
+    captured = Captured()
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "s19_server")]
+    level = loggers[1].level
+    loggers[1].setLevel(logging.INFO)            # to see that the server heard the client go
+    for logger in loggers:
+        logger.addHandler(captured)
+    try:
+        body = json.dumps(dict(GOOD_C, prompt="O Romeo " * 100)).encode()
+        head = (f"POST {C} HTTP/1.1\r\nHost: {server.host}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        for _ in range(3):
+            with socket.create_connection((server.host, server.port), timeout=WAIT_S) as sock:
+                sock.sendall(head.encode() + body[:len(body) // 2])
+                time.sleep(0.05)                 # the server waits for the rest of the body
+        time.sleep(0.3)                          # ... and then hears the disconnect
+        assert httpx.get(server.url + "/health", timeout=WAIT_S).status_code == 200
+    finally:
+        loggers[1].setLevel(level)
+        for logger in loggers:
+            logger.removeHandler(captured)
+    errors = [(r.name, r.getMessage()) for r in captured.records if r.levelno >= logging.ERROR]
+    assert errors == []
+    gone = [r for r in captured.records if "while sending its body" in r.getMessage()]
+    assert len(gone) == 3 and all(r.levelno == logging.INFO for r in gone)
+    assert wait_idle(server) == IDLE
+
+
+def test_cache_salt_keeps_tenants_apart_and_usage_reports_the_hits(server):
+    # vLLM's cache_salt: the same prompt under another salt shares no cached block; under the
+    # same salt it hits. OpenAI's usage.prompt_tokens_details.cached_tokens reports the hits,
+    # in the streamed usage chunk too. The prompt is new to this server (a fresh word in it).
+    prompt = f"{uuid.uuid4().hex}\n" + "First Citizen.\nBefore we proceed any further. " * 5
+    a, b = f"tenant-{uuid.uuid4().hex}", f"tenant-{uuid.uuid4().hex}"
+
+    def cached(salt, stream=False):
+        body = dict(GOOD_C, prompt=prompt, max_tokens=1, temperature=0)
+        if salt is not None:
+            body["cache_salt"] = salt
+        if not stream:
+            r = httpx.post(server.url + C, json=body, timeout=WAIT_S)
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+        else:
+            body.update(stream=True, stream_options={"include_usage": True})
+            with httpx.stream("POST", server.url + C, json=body, timeout=WAIT_S) as response:
+                usage = [e for e in sse_events(response) if e != "[DONE]"][-1]["usage"]
+        return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+
+    prompt_tokens, first = cached(a)
+    assert prompt_tokens > 2 * 16 and first == 0          # more than two blocks of 16 tokens
+    assert cached(b) == (prompt_tokens, 0)                 # another tenant: nothing shared
+    assert cached(None) == (prompt_tokens, 0)              # no salt is another tenant too
+    _, again = cached(a)
+    assert 0 < again < prompt_tokens and again % 16 == 0   # its own full blocks hit
+    assert cached(a, stream=True) == (prompt_tokens, again)
+    assert wait_idle(server) == IDLE
+
+
 # --- record_stream: the simulator's trace ---------------------------------------------------
 
 def test_record_stream_lines_are_what_the_server_sends(loaded, server):
@@ -590,7 +834,7 @@ def test_record_stream_lines_are_what_the_server_sends(loaded, server):
     engine = srv.make_engine(model, tok, 4, max_num_batched_tokens=8)
     body = dict(GOOD_CH, messages=[{"role": "user", "content": "Who art thou?"}],
                 max_tokens=6, temperature=0, stream_options={"include_usage": True})
-    trace = srv.record_stream(engine, body, "chat",
+    trace = srv.record_stream(engine, tok, body, "chat",
                               companions=[("ROMEO.\n", s04.SamplingParams(temperature=0,
                                                                           max_tokens=4))])
     assert trace["prompt_tokens"] == 13
@@ -654,11 +898,12 @@ def test_the_figure_is_the_benchmarks_json_drawn_with_its_legend_off_the_data():
 # --- issue 20: the reviewers' findings over HTTP ----------------------------------------------
 
 def test_the_served_engine_is_s13_and_says_so(server, capsys):
-    assert srv.ENGINE_CLASS is s13.LLMEngine
-    assert server.loop.call(lambda e: type(e)).result(WAIT_S) is s13.LLMEngine
+    assert srv.ENGINE_BUILDER is s13.build_engine
+    kv = server.loop.call(lambda e: e.scheduler.kv).result(WAIT_S)
+    assert isinstance(kv, s13.PrefixCachingKVCacheManager)
     with pytest.raises(SystemExit):
         srv.main(["--help"])
-    assert "s13_engine.LLMEngine" in " ".join(capsys.readouterr().out.split())
+    assert "s13_prefix_caching.build_engine" in " ".join(capsys.readouterr().out.split())
     # After a request the engine is idle with every block free, though blocks of its prompt
     # stay cached (free and hittable): S13's notion of free.
     httpx.post(server.url + C, json=dict(GOOD_C, prompt=PROMPTS[3], max_tokens=2),
@@ -740,17 +985,20 @@ def test_streamed_text_offsets_equal_the_response_when_a_stop_string_holds_text(
     assert any(c.logprobs and c.text != "".join(c.logprobs.tokens) for c in chunks)
 
 
-def test_the_trace_keeps_its_last_records_and_record_stream_still_works(loaded, server):
-    assert server.loop.call(lambda e: e.trace.limit).result(WAIT_S) == srv.TRACE_LIMIT == 128
+def test_the_server_runs_no_tracer_and_record_stream_takes_its_own_off(loaded, server):
+    # Tracing is an observer; the server needs none (tracing off costs nothing). Its only
+    # observer is its engine loop (one tuple of scheduled ids per step, to fail a step that
+    # raises). record_stream attaches S09's StepTracer for its run and takes it off after.
+    observers = server.loop.call(lambda e: list(e.observers)).result(WAIT_S)
+    assert observers == [server.loop]
     model, tok = loaded
-    engine = srv.make_engine(model, tok, 4, trace_limit=8)
-    engine.add_request("O", s04.SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-    n = engine.trace.num_recorded
-    assert n >= 20 and len(engine.trace) == 8
-    assert [r.step for r in engine.trace] == list(range(n - 8, n))
+    engine = srv.make_engine(model, tok, 4, 16)
+    assert engine.observers == []
     body = dict(GOOD_C, prompt="ROMEO.\n", max_tokens=5, temperature=0)
-    full, short = (srv.record_stream(srv.make_engine(model, tok, 4, 16, trace_limit=limit),
-                                     body) for limit in (None, 2))
-    assert short == full and len(full["steps"]) >= 5
+    first = srv.record_stream(engine, tok, body)
+    assert engine.observers == [] and not engine.has_unfinished_requests()
+    assert engine.scheduler.kv.num_used_tokens == 0
+    again = srv.record_stream(engine, tok, body)      # the steps count on: 5, 6, ... now
+    same = lambda t: [(s["scheduled"], s["lines"]) for s in t["steps"]] + [t["end"]]  # noqa
+    assert same(again) == same(first) and len(first["steps"]) >= 5
+    assert again["steps"][0]["step"] == first["steps"][-1]["step"] + 1

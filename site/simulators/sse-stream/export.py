@@ -3,9 +3,10 @@ steps that produced them.
 
 Each scenario is one streaming request to chapter 19's server, recorded at build time with
 `code/s19_server.py`'s `record_stream`: the server's own request parser and `StreamWriter`
-driving its engine (`s19_server.ENGINE_CLASS`, S13's `LLMEngine`, built by `make_engine`) on
-the bundled model, on the CPU in float32, with no HTTP in between, so the lines are byte for
-byte what the server sends (id "cmpl-0" / "chatcmpl-0" and created 0, to be reproducible).
+driving its engine (`s19_server.ENGINE_BUILDER`, S13's `build_engine`, through `make_engine`;
+a fresh engine per scenario, so its prefix cache starts empty) on the bundled model, on the
+CPU in float32, with no HTTP in between, so the lines are byte for byte what the server sends
+(id "cmpl-0" / "chatcmpl-0" and created 0, to be reproducible).
 Another request runs beside it (record_stream names it "c0"; here it is renamed "other", so
 that it does not read as "choice 0"), and the budget is 16 tokens per step, so its prompt is
 chunked (S11) and batched with the other request's decodes:
@@ -23,11 +24,12 @@ chunked (S11) and batched with the other request's decodes:
 Per scenario: the request body, the prompt as the engine sees it (chat: after the course's
 template) and its token count, the lines sent before any step ("start", chat's role chunks),
 one record per engine step (its number, tokens computed and budget, every scheduled request
-with its tokens, kind, where its new tokens start and end and whether it sampled, from the
-engine's trace; the lines of the request from that step), the lines after the last step
-("end"), and "expected": what the official OpenAI client reads from all the lines (its own
-SSE decoder, each chunk built as its own response types): per choice the joined text and
-finish reason, and the usage.
+with its tokens, kind, where its new tokens start and end and whether it sampled, from S09's
+step tracer that record_stream attaches for its run; the lines of the request from that
+step), the lines after the last step ("end"), and "expected": what the official OpenAI client
+reads from all the lines (its own SSE decoder, each chunk built as its own response types):
+per choice the joined text and finish reason, and the usage (its token counts and
+prompt_tokens_details.cached_tokens, in the order the server sends them).
 
 The page parses the raw lines itself (splits the events, reads the data, parses the JSON,
 joins each choice's text) and checks on load that it gets "expected", and that every step
@@ -95,34 +97,36 @@ def client_reading(lines: list[str], kind: str) -> dict:
             reasons[choice.index] = choice.finish_reason
     if not done:
         raise RuntimeError("the recorded stream does not end with [DONE]")
+    if usage is not None:     # the fields the server sends (the client's model adds Nones)
+        usage = dict({k: usage[k] for k in ("prompt_tokens", "completion_tokens",
+                                            "total_tokens")},
+                     prompt_tokens_details={
+                         "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]})
     return {"choices": [{"index": i, "text": texts[i], "finish_reason": reasons[i]}
                         for i in sorted(texts)],
-            "usage": usage and {k: usage[k] for k in ("prompt_tokens", "completion_tokens",
-                                                      "total_tokens")}}
+            "usage": usage}
 
 
 def record(model, tokenizer, kind: str, body: dict) -> dict:
     engine = srv.make_engine(model, tokenizer, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
     companion = (COMPANION[0], s04.SamplingParams(**COMPANION[1]))
     body = dict(body, model=MODEL_NAME)
-    trace = srv.record_stream(engine, body, kind, MODEL_NAME, companions=[companion])
+    trace = srv.record_stream(engine, tokenizer, body, kind, MODEL_NAME,
+                              companions=[companion])
     choice_ids = [f"choice{i}" for i in range(body.get("n", 1))]
     steps = []
     for rec in trace["steps"]:
         if rec["step"] is None:
             raise RuntimeError("the scenarios must not abort")
-        t = engine.trace[rec["step"]]           # the engine's own record of the step
-        for rid in t.running:
-            if rid != "c0" and rid not in choice_ids:
-                raise RuntimeError(f"unexpected request {rid!r} in step {rec['step']}")
-        scheduled = [{"id": OTHER if rid == "c0" else rid, "tokens": n, "kind": kind_,
-                      "start": start, "end": start + n, "total": total,
-                      "sampled": rid in t.sampled}
-                     for rid, n, kind_, start, total in zip(
-                         t.running, t.num_scheduled_tokens, t.kinds, t.num_computed_tokens,
-                         t.request_num_tokens)]
-        steps.append({"step": rec["step"], "num_tokens": t.num_tokens,
-                      "token_budget": t.token_budget, "scheduled": scheduled,
+        for x in rec["scheduled"]:
+            if x["id"] != "c0" and x["id"] not in choice_ids:
+                raise RuntimeError(f"unexpected request {x['id']!r} in step {rec['step']}")
+        scheduled = [{"id": OTHER if x["id"] == "c0" else x["id"], "tokens": x["tokens"],
+                      "kind": x["kind"], "start": x["start"], "end": x["start"] + x["tokens"],
+                      "total": x["total"], "sampled": x["sampled"]}
+                     for x in rec["scheduled"]]
+        steps.append({"step": rec["step"], "num_tokens": rec["num_tokens"],
+                      "token_budget": rec["token_budget"], "scheduled": scheduled,
                       "lines": rec["lines"]})
     if engine.has_unfinished_requests() or engine.scheduler.kv.num_used_tokens:
         raise RuntimeError("the recorded run must finish every request and free its KV")
@@ -144,8 +148,7 @@ def export() -> dict:
                            "train it first (python scripts/train_bundled_model.py)")
     model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
     data = {"source": "code/s19_server.py (record_stream: parse_request, StreamWriter) over "
-                      f"{srv.ENGINE_CLASS.__module__}.{srv.ENGINE_CLASS.__name__} on the "
-                      "bundled model, float32 on the CPU",
+                      f"{srv.builder_name()} on the bundled model, float32 on the CPU",
             "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
             "scenarios": []}
     for key, title, kind, body in SCENARIOS:
