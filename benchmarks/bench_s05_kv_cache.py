@@ -53,6 +53,7 @@ from s05_kv_cache import Engine, kv_cache_bytes, step_work  # noqa: E402
 
 CORPUS = ROOT / "data" / "shakespeare.txt"
 TOKENIZER_JSON = ROOT / "data" / "tokenizer.json"
+MAX_TOKENS = 8192    # per count flag: the uncached loop's time grows with the square of it
 
 
 def bundled_shape(vocab_size: int, max_positions: int) -> s03.TransformerConfig:
@@ -127,12 +128,18 @@ def cpu_timed(engine_class: type) -> type:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompt-tokens", type=int, default=1000)
-    parser.add_argument("--new-tokens", type=int, default=300)
+    parser.add_argument("--prompt-tokens", type=int, default=1000,
+                        help=f"prompt tokens, 1 to {MAX_TOKENS}")
+    parser.add_argument("--new-tokens", type=int, default=300,
+                        help=f"tokens the cached engine generates, 1 to {MAX_TOKENS}")
     parser.add_argument("--uncached-tokens", type=int, default=100,
-                        help="tokens the (slow) uncached loop generates")
+                        help=f"tokens the (slow) uncached loop generates, 1 to {MAX_TOKENS}")
     parser.add_argument("--model", type=Path, default=None, help="checkpoint directory")
     args = parser.parse_args(argv)
+    for flag in ("--prompt-tokens", "--new-tokens", "--uncached-tokens"):   # before any load
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if not 1 <= value <= MAX_TOKENS:
+            parser.error(f"{flag} must be an integer in [1, {MAX_TOKENS}] (got {value})")
 
     positions = args.prompt_tokens + args.new_tokens + 16
     model, tokenizer, description = load_model(args.model, positions)

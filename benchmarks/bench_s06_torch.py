@@ -60,6 +60,12 @@ import s03_checkpoint  # noqa: E402
 import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
+import s07_measuring as s07  # noqa: E402
+import s08_cli  # noqa: E402
+
+MAX_BUNDLED_TOKENS = 224    # the bundled model's window (256) less 32: the prompt is 17 or 24
+MAX_QWEN_TOKENS = 1024
+MAX_REPEATS = 20
 
 # Qwen/Qwen3-0.6B config.json (published values; only the shape matters here).
 QWEN3_0_6B = dict(
@@ -243,27 +249,34 @@ def agreement(ours: list[int], theirs: list[int]) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    parser.add_argument("--device", default=None,
+                        help="cuda, cuda:N or cpu (default: cuda if present)")
     parser.add_argument("--dtype", default=None, choices=list(s06.DTYPES),
                         help="default: bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--attention", default="sdpa", choices=s06.ATTENTION_IMPLS,
                         help="our engine's attention (HF uses SDPA)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
-    parser.add_argument("--bundled-tokens", type=int, default=64)
-    parser.add_argument("--qwen-tokens", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3, help="plain runs per engine (best kept)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help=f"torch intra-op threads (CPU), 1 to the logical cores "
+                             f"({os.cpu_count() or 1})")
+    parser.add_argument("--bundled-tokens", type=int, default=64,
+                        help=f"tokens generated on the bundled model, 1 to {MAX_BUNDLED_TOKENS}")
+    parser.add_argument("--qwen-tokens", type=int, default=16,
+                        help=f"tokens generated on the 0.6B shape, 1 to {MAX_QWEN_TOKENS}")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help=f"plain runs per engine (best kept), 1 to {MAX_REPEATS}")
     parser.add_argument("--skip-qwen", action="store_true", help="only the bundled model")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights, >= 0")
     parser.add_argument("--json", type=Path, default=None,
                         help="also write the figures to this JSON file (for the notebook)")
     args = parser.parse_args(argv)
 
     # Checked before torch sees it: set_num_threads(0) raises, and after 100000 the first
     # parallel op segfaults (libgomp cannot create the threads). More threads than logical CPUs
-    # (S07's bound too) would only take turns on them.
-    cores = os.cpu_count() or 1
-    if not 1 <= args.threads <= cores:
-        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
+    # (S07's bound too) would only take turns on them. --seed and --device: Part II's rules.
+    s08_cli.check_common_arguments(parser, args)
+    s07.check_count(parser, "--bundled-tokens", args.bundled_tokens, 1, MAX_BUNDLED_TOKENS)
+    s07.check_count(parser, "--qwen-tokens", args.qwen_tokens, 1, MAX_QWEN_TOKENS)
+    s07.check_count(parser, "--repeats", args.repeats, 1, MAX_REPEATS)
     torch.set_num_threads(args.threads)
     try:
         device, dtype = s06.resolve_device_dtype(args.device, args.dtype)

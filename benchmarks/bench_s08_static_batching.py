@@ -54,6 +54,7 @@ import s03_checkpoint  # noqa: E402
 import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
+import s07_measuring as s07  # noqa: E402
 import s07_workloads  # noqa: E402
 import s08_batch_variance  # noqa: E402
 import s08_cli  # noqa: E402
@@ -72,6 +73,10 @@ BUNDLED_SHAPE = dict(
     tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=256,
 )
 PAD_ID = 0
+MAX_BATCH = 256              # the workload's requests: the first B of them form a batch
+MAX_BUNDLED_TOKENS = 224     # the bundled model's window (256) less the longest prompt (32)
+MAX_QWEN_TOKENS = 1024
+MAX_REPEATS = 20
 
 
 class IdTokenizer:
@@ -223,27 +228,46 @@ def waste(ours, tokenizer, prompts, max_tokens, batch_sizes):
     return rows
 
 
+def batch_list(parser: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+    """A comma-separated list of batch sizes, each in [1, MAX_BATCH]; a usage error otherwise."""
+    try:
+        sizes = [int(b) for b in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag} must be comma-separated integers (got {text!r})")
+    for size in sizes:
+        s07.check_count(parser, f"{flag}: each batch size", size, 1, MAX_BATCH)
+    return sizes
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="bundled,qwen3-0.6b",
                         help="comma-separated: bundled, qwen3-0.6b (default: %(default)s)")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64",
-                        help="batch sizes on the bundled model (default: %(default)s)")
+                        help=f"batch sizes on the bundled model, each 1 to {MAX_BATCH} "
+                             "(default: %(default)s)")
     parser.add_argument("--qwen-batch-sizes", default="1,4,16",
-                        help="batch sizes on the 0.6B shape (default: %(default)s)")
+                        help=f"batch sizes on the 0.6B shape, each 1 to {MAX_BATCH} (default: "
+                             "%(default)s)")
     parser.add_argument("--max-tokens", type=int, default=64,
-                        help="tokens per request, bundled model (default: %(default)s)")
+                        help=f"tokens per request, bundled model, 1 to {MAX_BUNDLED_TOKENS} "
+                             "(default: %(default)s)")
     parser.add_argument("--qwen-tokens", type=int, default=8,
-                        help="tokens per request, 0.6B shape (default: %(default)s)")
+                        help=f"tokens per request, 0.6B shape, 1 to {MAX_QWEN_TOKENS} "
+                             "(default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=2,
-                        help="runs per engine and batch size, best kept (default: %(default)s)")
+                        help=f"runs per engine and batch size, best kept, 1 to {MAX_REPEATS} "
+                             "(default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads for both engines (default: %(default)s)")
+                        help=f"torch intra-op threads for both engines, 1 to the logical cores "
+                             f"({os.cpu_count() or 1}) (default: %(default)s)")
     parser.add_argument("--attention", default="sdpa", choices=s06.ATTENTION_IMPLS,
                         help="our attention implementation (default: %(default)s)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda or cuda:N (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="workload seed, >= 0 (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="bundled model only, B in 1,8,32,64, 32 tokens, 1 repeat")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
@@ -251,10 +275,13 @@ def main(argv=None) -> None:
     s08_cli.check_common_arguments(parser, args)   # --threads, --seed, --device
     if args.quick:
         args.shapes, args.batch_sizes, args.max_tokens, args.repeats = "bundled", "1,8,32,64", 32, 1
+    s07.check_count(parser, "--max-tokens", args.max_tokens, 1, MAX_BUNDLED_TOKENS)
+    s07.check_count(parser, "--qwen-tokens", args.qwen_tokens, 1, MAX_QWEN_TOKENS)
+    s07.check_count(parser, "--repeats", args.repeats, 1, MAX_REPEATS)
+    batch_sizes = batch_list(parser, "--batch-sizes", args.batch_sizes)
+    qwen_batch_sizes = batch_list(parser, "--qwen-batch-sizes", args.qwen_batch_sizes)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    qwen_batch_sizes = [int(b) for b in args.qwen_batch_sizes.split(",")]
     prompts, drawn = workload_ids(max(batch_sizes + qwen_batch_sizes), args.seed)
     report = dict(load_before=os.getloadavg(), threads=args.threads, attention=args.attention)
     print(f"torch {torch.__version__}, {args.threads} thread(s), device {device}, our attention "

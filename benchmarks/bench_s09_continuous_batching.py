@@ -3,7 +3,7 @@ batching on a long-tail workload, the two ragged attentions, and TTFT / ITL unde
 arrivals. Prints; writes nothing unless --json is given.
 
     python benchmarks/bench_s09_continuous_batching.py --quick      # bundled model, a few minutes
-    python benchmarks/bench_s09_continuous_batching.py --skip-hf-default --repeats 5
+    python benchmarks/bench_s09_continuous_batching.py --skip-hf-batch --repeats 5
 
 A benchmark, not a test: it prints, never asserts speed. What runs (bundled model, float32,
 the CPU unless --device cuda, torch threads pinned by --threads, default 1):
@@ -15,27 +15,39 @@ the CPU unless --device cuda, torch threads pinned by --threads, default 1):
   repeat, best run kept:
     s08 static   S08's Engine, one static batch after another of --max-batch requests in
                  order, each running until its longest request is done (its fast mode);
-    s09 masked   this chapter's LLMEngine, max_num_seqs = --max-batch, attention "masked";
+    s09 masked   this chapter's engine (`build_engine`, max_num_seqs = --max-batch,
+                 attention "masked"), driven by `LLM(engine).generate(prompts, params)`;
     s09 loop     the same with attention "loop" (S06's attention once per request);
     hf cb        transformers' continuous batching (`ContinuousBatchingManager`, the engine
                  under `generate_batch`), max_requests_per_batch = --max-batch, a per-request
                  max_new_tokens, its KV pool sized like ours (num_blocks blocks of page_size
-                 256 tokens, 2 per slot); greedy, no EOS;
-    hf default   `model.generate_batch(...)` exactly as its docstring calls it, one
-                 max_new_tokens for all (the workload's mean, rounded: the same number of
-                 tokens overall, not the same requests) and its default ContinuousBatchingConfig
-                 (it sizes its own KV pool). Once per run (it is slow), unless
-                 --skip-hf-default.
+                 256 tokens, 2 per slot), HF's default max_batch_tokens (8192); greedy, no EOS;
+    hf batch     `model.generate_batch(...)` as its docstring calls it, one max_new_tokens for
+                 all (the workload's mean, rounded: the same number of tokens overall, not the
+                 same requests), with a ContinuousBatchingConfig that sets only the KV pool:
+                 the same as hf cb's (2 x --max-batch blocks of 256 tokens); everything else
+                 is HF's default (max_requests_per_batch from its workload hints, up to 1024;
+                 max_batch_tokens 8192). Left alone, HF sizes its pool from the machine's
+                 memory (60 % of what is free, on a CPU): a --quick run then took 7.7 GiB and
+                 four minutes, most of them in this one row. Once per run (its first call),
+                 unless --skip-hf-batch.
   tokens/s = generated tokens / wall seconds of the whole call; CPU s = this process's CPU
   seconds (time.process_time), steadier on a shared machine. Every engine's tokens are
   compared with s09 masked's (rows equal).
   Uniform (the issue's setting for HF): 32 chat prompts x 64 tokens at batch 32: S08, S09,
   HF `generate` on the left-padded block, HF's continuous batching sized like ours, and
-  `generate_batch` with its defaults; one warm run each (generate_batch: its first call).
+  `generate_batch` configured as above; one warm run each (generate_batch: its first call).
   Arrivals: S07's "chat" workload (--arrival-requests requests, 16 to 64 tokens each),
-  arriving as a Poisson process at each --rates rate, served by LLMEngine through
+  arriving as a Poisson process at each --rates rate, served by S09's engine through
   `run_arrivals` (S07's harness driving add_request and step): TTFT (from arrival, so the
   queueing is in it) and ITL, p50 / p90 / p99, and tokens/s over the run.
+
+Flags are checked before any model loads (a usage error, exit status 2, naming the rule):
+--threads, --seed and --device as every Part II script (`s08_cli.check_common_arguments`),
+every count in the range its help gives; a count past its bound is refused, not run (the
+time grows with --num-requests, --arrival-requests and --repeats; the default run takes a
+few minutes). --quick took 70 s and peaked at 1.3 GB of resident memory here (load average
+about 2).
 
 The CPU is shared with other jobs: `uptime` is printed before and after; compare rows of one
 run.
@@ -59,10 +71,19 @@ import torch  # noqa: E402
 import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
+import s07_measuring as s07  # noqa: E402
 import s07_workloads  # noqa: E402
+import s08_cli  # noqa: E402
 import s08_static_batching as s08  # noqa: E402
 import s09_arrivals  # noqa: E402
 import s09_continuous_batching as s09  # noqa: E402
+from s09_llm import LLM  # noqa: E402
+
+PAGE_SIZE = 256          # tokens per block of both HF runs' KV pool
+BLOCKS_PER_SLOT = 2      # blocks of it per request of --max-batch
+MAX_REPEATS = 20
+MAX_BATCH = 128          # HF's KV pool and attention mask grow with the batch
+MAX_RATE = 10_000.0      # requests/s, far above what any engine here serves
 
 
 def uptime() -> str:
@@ -96,17 +117,24 @@ def run_s08(model, tokenizer, prompts, lengths, batch):
 
 
 def run_s09(model, tokenizer, prompts, lengths, batch, attention):
-    engine = s09.LLMEngine(model, tokenizer, max_num_seqs=batch, attention=attention)
-    return [c.token_ids for c in engine.generate(prompts, params_for(lengths))]
+    engine = s09.build_engine(model, tokenizer, max_num_seqs=batch, attention=attention)
+    return [c.token_ids for c in LLM(engine).generate(prompts, params_for(lengths))]
+
+
+def hf_cb_config(batch: int, **fields):
+    """HF's `ContinuousBatchingConfig` with the KV pool both HF runs get, BLOCKS_PER_SLOT
+    blocks of PAGE_SIZE tokens per request of the batch (ours: one slot of the model's
+    window, 256 tokens, per request), and `fields`; HF's defaults otherwise."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    return ContinuousBatchingConfig(num_blocks=BLOCKS_PER_SLOT * batch, page_size=PAGE_SIZE,
+                                    **fields)
 
 
 def hf_manager_run(hf, ids, lengths, batch):
     from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
     config = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=max(lengths),
                               pad_token_id=0)
-    cb = ContinuousBatchingConfig(max_requests_per_batch=batch, num_blocks=2 * batch,
-                                  page_size=256)
+    cb = hf_cb_config(batch, max_requests_per_batch=batch)
     manager = hf.init_continuous_batching(generation_config=config,
                                           continuous_batching_config=cb)
     manager.start()
@@ -133,11 +161,14 @@ def hf_padded_run(hf, ids, max_new_tokens):
     return out[:, block.shape[1]:].tolist()
 
 
-def hf_default_run(hf, ids, max_new_tokens):
+def hf_batch_run(hf, ids, max_new_tokens, batch):
+    """`generate_batch` as its docstring calls it, its KV pool set (`hf_cb_config`), nothing
+    else: left to HF, the pool takes 60 % of the free memory (see the module docstring)."""
     from transformers import GenerationConfig
     config = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=max_new_tokens,
                               pad_token_id=0)
-    out = hf.generate_batch(ids, generation_config=config)
+    out = hf.generate_batch(ids, generation_config=config,
+                            continuous_batching_config=hf_cb_config(batch))
     return [list(r.generated_tokens) for r in out.values()]
 
 
@@ -176,14 +207,14 @@ def throughput(model, tokenizer, hf, args):
             old = best.get(name, (float("inf"), float("inf")))
             best[name] = (min(old[0], wall), min(old[1], cpu))
     rows = {name: (total, wall, cpu) for name, (wall, cpu) in best.items()}
-    if hf is not None and not args.skip_hf_default:
+    if hf is not None and not args.skip_hf_batch:
         mean = round(total / len(prompts))
-        out, wall, cpu = timed(lambda: hf_default_run(hf, ids, mean))
-        rows["hf default"] = (mean * len(prompts), wall, cpu)
-        tokens["hf default"] = None
+        out, wall, cpu = timed(lambda: hf_batch_run(hf, ids, mean, args.max_batch))
+        rows["hf batch"] = (mean * len(prompts), wall, cpu)
+        tokens["hf batch"] = None
     ref = tokens["s09 masked"]
     print(f"{'engine':<12} {'tokens':>7} {'wall s':>8} {'tokens/s':>9} {'CPU s':>7} "
-          f"{'x s08':>6} {'x hf cb':>8} {'x hf def':>9} {'rows equal':>11}")
+          f"{'x s08':>6} {'x hf cb':>8} {'x hf bat':>9} {'rows equal':>11}")
     results = {}
     for name, (n, wall, cpu) in rows.items():
         tps = n / wall
@@ -198,13 +229,14 @@ def throughput(model, tokenizer, hf, args):
                  f"{sum(a == b for a, b in zip(tokens[name], ref))}/{len(ref)}")
         print(f"{name:<12} {r['tokens']:>7,} {r['wall_s']:>8.2f} {r['tokens_per_s']:>9.0f} "
               f"{r['cpu_s']:>7.2f} {ratio(name, 's08 static'):>6} {ratio(name, 'hf cb'):>8} "
-              f"{ratio(name, 'hf default'):>9} {equal:>11}")
+              f"{ratio(name, 'hf batch'):>9} {equal:>11}")
     return results
 
 
 def uniform(model, tokenizer, hf, args):
     """The issue's setting: 32 chat prompts x 64 tokens, batch 32, every engine once warm."""
-    prompts = s08.corpus_prompts(tokenizer, 32, args.seed, model.config.max_position_embeddings)
+    prompts = s08_cli.corpus_prompts(tokenizer, 32, args.seed,
+                                     model.config.max_position_embeddings)
     ids = [tokenizer.encode(p) for p in prompts]
     lengths = [64] * len(prompts)
     print("\n== uniform: 32 requests x 64 tokens, batch 32 ==")
@@ -213,11 +245,11 @@ def uniform(model, tokenizer, hf, args):
     if hf is not None:
         runs["hf generate"] = lambda: hf_padded_run(hf, ids, 64)
         runs["hf cb"] = lambda: hf_manager_run(hf, ids, lengths, 32)
-        if not args.skip_hf_default:
-            runs["hf default"] = lambda: hf_default_run(hf, ids, 64)
+        if not args.skip_hf_batch:
+            runs["hf batch"] = lambda: hf_batch_run(hf, ids, 64, 32)
     results = {}
     for name, fn in runs.items():
-        if name != "hf default":
+        if name != "hf batch":
             fn()                     # warm
         out, wall, cpu = timed(fn)
         results[name] = dict(tokens=32 * 64, wall_s=wall, cpu_s=cpu,
@@ -228,7 +260,7 @@ def uniform(model, tokenizer, hf, args):
 
 def arrivals(model, tokenizer, args):
     print(f"\n== Poisson arrivals: {args.arrival_requests} chat requests (16-64 tokens), "
-          f"max_num_seqs {args.max_batch}, LLMEngine through S07's harness ==")
+          f"max_num_seqs {args.max_batch}, S09's engine through S07's harness ==")
     context = model.config.max_position_embeddings
     workload = s07_workloads.make_workload("chat", tokenizer, args.arrival_requests, args.seed,
                                            context)
@@ -236,7 +268,7 @@ def arrivals(model, tokenizer, args):
           f"{'ITL p50':>8} {'p90':>7} {'p99':>7}   (ms)")
     results = {}
     for rate in args.rates:
-        engine = s09.LLMEngine(model, tokenizer, max_num_seqs=args.max_batch)
+        engine = s09.build_engine(model, tokenizer, max_num_seqs=args.max_batch)
         times = s09_arrivals.poisson_arrivals(len(workload.requests), rate, args.seed)
         run = s09_arrivals.run_arrivals(engine, workload, times, name="s09", model="bundled")
         ttft, itl = run.ttft_s, run.itl_s
@@ -247,45 +279,88 @@ def arrivals(model, tokenizer, args):
     return results
 
 
+def rate_list(text: str) -> list[float]:
+    """--rates' type: "20,80" -> [20.0, 80.0]; argparse's usage error otherwise."""
+    try:
+        rates = [float(x) for x in text.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(0 < r <= MAX_RATE for r in rates):   # nan and inf fail too
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated numbers in (0, {MAX_RATE:g}] requests/s (got {text!r})")
+    return rates
+
+
+def bundled_window() -> int | None:
+    """The bundled model's window from its config.json (None when it is not trained yet)."""
+    config = s03.BUNDLED_MODEL_DIR / "config.json"
+    return json.loads(config.read_text())["max_position_embeddings"] if config.exists() else None
+
+
 def main(argv=None) -> None:
+    limit = s07.MAX_REQUESTS
     parser = argparse.ArgumentParser(description="S09 benchmark: continuous vs static "
                                      "batching vs HF, and latency under arrivals.")
     parser.add_argument("--quick", action="store_true",
-                        help="fewer requests and repeats (a few minutes on 2 cores)")
+                        help="fewer requests and repeats (a few minutes on 2 cores, about "
+                             "1.3 GB of memory)")
     parser.add_argument("--num-requests", type=int, default=None,
-                        help="requests of the long-tail workload (default: 256, --quick 192)")
+                        help=f"requests of the long-tail workload, 1 to {limit} (default: 256, "
+                             "--quick 192)")
     parser.add_argument("--max-batch", type=int, default=s09.DEFAULT_MAX_NUM_SEQS,
-                        help="max batch of every engine, S08's and S09's default (default: "
-                             "%(default)s)")
+                        help=f"max batch of every engine, S08's and S09's default, 1 to "
+                             f"{MAX_BATCH} (HF's KV pool and its attention mask grow with it: "
+                             "about 1.3 GB at 32) (default: %(default)s)")
     parser.add_argument("--straggler-share", type=float, default=0.05,
-                        help="share of long requests (default: %(default)s)")
+                        help="share of long requests, 0 to 1 (default: %(default)s)")
     parser.add_argument("--straggler-tokens", type=int, default=192,
-                        help="tokens of a long request (default: %(default)s)")
+                        help="tokens of a long request, 1 to the model's window less the "
+                             "longest prompt (32) (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="timed runs per engine, best kept (default: 3, --quick 2)")
+                        help=f"timed runs per engine, best kept, 1 to {MAX_REPEATS} (default: "
+                             "3, --quick 2)")
     parser.add_argument("--arrival-requests", type=int, default=None,
-                        help="requests of the arrivals run (default: 96, --quick 48)")
-    parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")],
-                        default=[20.0, 80.0],
-                        help="Poisson arrival rates, requests/s, comma-separated "
-                             "(default: 20,80)")
+                        help=f"requests of the arrivals run, 1 to {limit} (default: 96, "
+                             "--quick 48)")
+    parser.add_argument("--rates", type=rate_list, default=[20.0, 80.0],
+                        help=f"Poisson arrival rates, requests/s in (0, {MAX_RATE:g}], comma-"
+                             "separated (default: 20,80)")
     parser.add_argument("--skip-hf", action="store_true", help="leave out both HF runs")
-    parser.add_argument("--skip-hf-default", action="store_true",
-                        help="leave out HF generate_batch with its default config (slow)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    parser.add_argument("--skip-hf-batch", "--skip-hf-default", action="store_true",
+                        help="leave out HF generate_batch (hf batch: its defaults but the KV "
+                             "pool, which is set to hf cb's)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="workload seed, >= 0 (default: %(default)s)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default: %(default)s)")
+                        help=f"torch intra-op threads, 1 to the logical cores "
+                             f"({os.cpu_count() or 1}) (default: %(default)s)")
     parser.add_argument("--json", default=None,
                         help="write the figures to this file (default: nothing written)")
     args = parser.parse_args(argv)
-    args.num_requests = args.num_requests or (192 if args.quick else 256)
-    args.repeats = args.repeats or (2 if args.quick else 3)
-    args.arrival_requests = args.arrival_requests or (48 if args.quick else 96)
-    if args.max_batch < 1 or args.num_requests < 1 or args.repeats < 1:
-        parser.error("--max-batch, --num-requests and --repeats must be >= 1")
-    if not (s03.BUNDLED_MODEL_DIR / "config.json").exists():
+    s08_cli.check_common_arguments(parser, args)      # --threads, --seed, --device
+    if args.num_requests is None:
+        args.num_requests = 192 if args.quick else 256
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 3
+    if args.arrival_requests is None:
+        args.arrival_requests = 48 if args.quick else 96
+    s07.check_count(parser, "--num-requests", args.num_requests, 1, limit)
+    s07.check_count(parser, "--max-batch", args.max_batch, 1, MAX_BATCH)
+    s07.check_count(parser, "--repeats", args.repeats, 1, MAX_REPEATS)
+    s07.check_count(parser, "--arrival-requests", args.arrival_requests, 1, limit)
+    if not 0 <= args.straggler_share <= 1:
+        parser.error(f"--straggler-share must be a number in [0, 1] (got {args.straggler_share})")
+    window = bundled_window()
+    if window is None:
         parser.error("the bundled model is missing: python scripts/train_bundled_model.py")
+    s07.check_count(parser, "--straggler-tokens", args.straggler_tokens, 1, window - 32)
+    if args.json is not None:
+        try:
+            s07.check_output_file(args.json)
+        except ValueError as err:
+            parser.error(f"--json: {err}")
     torch.set_num_threads(args.threads)
     before = uptime()
     print(f"before: {before}\ntorch {torch.__version__}, {args.threads} thread(s), "
@@ -302,6 +377,7 @@ def main(argv=None) -> None:
     figures["uptime_after"] = uptime()
     print(f"\nafter: {figures['uptime_after']}")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=2))
 
 

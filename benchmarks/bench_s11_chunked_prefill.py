@@ -17,19 +17,29 @@ A benchmark, not a test: it prints, never asserts speed. What runs (float32, the
   output tokens each, start together; after --arrive-after steps (all of them decoding by
   then) one request of a --long-prompt-token prompt arrives, wanting --long-tokens tokens.
   max_num_seqs = running + 1, so nobody waits for a seat.
-  Engines: chunking off (S10's engine, whose budget holds the whole prompt: the long prompt
-  runs in one step beside the decodes) and S11's engine at each --budgets value of
-  max_num_batched_tokens (the chunk is what the decodes leave of it). Each repeat runs every
-  engine once, in a rotating order (so a change of load on the shared machine falls on all of
-  them); per engine the median over repeats of each figure is reported.
+  Engines: chunking off (S10's `build_engine`, whose default budget holds the whole prompt:
+  the long prompt runs in one step beside the decodes) and S11's `build_engine` at each
+  --budgets value of max_num_batched_tokens (the chunk is what the decodes leave of it).
+  Each repeat runs every engine once, in a rotating order (so a change of load on the
+  shared machine falls on all of them); per engine the median over repeats of each figure
+  is reported.
   Reported per run, from the time each token reached the caller (step() returned it): over
   every gap between two tokens of a running request, ITL p50 / mean / max (the max is the
   stall), the number of gaps and how many were slow (longer than SLOW_FACTOR x that run's
   p50: the gaps whose steps carried a long chunk or the whole prompt); TTFT of the long
   request (from add_request to its first token), output tokens/s and all tokens/s (prompt +
-  output) over the run, steps. The JSON keeps ITL p99 too, but it is not a tail figure here:
-  with about 380 gaps and a handful of stalls, S07's interpolated p99 falls between the
-  largest normal gap and the stall, and moves with the number of gaps.
+  output) over the run, steps (the scheduler's count), and the steps that carried a piece
+  of the long prompt (those whose step moved its num_computed_tokens, up to its first
+  token). No tracer is attached: everything is read from the outputs and from the
+  scheduler's and the requests' public state, so the timed steps carry nothing extra. The
+  JSON keeps ITL p99 too, but it is not a tail figure here: with about 380 gaps and a
+  handful of stalls, S07's interpolated p99 falls between the largest normal gap and the
+  stall, and moves with the number of gaps.
+
+Flags are checked before any model is built (a usage error, exit status 2, naming the
+rule): --threads, --seed and --device as every Part II script
+(`s08_cli.check_common_arguments`), every count in the range its help gives; a count past
+its bound is refused, not run.
 
 The CPU is shared with other jobs: `uptime` is printed before and after, and each run's
 1-minute load average is kept; compare rows of one run. Writes its figures as JSON to --json
@@ -39,7 +49,6 @@ chapters/figures/s11_chunked_prefill.png from chapters/figures/s11_chunked_prefi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -59,10 +68,11 @@ import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
 import s07_measuring as s07  # noqa: E402
-import s10_engine as s10  # noqa: E402
+import s08_cli  # noqa: E402
+import s10_scheduler as s10  # noqa: E402
 import s11_chunked_prefill as s11  # noqa: E402
 from bench_s06_torch import IdTokenizer, random_qwen3  # noqa: E402
-from bench_s10_scheduler import uptime  # noqa: E402
+from bench_s10_scheduler import check_json, int_list, uptime, write_json  # noqa: E402
 
 DEFAULT_JSON = Path(tempfile.gettempdir()) / "bench_s11_chunked_prefill.json"
 # A mid-size Qwen3 layout (Qwen3-0.6B's proportions, narrower and shallower), long context.
@@ -74,6 +84,9 @@ MID_SHAPE = dict(
 SHORT_PROMPT_TOKENS = 32
 OFF = "off"
 SLOW_FACTOR = 2       # a gap longer than this x the run's median gap is slow
+MAX_RUNNING = 64
+MAX_REPEATS = 20
+MAX_BUDGETS = 16
 
 
 def dist_ms(values) -> dict:
@@ -87,11 +100,10 @@ def dist_ms(values) -> dict:
 def make_engine(model, tokenizer, budget, args):
     """Chunking off: S10's engine (its default budget holds every prompt whole). Else S11's
     with max_num_batched_tokens = budget."""
-    seats = args.running + 1
+    shape = dict(max_context=MID_SHAPE["max_position_embeddings"], max_num_seqs=args.running + 1)
     if budget == OFF:
-        return s10.LLMEngine(model, tokenizer, MID_SHAPE["max_position_embeddings"], seats)
-    return s11.LLMEngine(model, tokenizer, MID_SHAPE["max_position_embeddings"], seats,
-                         max_num_batched_tokens=budget)
+        return s10.build_engine(model, tokenizer, **shape)
+    return s11.build_engine(model, tokenizer, max_num_batched_tokens=budget, **shape)
 
 
 def one_run(model, tokenizer, prompts, long_prompt, budget, args) -> dict:
@@ -100,7 +112,7 @@ def one_run(model, tokenizer, prompts, long_prompt, budget, args) -> dict:
     engine.add_request(prompts[0], warm)              # one-off costs outside the run
     while engine.has_unfinished_requests():
         engine.step()
-    steps_before = len(engine.trace)
+    steps_before = engine.scheduler.num_steps
     short = s04.SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
     long = s04.SamplingParams(temperature=0.0, max_tokens=args.long_tokens, ignore_eos=True)
     stamps: dict[str, list[float]] = {}
@@ -112,24 +124,26 @@ def one_run(model, tokenizer, prompts, long_prompt, budget, args) -> dict:
         if calls == args.arrive_after:
             long_added = time.perf_counter()
             long_id = engine.add_request(long_prompt, long)
+        long_request = engine.requests.get(long_id)
+        computed = long_request.num_computed_tokens if long_request else None
         outputs = engine.step()
         calls += 1
         now = time.perf_counter()
-        if long_id is not None and long_id not in stamps:   # its prompt still going in
-            prefill_steps += long_id in engine.trace[-1].running
+        if long_request is not None and long_id not in stamps:   # its prompt still going in
+            prefill_steps += long_request.num_computed_tokens > computed   # scheduled
         for o in outputs:
             if o.new_token_ids:
                 stamps.setdefault(o.request_id, []).append(now)
     wall_s = time.perf_counter() - start
     gaps = [b - a for rid in running for a, b in zip(stamps[rid], stamps[rid][1:])]
-    trace = engine.trace[steps_before:]
     out_tokens = sum(len(v) for v in stamps.values())
     prompt_tokens = len(prompts) * SHORT_PROMPT_TOKENS + args.long_prompt_tokens
     return {"budget": budget, "itl": dist_ms(gaps),
             "ttft_long_ms": (stamps[long_id][0] - long_added) * 1e3,
             "output_tokens_per_s": out_tokens / wall_s,
             "total_tokens_per_s": (out_tokens + prompt_tokens) / wall_s,
-            "wall_s": wall_s, "output_tokens": out_tokens, "steps": len(trace),
+            "wall_s": wall_s, "output_tokens": out_tokens,
+            "steps": engine.scheduler.num_steps - steps_before,
             "long_prefill_steps": prefill_steps, "load_average_1min": os.getloadavg()[0]}
 
 
@@ -152,48 +166,62 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a shorter long prompt, fewer budgets, one repeat (10 to 15 s "
                              "on 2 cores)")
+    context = MID_SHAPE["max_position_embeddings"]
     parser.add_argument("--running", type=int, default=4,
-                        help="requests decoding when the long prompt arrives (default: "
-                             "%(default)s)")
+                        help=f"requests decoding when the long prompt arrives, 1 to "
+                             f"{MAX_RUNNING} (default: %(default)s)")
     parser.add_argument("--decode-tokens", type=int, default=None,
-                        help="output tokens of each running request (default: 96, --quick 48)")
+                        help=f"output tokens of each running request, 1 to "
+                             f"{context - SHORT_PROMPT_TOKENS} (default: 96, --quick 48)")
     parser.add_argument("--long-prompt-tokens", type=int, default=None,
-                        help="tokens of the long prompt (default: 1536, --quick 768)")
+                        help=f"tokens of the long prompt, 1 to the context ({context}) less "
+                             "--long-tokens (default: 1536, --quick 768)")
     parser.add_argument("--long-tokens", type=int, default=16,
-                        help="output tokens of the long request (default: %(default)s)")
+                        help=f"output tokens of the long request, 1 to {context - 1} (default: "
+                             "%(default)s)")
     parser.add_argument("--arrive-after", type=int, default=8,
-                        help="steps before the long prompt arrives (default: %(default)s)")
-    parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")],
-                        default=None,
-                        help="max_num_batched_tokens values of the chunked runs, comma-"
-                             "separated (default: 32,64,128,256,512, --quick 64,256)")
+                        help="steps before the long prompt arrives, 1 to --decode-tokens (the "
+                             "running requests still decode) (default: %(default)s)")
+    parser.add_argument("--budgets", type=int_list, default=None,
+                        help=f"max_num_batched_tokens values of the chunked runs, comma-"
+                             f"separated, at most {MAX_BUDGETS}, each from max_num_seqs "
+                             f"(--running + 1) to the context ({context}) (default: "
+                             "32,64,128,256,512, --quick 64,256)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="runs of each engine, alternating; medians reported (default: 3, "
-                             "--quick 1)")
-    parser.add_argument("--seed", type=int, default=0, help="model and prompt seed (default: "
-                                                            "%(default)s)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+                        help=f"runs of each engine, alternating; medians reported, 1 to "
+                             f"{MAX_REPEATS} (default: 3, --quick 1)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="model and prompt seed, >= 0 (default: %(default)s)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default: %(default)s)")
+                        help=f"torch intra-op threads, 1 to the logical cores "
+                             f"({os.cpu_count() or 1}) (default: %(default)s)")
     parser.add_argument("--json", default=str(DEFAULT_JSON),
                         help="where to write the figures (default: %(default)s)")
     args = parser.parse_args(argv)
-    cores = os.cpu_count() or 1
-    if not 1 <= args.threads <= cores:
-        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
-    args.decode_tokens = args.decode_tokens or (48 if args.quick else 96)
-    args.long_prompt_tokens = args.long_prompt_tokens or (768 if args.quick else 1536)
-    args.budgets = args.budgets or ([64, 256] if args.quick else [32, 64, 128, 256, 512])
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    context = MID_SHAPE["max_position_embeddings"]
-    if min(args.running, args.decode_tokens, args.long_tokens, args.repeats) < 1 or \
-            args.arrive_after < 1:
-        parser.error("--running, --decode-tokens, --long-tokens, --repeats and --arrive-after "
-                     "must be >= 1")
-    if args.long_prompt_tokens + args.long_tokens > context:
-        parser.error(f"--long-prompt-tokens + --long-tokens must be <= the context ({context})")
-    if any(b < args.running + 1 for b in args.budgets):
-        parser.error(f"every budget must be >= max_num_seqs ({args.running + 1})")
+    s08_cli.check_common_arguments(parser, args)      # --threads, --seed, --device
+    if args.decode_tokens is None:
+        args.decode_tokens = 48 if args.quick else 96
+    if args.long_prompt_tokens is None:
+        args.long_prompt_tokens = 768 if args.quick else 1536
+    if args.budgets is None:
+        args.budgets = [64, 256] if args.quick else [32, 64, 128, 256, 512]
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    check = s07.check_count
+    check(parser, "--running", args.running, 1, MAX_RUNNING)
+    check(parser, "--decode-tokens", args.decode_tokens, 1, context - SHORT_PROMPT_TOKENS)
+    check(parser, "--long-tokens", args.long_tokens, 1, context - 1)
+    check(parser, "--long-prompt-tokens", args.long_prompt_tokens, 1,
+          context - args.long_tokens)
+    check(parser, "--arrive-after", args.arrive_after, 1, args.decode_tokens)
+    check(parser, "--repeats", args.repeats, 1, MAX_REPEATS)
+    if not 1 <= len(args.budgets) <= MAX_BUDGETS:
+        parser.error(f"--budgets must list 1 to {MAX_BUDGETS} values (got {len(args.budgets)})")
+    for budget in args.budgets:
+        check(parser, "--budgets: each budget", budget, args.running + 1, context)
+    check_json(parser, args.json)
     torch.set_num_threads(args.threads)
     before = uptime()
     print(f"before: {before}\ntorch {torch.__version__}, {args.threads} thread(s), "
@@ -249,7 +277,7 @@ def main(argv=None) -> None:
                           "torch": torch.__version__},
                "summary": summary, "runs": [r for b in budgets for r in results[b]],
                "uptime_before": before, "uptime_after": after}
-    Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    write_json(args.json, figures)
     print(f"wrote {args.json}")
 
 

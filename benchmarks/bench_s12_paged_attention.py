@@ -11,20 +11,25 @@ requests, all arriving at once, prompts and outputs drawn uniformly from
 a request may reach, what a contiguous slot reserves); greedy on random ids, EOS ignored.
 
 1. KV memory at a fixed budget of --kv-slots x --context token positions. Contiguous: S11's
-   engine with --kv-slots slots of --context positions (each running request reserves a whole
-   one). Paged: S12's engine with the same positions in blocks of --block-size (plus the null
-   block), up to --max-num-seqs running: KV is the only limit. Both with the same token budget
-   per step (--budget, chunked prefill). Per step (from `engine.trace`): requests running, KV
-   token positions reserved (contiguous: slots in use x context; paged: blocks in use x
-   block_size) and used (tokens held, `kv_used_tokens`). Reported: the most requests running,
-   the mean while the waiting queue is not empty (the engine full) and over the whole run,
-   the utilisation (used / reserved, summed over steps), the steps, the preemptions (the paged
-   engine admits while blocks are free and preempts when the running requests outgrow them). The model is tiny (TINY_SHAPE) because only the schedule matters here.
+   engine (`build_engine`) with --kv-slots slots of --context positions (each running request
+   reserves a whole one). Paged: S12's engine with the same positions in blocks of
+   --block-size (plus the null block), up to --max-num-seqs running: KV is the only limit.
+   Both with the same token budget per step (--budget, chunked prefill). Per step, as the
+   scheduler left it after planning (S09's `StepTracer` records, and `KVReserved`, an
+   observer here that reads the KV manager at the same moment): requests running (scheduled
+   in the step), KV token positions reserved (contiguous: slots held x context; paged:
+   blocks held x block_size, the pool's capacity less its free blocks) and used (tokens
+   held, `kv_used_tokens`). Reported: the most requests running, the mean while the waiting
+   queue is not empty (the engine full) and over the whole run, the utilisation (used /
+   reserved, summed over steps), the steps, the preemptions (the paged engine admits while
+   blocks are free and preempts when the running requests outgrow them). The model is tiny
+   (TINY_SHAPE) because only the schedule matters here.
 2. Decode step time, paged against contiguous, on the same batch: --decode-batch requests of
    --decode-context-token prompts (varied +-25 %) in each engine, prefilled, then decode steps
    timed alternately, paged, contiguous, paged, ... (--decode-steps each, per --repeats);
    the model is S11's mid-size Qwen3 layout (MID_SHAPE of bench_s11_chunked_prefill), SDPA.
-   Reported: the median forward time (StepRecord.model_s) and step time of each, and their
+   Reported: the median forward time (StepRecord.model_s, S09's `StepTracer`: cheap, and
+   on the timed steps as the engine's own trace was before) and step time of each, and their
    ratio (the gather's overhead: the paged engine copies each decoding request's blocks into a
    contiguous tensor in every layer).
 3. Internal waste against block size (1, 4, 8, 16, 32, 64): over the workload's requests and
@@ -33,6 +38,11 @@ a request may reach, what a contiguous slot reserves); greedy on random ids, EOS
    allocated (computed from the workload, a closed form; the paged run of part 1 measures it
    at --block-size: reserved - used over its steps).
 
+Flags are checked before any model is built (a usage error, exit status 2, naming the
+rule): --threads, --seed and --device as every Part II script
+(`s08_cli.check_common_arguments`), every count in the range its help gives; a count past
+its bound is refused, not run.
+
 The CPU is shared: `uptime` is recorded before and after. Writes JSON to --json (default a
 scratch file in the temp directory) or, with --out, to
 chapters/figures/s12_paged_attention.json, which scripts/s12_figure.py draws.
@@ -40,7 +50,6 @@ chapters/figures/s12_paged_attention.json, which scripts/s12_figure.py draws.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -58,11 +67,14 @@ import torch  # noqa: E402
 import s03_checkpoint  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
+import s07_measuring as s07  # noqa: E402
+import s08_cli  # noqa: E402
 import s11_chunked_prefill as s11  # noqa: E402
 import s12_engine as s12  # noqa: E402
 from bench_s06_torch import IdTokenizer, random_qwen3  # noqa: E402
-from bench_s10_scheduler import uptime  # noqa: E402
+from bench_s10_scheduler import check_json, uptime, write_json  # noqa: E402
 from bench_s11_chunked_prefill import MID_SHAPE  # noqa: E402
+from s09_trace import trace  # noqa: E402
 
 DEFAULT_JSON = Path(tempfile.gettempdir()) / "bench_s12_paged_attention.json"
 COMMITTED_JSON = ROOT / "chapters" / "figures" / "s12_paged_attention.json"
@@ -72,6 +84,31 @@ TINY_SHAPE = dict(
     num_key_value_heads=2, head_dim=16, vocab_size=512, rope_theta=10_000.0,
     tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=2048,
 )
+MAX_REQUESTS = 1000
+MAX_NUM_SEQS = 256       # of part 1's engines (--kv-slots too): the tiny model's KV is small
+MAX_DECODE_BATCH = 64    # part 2's contiguous slots: 32 MB each at the mid-size shape
+MAX_DECODE_STEPS = 256
+MAX_REPEATS = 20
+
+
+class KVReserved:
+    """An observer: the KV token positions reserved when each planned step is scheduled (the
+    moment S09's `StepTracer` reads the manager's used and free tokens, so its records line
+    up with these). Contiguous (S09's slots, `engine.scheduler.kv.slots`): slots held x
+    slot size; paged (S12's blocks): the pool's capacity less its free blocks' positions."""
+
+    def __init__(self):
+        self.reserved: list[int] = []
+
+    def on_plan(self, engine, plan) -> None:
+        if plan.planned:
+            kv = engine.scheduler.kv
+            slots = getattr(kv, "slots", None)     # S09's SlotKVManager and S10's TokenKVPool
+            self.reserved.append(len(slots) * kv.slot_size if slots is not None
+                                 else kv.capacity - kv.num_free_tokens)
+
+    def on_step(self, engine, result) -> None:
+        pass
 
 
 def build(shape: dict, seed: int, device: str):
@@ -85,16 +122,15 @@ def run_workload(engine, prompts, outputs) -> dict:
     for prompt, n in zip(prompts, outputs):
         engine.add_request(prompt, s04.SamplingParams(temperature=0.0, max_tokens=n,
                                                       ignore_eos=True))
+    tracer, kv = trace(engine), KVReserved()
+    engine.observers.append(kv)
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
     wall_s = time.perf_counter() - start
-    paged = isinstance(engine, s12.LLMEngine)
-    steps = [r for r in engine.trace if r.running]
-    if paged:
-        reserved = [engine.kv_capacity - r.kv_free_tokens for r in steps]
-    else:
-        reserved = [(engine.max_num_seqs - r.free_slots) * engine.max_context for r in steps]
+    assert len(kv.reserved) == len(tracer.records), "one of each per planned step"
+    kept = [(r, k) for r, k in zip(tracer.records, kv.reserved) if r.running]
+    steps, reserved = [r for r, _ in kept], [k for _, k in kept]
     used = [r.kv_used_tokens for r in steps]
     running = [len(r.running) for r in steps]
     queued = [n for n, r in zip(running, steps) if r.waiting]   # while someone waits
@@ -129,21 +165,24 @@ def decode_timing(args) -> dict:
                for n in lens]
     context = MID_SHAPE["max_position_embeddings"]
     total = args.repeats * args.decode_steps + args.decode_batch + 2   # prefill steps too
-    kw = dict(max_num_batched_tokens=int(lens.max()))
-    engines = {"paged": s12.LLMEngine(model, tokenizer, context, args.decode_batch,
-                                      block_size=args.block_size, **kw),
-               "contiguous": s11.LLMEngine(model, tokenizer, context, args.decode_batch, **kw)}
+    assert int(args.decode_context * 1.25) + total <= context, "main checks --decode-context"
+    kw = dict(max_context=context, max_num_seqs=args.decode_batch,   # a whole prompt a step
+              max_num_batched_tokens=max(int(lens.max()), args.decode_batch))
+    engines = {"paged": s12.build_engine(model, tokenizer, block_size=args.block_size, **kw),
+               "contiguous": s11.build_engine(model, tokenizer, **kw)}
     params = s04.SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
-    for engine in engines.values():
+    tracers = {}
+    for name, engine in engines.items():
         for p in prompts:
             engine.add_request(p, params)
-        while not all(seq.output_ids for seq in engine.requests.values()):   # prefills
+        while not all(r.output_ids for r in engine.requests.values()):   # prefills
             engine.step()
+        tracers[name] = trace(engine, limit=1)      # the latest step's record
     times = {name: {"model_s": [], "step_s": []} for name in engines}
     for _ in range(args.repeats * args.decode_steps):
         for name, engine in engines.items():           # alternating, step by step
             engine.step()
-            record = engine.trace[-1]
+            record = tracers[name].records[-1]
             assert record.num_tokens == args.decode_batch, ("not a pure decode step", name, record)
             times[name]["model_s"].append(record.model_s)
             times[name]["step_s"].append(record.step_s)
@@ -163,60 +202,86 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="S12 benchmark: KV memory reserved against "
                                      "used, contiguous against paged; the gather's cost; "
                                      "internal waste against block size.")
+    window = MID_SHAPE["max_position_embeddings"]
     parser.add_argument("--quick", action="store_true",
                         help="fewer requests and decode steps (about 30 s on 2 cores)")
     parser.add_argument("--requests", type=int, default=None,
-                        help="requests in the workload (default: 96, --quick 48)")
+                        help=f"requests in the workload, 1 to {MAX_REQUESTS} (default: 96, "
+                             "--quick 48)")
     parser.add_argument("--min-tokens", type=int, default=16,
-                        help="shortest prompt and output (default: %(default)s)")
-    parser.add_argument("--max-tokens", type=int, default=384,
-                        help="longest prompt and output (default: %(default)s)")
-    parser.add_argument("--context", type=int, default=1024,
-                        help="longest context, what a contiguous slot reserves (default: "
+                        help="shortest prompt and output, 1 to --max-tokens (default: "
                              "%(default)s)")
-    parser.add_argument("--kv-slots", type=int, default=8,
-                        help="the KV budget in contiguous slots of --context positions "
+    parser.add_argument("--max-tokens", type=int, default=384,
+                        help="longest prompt and output, at most half of --context (default: "
+                             "%(default)s)")
+    parser.add_argument("--context", type=int, default=1024,
+                        help=f"longest context, what a contiguous slot reserves, 2 to {window} "
                              "(default: %(default)s)")
+    parser.add_argument("--kv-slots", type=int, default=8,
+                        help=f"the KV budget in contiguous slots of --context positions, 1 to "
+                             f"{MAX_NUM_SEQS} (default: %(default)s)")
     parser.add_argument("--max-num-seqs", type=int, default=64,
-                        help="most requests the paged engine runs (default: %(default)s)")
+                        help=f"most requests the paged engine runs, 1 to {MAX_NUM_SEQS} "
+                             "(default: %(default)s)")
     parser.add_argument("--budget", type=int, default=512,
-                        help="max_num_batched_tokens of both engines (default: %(default)s)")
+                        help="max_num_batched_tokens of both engines, from the larger of "
+                             "--max-num-seqs and --kv-slots to --max-num-seqs x --context "
+                             "(default: %(default)s)")
     parser.add_argument("--block-size", type=int, default=16,
-                        help="tokens per block of the paged engine (default: %(default)s)")
+                        help="tokens per block of the paged engine, 1 to --context (default: "
+                             "%(default)s)")
     parser.add_argument("--decode-batch", type=int, default=8,
-                        help="requests in the timed decode batch (default: %(default)s)")
+                        help=f"requests in the timed decode batch, 1 to {MAX_DECODE_BATCH} "
+                             "(default: %(default)s)")
     parser.add_argument("--decode-context", type=int, default=None,
-                        help="mean prompt tokens of the timed batch (default: 512, --quick "
-                             "256)")
+                        help="mean prompt tokens of the timed batch, >= 2, its longest "
+                             f"prompt (+25 %%) and every decode step within {window} "
+                             "(default: 512, --quick 256)")
     parser.add_argument("--decode-steps", type=int, default=None,
-                        help="timed decode steps per engine per repeat (default: 16, "
-                             "--quick 6)")
+                        help=f"timed decode steps per engine per repeat, 1 to "
+                             f"{MAX_DECODE_STEPS} (default: 16, --quick 6)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="repeats of the decode timing (default: 3, --quick 1)")
-    parser.add_argument("--seed", type=int, default=0, help="model and workload seed "
-                                                            "(default: %(default)s)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+                        help=f"repeats of the decode timing, 1 to {MAX_REPEATS} (default: 3, "
+                             "--quick 1)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="model and workload seed, >= 0 (default: %(default)s)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default: %(default)s)")
+                        help=f"torch intra-op threads, 1 to the logical cores "
+                             f"({os.cpu_count() or 1}) (default: %(default)s)")
     parser.add_argument("--json", default=str(DEFAULT_JSON),
                         help="where to write the figures (default: %(default)s)")
     parser.add_argument("--out", action="store_true",
                         help=f"write {COMMITTED_JSON.relative_to(ROOT)} instead (default: off)")
     args = parser.parse_args(argv)
-    cores = os.cpu_count() or 1
-    if not 1 <= args.threads <= cores:
-        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
-    args.requests = args.requests or (48 if args.quick else 96)
-    args.decode_steps = args.decode_steps or (6 if args.quick else 16)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    args.decode_context = args.decode_context or (256 if args.quick else 512)
-    if not 1 <= args.min_tokens <= args.max_tokens or 2 * args.max_tokens > args.context:
-        parser.error("need 1 <= --min-tokens <= --max-tokens and 2 x --max-tokens <= --context")
-    if args.context > MID_SHAPE["max_position_embeddings"]:
-        parser.error(f"--context must be <= {MID_SHAPE['max_position_embeddings']}")
-    if min(args.requests, args.kv_slots, args.block_size, args.decode_batch,
-           args.decode_steps, args.repeats) < 1 or args.budget < args.max_num_seqs:
-        parser.error("counts must be >= 1 and --budget >= --max-num-seqs")
+    s08_cli.check_common_arguments(parser, args)      # --threads, --seed, --device
+    if args.requests is None:
+        args.requests = 48 if args.quick else 96
+    if args.decode_steps is None:
+        args.decode_steps = 6 if args.quick else 16
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if args.decode_context is None:
+        args.decode_context = 256 if args.quick else 512
+    check = s07.check_count
+    check(parser, "--requests", args.requests, 1, MAX_REQUESTS)
+    check(parser, "--context", args.context, 2, window)
+    check(parser, "--max-tokens", args.max_tokens, 1, args.context // 2)
+    check(parser, "--min-tokens", args.min_tokens, 1, args.max_tokens)
+    check(parser, "--kv-slots", args.kv_slots, 1, MAX_NUM_SEQS)
+    check(parser, "--max-num-seqs", args.max_num_seqs, 1, MAX_NUM_SEQS)
+    check(parser, "--budget", args.budget, max(args.max_num_seqs, args.kv_slots),
+          args.max_num_seqs * args.context)
+    check(parser, "--block-size", args.block_size, 1, args.context)
+    check(parser, "--decode-batch", args.decode_batch, 1, MAX_DECODE_BATCH)
+    check(parser, "--decode-steps", args.decode_steps, 1, MAX_DECODE_STEPS)
+    check(parser, "--repeats", args.repeats, 1, MAX_REPEATS)
+    decode_tokens = args.repeats * args.decode_steps + args.decode_batch + 2
+    check(parser, "--decode-context", args.decode_context, 2,
+          int((window - decode_tokens) / 1.25))
+    if not args.out:
+        check_json(parser, args.json)
     torch.set_num_threads(args.threads)
     before = uptime()
     print(f"before: {before}\ntorch {torch.__version__}, {args.threads} thread(s), "
@@ -229,11 +294,12 @@ def main(argv=None) -> None:
     tiny = build(TINY_SHAPE, args.seed, args.device)
     tokenizer = IdTokenizer(TINY_SHAPE["vocab_size"])
     budget_tokens = args.kv_slots * args.context
-    contiguous = s11.LLMEngine(tiny, tokenizer, args.context, args.kv_slots,
-                               max_num_batched_tokens=args.budget)
-    paged = s12.LLMEngine(tiny, tokenizer, args.context, args.max_num_seqs,
-                          max_num_batched_tokens=args.budget, block_size=args.block_size,
-                          num_blocks=budget_tokens // args.block_size + 1)
+    contiguous = s11.build_engine(tiny, tokenizer, max_context=args.context,
+                                  max_num_seqs=args.kv_slots, max_num_batched_tokens=args.budget)
+    paged = s12.build_engine(tiny, tokenizer, max_context=args.context,
+                             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.budget,
+                             block_size=args.block_size,
+                             num_blocks=budget_tokens // args.block_size + 1)
     memory = {"contiguous": run_workload(contiguous, prompts, output_lens.tolist()),
               "paged": run_workload(paged, prompts, output_lens.tolist())}
     c, p = memory["contiguous"], memory["paged"]
@@ -277,7 +343,7 @@ def main(argv=None) -> None:
         "waste": wastes, "measured_waste_share": measured, "decode": decode,
         "uptime_before": before, "uptime_after": after}
     target = COMMITTED_JSON if args.out else Path(args.json)
-    target.write_text(json.dumps(figures, indent=1) + "\n")
+    write_json(target, figures, indent=1)
     print(f"wrote {target}")
 
 

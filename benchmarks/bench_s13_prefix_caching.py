@@ -12,11 +12,13 @@ A benchmark, not a test: it prints, never asserts speed. What runs (float32, the
   ids, greedy, EOS never ends a request.
   1. A shared system prompt. For each --fractions value f: a prompt of --prompt-tokens
      tokens whose first round(f x prompt-tokens) tokens are a prefix another request has just
-     used. A fresh S13 engine (block_size 16, 2 seats, a budget that holds the whole prompt)
-     runs the other request (prefix + its own suffix, 1 token), then the measured one (the
-     prefix + a different suffix, 1 token): TTFT from add_request to the step that returns
-     its token, and the prompt tokens it computed (the rest were found cached: a whole number
-     of blocks, so f x P rounded down to a multiple of 16).
+     used. A fresh S13 engine (`build_engine`: block_size 16, 2 seats, a budget that holds
+     the whole prompt) runs the other request (prefix + its own suffix, 1 token), then the
+     measured one (the prefix + a different suffix, 1 token): TTFT from add_request to the
+     step that returns its token, and the prompt tokens it computed (from S09's
+     `StepTracer`: its scheduled tokens up to the step it sampled; the rest were found
+     cached, `RequestOutput.num_cached_tokens`: a whole number of blocks, so f x P rounded
+     down to a multiple of 16).
   2. A multi-turn chat. One engine per mode keeps the conversation: turn t's prompt is turn
      t - 1's prompt, its answer (--answer-tokens generated tokens) and a new user message
      (--user-tokens); the first turn starts with a --system-tokens system prompt. TTFT and
@@ -26,13 +28,21 @@ A benchmark, not a test: it prints, never asserts speed. What runs (float32, the
   alternating order, and medians over repeats are reported; the speedup (TTFT off / on) is
   the median of each repeat's own ratio. The hit rate is the cache-on
   engines' PrefixCacheStats over every request they ran, the requests that filled the cache
-  included (hits / queries, in tokens and in requests).
+  included (hits / queries, in tokens and in requests): the manager's `stats`
+  (`engine.scheduler.kv.stats`). S13's `CacheTracer` is not attached: it snapshots the
+  whole free queue every step, which would land inside the measured TTFT; S09's
+  `StepTracer` (a few small tuples a step) is, as the engine's own trace was before.
 
 --quick is a smoke run (it checks that everything runs): 512-token prompts, one repeat. Its
 speedups are not the chapter's, which come from 1024-token prompts and --repeats 5: at 90%
 shared it finds 448 tokens cached and computes 64 of 512 (the chapter's: 912 and 112 of
 1024), and one repeat on a shared CPU is noisy (a --quick run at load average 7 gave 4.2x
 there; the committed JSON has 6.4x).
+
+Flags are checked before any model is built (a usage error, exit status 2, naming the
+rule): --threads, --seed and --device as every Part II script
+(`s08_cli.check_common_arguments`), every count in the range its help gives; a count past
+its bound is refused, not run.
 
 The CPU is shared: `uptime` is recorded before and after and each run's 1-minute load
 average kept; compare rows of one run. Writes JSON to --json (default a scratch file in the
@@ -42,7 +52,6 @@ scripts/s13_figure.py draws.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -61,62 +70,94 @@ import s03_checkpoint  # noqa: E402
 import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
-import s13_engine as s13  # noqa: E402
+import s07_measuring as s07  # noqa: E402
+import s08_cli  # noqa: E402
+import s13_prefix_caching as s13  # noqa: E402
 from bench_s06_torch import IdTokenizer, random_qwen3  # noqa: E402
-from bench_s10_scheduler import uptime  # noqa: E402
+from bench_s10_scheduler import check_json, uptime, write_json  # noqa: E402
 from bench_s11_chunked_prefill import MID_SHAPE  # noqa: E402
+from s09_trace import trace  # noqa: E402
 
 DEFAULT_JSON = Path(tempfile.gettempdir()) / "bench_s13_prefix_caching.json"
 COMMITTED_JSON = ROOT / "chapters" / "figures" / "s13_prefix_caching.json"
 BLOCK_SIZE = 16
 MODES = ("on", "off")
+MAX_PROMPT_TOKENS = MID_SHAPE["max_position_embeddings"] - 1   # and one token of output
+MAX_FRACTIONS = 16
+MAX_TURNS = 64
+MAX_REPEATS = 20
 
 
-def make_engine(model, tokenizer, on: bool) -> s13.LLMEngine:
-    return s13.LLMEngine(model, tokenizer, MID_SHAPE["max_position_embeddings"], 2,
-                         block_size=BLOCK_SIZE, enable_prefix_caching=on)
+def make_engine(model, tokenizer, on: bool):
+    """S13's engine, the prefix cache on or off (off: S12's manager, S12's engine exactly),
+    with S09's `StepTracer` attached (for the tokens each request computed)."""
+    engine = s13.build_engine(model, tokenizer, max_context=MID_SHAPE["max_position_embeddings"],
+                              max_num_seqs=2, block_size=BLOCK_SIZE, enable_prefix_caching=on)
+    return engine, trace(engine)
 
 
-def first_token(engine: s13.LLMEngine, ids: list[int], params) -> tuple[float, int, int, list]:
+def cache_stats(engine) -> dict | None:
+    """The prefix cache's counts so far (`PrefixCacheStats`), None when the cache is off."""
+    stats = getattr(engine.scheduler.kv, "stats", None)
+    return None if stats is None else vars(stats).copy()
+
+
+def first_token(engine, tracer, ids: list[int], params) -> tuple[float, int, int, list]:
     """Run one request alone to its end: (TTFT s, prompt tokens it computed before its first
     token, tokens found cached, its output ids)."""
     s06.synchronize(engine.model.device)
     start = time.perf_counter()
     rid = engine.add_request(" ".join(map(str, ids)), params)
-    steps_before, ttft, out = len(engine.trace), None, []
+    steps_before, ttft, out, cached = len(tracer.records), None, [], None
     while engine.has_unfinished_requests():
         for o in engine.step():
             if o.new_token_ids and ttft is None:
                 ttft = time.perf_counter() - start
             out.extend(o.new_token_ids)
-    trace = engine.trace[steps_before:]
-    first = next(k for k, r in enumerate(trace) if rid in r.sampled)
-    computed = sum(r.num_scheduled_tokens[r.running.index(rid)] for r in trace[:first + 1]
+            if o.request_id == rid and cached is None:
+                cached = o.num_cached_tokens
+    steps = tracer.records[steps_before:]
+    first = next(k for k, r in enumerate(steps) if rid in r.sampled)
+    computed = sum(r.num_scheduled_tokens[r.running.index(rid)] for r in steps[:first + 1]
                    if rid in r.running)
-    cached = next(n for r in trace for i, n, _ in r.cache_hits if i == rid)
     return ttft, computed, cached, out
 
 
 def system_prompt_run(model, tokenizer, prefix, suffixes, on: bool) -> dict:
-    engine = make_engine(model, tokenizer, on)
+    engine, tracer = make_engine(model, tokenizer, on)
     one = s04.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    first_token(engine, prefix + suffixes[0], one)          # the request that caches it
-    ttft, computed, cached, _ = first_token(engine, prefix + suffixes[1], one)
+    first_token(engine, tracer, prefix + suffixes[0], one)      # the request that caches it
+    ttft, computed, cached, _ = first_token(engine, tracer, prefix + suffixes[1], one)
     return {"ttft_ms": ttft * 1e3, "computed_tokens": computed, "cached_tokens": cached,
-            "stats": vars(engine.stats).copy(), "load_average_1min": os.getloadavg()[0]}
+            "stats": cache_stats(engine), "load_average_1min": os.getloadavg()[0]}
 
 
-def chat_run(model, tokenizer, system, users, answer_tokens, on: bool) -> list[dict]:
-    engine = make_engine(model, tokenizer, on)
+def chat_run(model, tokenizer, system, users, answer_tokens, on: bool
+             ) -> tuple[list[dict], dict | None]:
+    engine, tracer = make_engine(model, tokenizer, on)
     params = s04.SamplingParams(temperature=0.0, max_tokens=answer_tokens, ignore_eos=True)
     history, turns = list(system), []
     for user in users:
         prompt = history + user
-        ttft, computed, cached, answer = first_token(engine, prompt, params)
+        ttft, computed, cached, answer = first_token(engine, tracer, prompt, params)
         turns.append({"prompt_tokens": len(prompt), "ttft_ms": ttft * 1e3,
                       "computed_tokens": computed, "cached_tokens": cached})
         history = prompt + answer
-    return turns, vars(engine.stats).copy()
+    return turns, cache_stats(engine)
+
+
+def fraction_list(text: str) -> list[float]:
+    """--fractions' type: comma-separated numbers in [0, 1) ("0,0.5" -> [0.0, 0.5]);
+    argparse's usage error otherwise (the measured prompt has a suffix of its own)."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(0 <= f < 1 for f in values):      # nan and inf fail too
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated fractions in [0, 1) (got {text!r}): the measured prompt "
+            "has a suffix of its own")
+    return values
 
 
 def med_of(runs: list[dict], key: str) -> float:
@@ -136,56 +177,70 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="S13 benchmark: TTFT and prefill tokens "
                                      "against the cached fraction of the prompt, prefix "
                                      "cache on and off.")
+    context = MID_SHAPE["max_position_embeddings"]
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run, not the chapter's figures: shorter prompts, three "
                              "fractions, two chat turns, one repeat")
     parser.add_argument("--prompt-tokens", type=int, default=None,
-                        help="tokens of the system-prompt workload's prompts (default: 1024, "
-                             "--quick 512)")
-    parser.add_argument("--fractions", type=lambda s: [float(x) for x in s.split(",")],
-                        default=None, help="shared fractions, comma-separated (default: "
-                                           "0,0.25,0.5,0.75,0.9, --quick 0,0.5,0.9)")
+                        help=f"tokens of the system-prompt workload's prompts, 1 to "
+                             f"{MAX_PROMPT_TOKENS} (default: 1024, --quick 512)")
+    parser.add_argument("--fractions", type=fraction_list, default=None,
+                        help=f"shared fractions, each in [0, 1), comma-separated, at most "
+                             f"{MAX_FRACTIONS} (default: 0,0.25,0.5,0.75,0.9, --quick "
+                             "0,0.5,0.9)")
     parser.add_argument("--system-tokens", type=int, default=256,
-                        help="the chat's system prompt (default: %(default)s)")
+                        help="the chat's system prompt, >= 0 (default: %(default)s)")
     parser.add_argument("--user-tokens", type=int, default=96,
-                        help="tokens of each user message (default: %(default)s)")
+                        help="tokens of each user message, >= 1 (default: %(default)s)")
     parser.add_argument("--answer-tokens", type=int, default=32,
-                        help="tokens of each answer (default: %(default)s)")
+                        help="tokens of each answer, >= 1 (default: %(default)s)")
     parser.add_argument("--turns", type=int, default=None,
-                        help="chat turns (default: 6, --quick 2)")
+                        help=f"chat turns, 1 to {MAX_TURNS}; the whole chat (system prompt + "
+                             f"turns x (user + answer tokens)) fits the context ({context}) "
+                             "(default: 6, --quick 2)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="runs of each mode, alternating; medians reported (default: 3, "
-                             "--quick 1)")
-    parser.add_argument("--seed", type=int, default=0, help="model and prompt seed (default: "
-                                                            "%(default)s)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+                        help=f"runs of each mode, alternating; medians reported, 1 to "
+                             f"{MAX_REPEATS} (default: 3, --quick 1)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="model and prompt seed, >= 0 (default: %(default)s)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default: %(default)s)")
+                        help=f"torch intra-op threads, 1 to the logical cores "
+                             f"({os.cpu_count() or 1}) (default: %(default)s)")
     parser.add_argument("--json", default=str(DEFAULT_JSON),
                         help="where to write the figures (default: %(default)s)")
     parser.add_argument("--out", action="store_true",
                         help=f"write {COMMITTED_JSON.relative_to(ROOT)} instead (default: off)")
     args = parser.parse_args(argv)
-    cores = os.cpu_count() or 1
-    if not 1 <= args.threads <= cores:
-        parser.error(f"--threads must be an integer in [1, {cores}] (got {args.threads})")
-    args.prompt_tokens = args.prompt_tokens or (512 if args.quick else 1024)
-    args.fractions = args.fractions or ([0, 0.5, 0.9] if args.quick else
-                                        [0, 0.25, 0.5, 0.75, 0.9])
-    args.turns = args.turns or (2 if args.quick else 6)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    context = MID_SHAPE["max_position_embeddings"]
-    if min(args.prompt_tokens, args.turns, args.repeats, args.user_tokens,
-           args.answer_tokens) < 1 or args.system_tokens < 0:
-        parser.error("--prompt-tokens, --turns, --repeats, --user-tokens and --answer-tokens "
-                     "must be >= 1, --system-tokens >= 0")
-    if not all(0 <= f < 1 for f in args.fractions):
-        parser.error("every fraction must be in [0, 1): the measured prompt has a suffix of "
-                     "its own")
+    s08_cli.check_common_arguments(parser, args)      # --threads, --seed, --device
+    if args.prompt_tokens is None:
+        args.prompt_tokens = 512 if args.quick else 1024
+    if args.fractions is None:
+        args.fractions = [0, 0.5, 0.9] if args.quick else [0, 0.25, 0.5, 0.75, 0.9]
+    if args.turns is None:
+        args.turns = 2 if args.quick else 6
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    check = s07.check_count
+    check(parser, "--prompt-tokens", args.prompt_tokens, 1, MAX_PROMPT_TOKENS)
+    check(parser, "--turns", args.turns, 1, MAX_TURNS)
+    check(parser, "--repeats", args.repeats, 1, MAX_REPEATS)
+    check(parser, "--system-tokens", args.system_tokens, 0, context)
+    check(parser, "--user-tokens", args.user_tokens, 1, context)
+    check(parser, "--answer-tokens", args.answer_tokens, 1, context)
+    if len(args.fractions) > MAX_FRACTIONS:
+        parser.error(f"--fractions must list at most {MAX_FRACTIONS} values (got "
+                     f"{len(args.fractions)})")
+    if any(round(f * args.prompt_tokens) >= args.prompt_tokens for f in args.fractions):
+        parser.error(f"every fraction of --prompt-tokens ({args.prompt_tokens}) must leave a "
+                     "suffix of at least one token: the measured prompt has one of its own")
     chat_len = args.system_tokens + args.turns * (args.user_tokens + args.answer_tokens)
-    if args.prompt_tokens + 1 > context or chat_len > context:
-        parser.error(f"the prompts (system prompt {args.prompt_tokens}, chat {chat_len} "
-                     f"tokens) must fit the context ({context})")
+    if chat_len > context:
+        parser.error(f"the chat ({chat_len} tokens: --system-tokens + --turns x "
+                     f"(--user-tokens + --answer-tokens)) must fit the context ({context})")
+    if not args.out:
+        check_json(parser, args.json)
     torch.set_num_threads(args.threads)
     smoke = ("--quick: a smoke run; its ratios are not the chapter's (those: 1024-token "
              "prompts, --repeats 5, the committed JSON)") if args.quick else None
@@ -298,7 +353,7 @@ def main(argv=None) -> None:
                                      for r in runs],
                "uptime_before": before, "uptime_after": after}
     path = COMMITTED_JSON if args.out else Path(args.json)
-    path.write_text(json.dumps(figures, indent=2) + "\n")
+    write_json(path, figures)
     print(f"wrote {path}")
 
 

@@ -5,11 +5,12 @@
 
 Top: twelve corpus requests (greedy, EOS ignored, one of 40 tokens and eleven of 4 to 12) in 4
 slots, slots by steps: as S08's `Engine` serves them (static batches of 4 in order, from each
-batch's `BatchStats`) and as S09's `LLMEngine` does (from `engine.trace`: who ran in which slot
-at every step). Bottom: the ragged batch of the chapter's example, built by S09's
-`RaggedBatch.build`: a new request's 5-token prompt beside two decoding requests with 9 and 2
-cached positions, with its positions, query start locations and sampled rows. Every bar and
-cell comes from the S08 and S09 code; nothing here is drawn by hand.
+batch's `BatchStats`) and as S09's engine does (`build_engine`, its steps recorded by S09's
+`StepTracer`: who ran in which slot at every step). Bottom: the ragged batch of the chapter's
+example, built by S09's `RaggedBatch.build` (code/s09_ragged.py): a new request's 5-token
+prompt beside two decoding requests with 9 and 2 cached positions, with its positions, query
+start locations and sampled rows. Every bar and cell comes from the S08 and S09 code; nothing
+here is drawn by hand.
 """
 from __future__ import annotations
 
@@ -20,10 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "code"))
 
+import s03_transformer as s03  # noqa: E402
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
+import s08_cli  # noqa: E402
 import s08_static_batching as s08  # noqa: E402
 import s09_continuous_batching as s09  # noqa: E402
+from s09_ragged import RaggedBatch  # noqa: E402
+from s09_trace import trace  # noqa: E402
 
 OUT = ROOT / "chapters" / "figures" / "s09-continuous-batch.svg"
 SLOTS = 4
@@ -36,8 +41,8 @@ COLOURS = ["#90cdf4", "#fbd38d", "#9ae6b4", "#d6bcfa", "#feb2b2", "#81e6d9",
 def schedules():
     """(static bars, static steps, continuous bars, continuous steps); a bar is
     (request, slot, first step, steps it made tokens, steps it held the slot)."""
-    model, tokenizer = s06.load(str(s08.s03.BUNDLED_MODEL_DIR), "cpu", "float32")
-    prompts = s08.corpus_prompts(tokenizer, len(LENGTHS), 5, 256)
+    model, tokenizer = s06.load(str(s03.BUNDLED_MODEL_DIR), "cpu", "float32")
+    prompts = s08_cli.corpus_prompts(tokenizer, len(LENGTHS), 5, 256)
     params = [s04.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
               for n in LENGTHS]
     static = s08.Engine(model, tokenizer, 256, max_batch_size=SLOTS)
@@ -47,17 +52,18 @@ def schedules():
         steps = len(static.last_batch.steps)
         bars += [(lo + s, s, offset, len(c.token_ids), steps) for s, c in enumerate(done)]
         offset += steps
-    engine = s09.LLMEngine(model, tokenizer, 256, max_num_seqs=SLOTS)
+    engine = s09.build_engine(model, tokenizer, max_context=256, max_num_seqs=SLOTS)
+    tracer = trace(engine)
     for p, sp in zip(prompts, params):
         engine.add_request(p, sp)
     while engine.has_unfinished_requests():
         engine.step()
     spans: dict[str, list[int]] = {}
-    for rec in engine.trace:
+    for rec in tracer.records:
         for rid, slot in zip(rec.running, rec.slots):
             spans.setdefault(rid, [rec.step, slot, 0])[2] += 1
     cont = [(int(r), slot, first, n, n) for r, (first, slot, n) in spans.items()]
-    return bars, offset, cont, len(engine.trace)
+    return bars, offset, cont, len(tracer.records)
 
 
 def gantt(out, title, bars, steps, y0, unit, x0):
@@ -79,7 +85,7 @@ def gantt(out, title, bars, steps, y0, unit, x0):
 
 def draw(static_bars, static_steps, cont_bars, cont_steps) -> str:
     new_tokens, cached = TOY
-    batch = s09.RaggedBatch.build(new_tokens, cached, [0, 1, 2])
+    batch = RaggedBatch.build(new_tokens, cached, [(0,), (1,), (2,)])
     width, unit, x0 = 1000, 14, 80
     height = 460
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '

@@ -19,10 +19,16 @@ def load_benchmark(name: str):
 
 
 @pytest.mark.skipif(not CONFIG.exists(), reason="bundled model not trained")
-def test_bench_s06_fallback_shape_is_the_bundled_models():
-    # bench_s06_torch.py builds a random model of this shape when data/model is missing; it
-    # must be the shape the bundled model really has (it once was an older, larger one).
-    shape = load_benchmark("bench_s06_torch").BUNDLED_SHAPE
+@pytest.mark.parametrize("name", ["bench_s06_torch", "bench_s08_static_batching"])
+def test_bench_fallback_shape_is_the_bundled_models(name):
+    # bench_s06_torch.py and bench_s08_static_batching.py build a random model of this shape
+    # when data/model is missing; it must be the shape the bundled model really has (it once
+    # was an older, larger one).
+    bench = load_benchmark(name)
     config = json.loads(CONFIG.read_text())
     config["rope_theta"] = config.get("rope_theta", config["rope_parameters"]["rope_theta"])
-    assert {key: config[key] for key in shape} == shape
+    assert {key: config[key] for key in bench.BUNDLED_SHAPE} == bench.BUNDLED_SHAPE
+    # Their bound on tokens per request is the window less 32 prompt tokens (bench_s08 runs
+    # S07's chat prompts, at most 32 tokens; bench_s06 one of 17, or 24 random ids), so no
+    # request outgrows the bundled model's window.
+    assert bench.MAX_BUNDLED_TOKENS == config["max_position_embeddings"] - 32
