@@ -315,7 +315,12 @@ class BlockTracer:
 
 
 def trace_blocks(engine) -> BlockTracer:
-    """A `BlockTracer` attached to the engine."""
+    """A `BlockTracer` attached to the engine. Raises ParameterError when the engine's KV
+    manager keeps no events (built without enable_kv_cache_events=True): the records' block
+    events would be silently empty."""
+    if getattr(engine.scheduler.kv, "events", None) is None:
+        raise s01.ParameterError("trace_blocks needs the pool's events: build the engine with "
+                                 "enable_kv_cache_events=True", "enable_kv_cache_events")
     tracer = BlockTracer()
     engine.observers.append(tracer)
     return tracer

@@ -4,11 +4,12 @@ Fill in each function, then grade your work:
 
     make grade            # or: python exercises/grade.py s09
 
-The chapter's code is in code/s09_continuous_batching.py (`LLMEngine.schedule`, `RaggedBatch`,
-`SlotKVCache`). Write your own versions here: the graded tests compare you with values worked
-by hand, with loops and closed forms written in the tests, with the tokens S06's engine makes
-for each prompt alone, and with the trace of S09's tested engine on real requests. Reference
-solutions are in exercises/solutions/ -- try first, peek later.
+The chapter's code is in code/s09_continuous_batching.py (`FIFOScheduler.schedule`,
+`SlotKVManager`) and code/s09_ragged.py (`RaggedBatch`, `SlotKVCache`). Write your own versions
+here: the graded tests compare you with values worked by hand, with loops and closed forms
+written in the tests, with the tokens S06's engine makes for each prompt alone, and with the
+trace of S09's tested engine on real requests. Reference solutions are in exercises/solutions/
+-- try first, peek later.
 
 Shape legend: N tokens of a ragged batch (the sum of each request's new tokens), B requests.
 """
@@ -74,8 +75,8 @@ def simulate(output_lens: Sequence[int], max_num_seqs: int,
     step k's admission): it leaves, or stops waiting, and its slot is free for step k. An abort
     of a request already finished does nothing.
     Returns one list per step, in order, of (request, slot) for the requests running in it,
-    sorted by slot (the engine keeps its running requests in slot order, so that their KV
-    slots are one contiguous range whenever it can). Steps continue while anyone waits or runs.
+    sorted by slot (the runner lays a step's batch out in slot order, so that the running
+    requests' KV slots are one contiguous range whenever they can be). Steps continue while anyone waits or runs.
     Example: simulate([2, 1, 1], 2) -> [[(0, 0), (1, 1)], [(0, 0), (2, 1)]].
     Raises ValueError for max_num_seqs < 1 or an output length < 1.
     """

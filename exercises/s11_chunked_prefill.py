@@ -5,13 +5,14 @@ Fill in each function, then grade your work:
 
     make grade            # or: python exercises/grade.py s11
 
-The chapter's code is in code/s11_chunked_prefill.py (`ChunkedScheduler.num_new_tokens`,
-`ChunkedScheduler.schedule`, `LLMEngine.rows_to_sample`) and code/s06_torch.py (`attention`,
-with its start offset). Write your own versions here: the graded tests compare you with values
-worked by hand, with what S11's tested scheduler plans step by step on random queues driven by
-a fake model (no model is needed), with S03's attention over the whole prompt, and with the
-rows S09's ragged batch reads. Reference solutions are in exercises/solutions/ -- try first,
-peek later.
+The chapter's code is in code/s11_chunked_prefill.py (`ChunkedScheduler.num_new_tokens`, the
+one rule it changes in S10's `Scheduler.schedule`), code/s09_ragged.py
+(`RaggedRunner.prepare_inputs`, which marks the rows that sample, and `RaggedBatch`) and
+code/s06_torch.py (`attention`, with its start offset). Write your own versions here: the
+graded tests compare you with values worked by hand, with what S11's tested scheduler plans
+step by step on random queues driven by a fake model (no model is needed), with S03's
+attention over the whole prompt, and with the rows S09's ragged batch reads. Reference
+solutions are in exercises/solutions/ -- try first, peek later.
 
 Every count here is in tokens. A request's "tokens left" is how many of its token ids are not
 in the KV cache yet: its whole prompt when it joins, 1 when it decodes, something in between

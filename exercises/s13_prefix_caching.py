@@ -6,11 +6,12 @@ Fill in each function, then grade your work:
     make grade            # or: python exercises/grade.py s13
 
 The chapter's code is in code/s13_prefix_caching.py (`encode_block`, `hash_block_tokens`,
-`hash_request_tokens`, `PrefixCachingBlockPool`, `PrefixCachingKVCacheManager`,
-`PrefixCachingScheduler.num_new_tokens`). Write your own versions here: the graded tests
-compare you with values worked by hand, with S13's hash chain on random token ids, with what
-S13's scheduler admits a new prompt with after serving earlier ones (a fake model, no model
-needed), and with S13's KV cache manager driven through the same admissions and frees.
+`hash_request_tokens`, `PrefixCachingBlockPool`, `PrefixCachingKVCacheManager` and its
+`get_computed_blocks`, which S10's scheduler asks at admission). Write your own versions here:
+the graded tests compare you with values worked by hand, with S13's hash chain on random token
+ids, with what S13's engine's scheduler admits a new prompt with after serving earlier ones (a
+fake model, no model needed), and with S13's KV cache manager driven through the same
+admissions and frees.
 Reference solutions are in exercises/solutions/ -- try first, peek later.
 
 Block 0 of a pool is the null block (S12): it is never handed out, so the usable blocks are

@@ -1,12 +1,14 @@
 """The S09 notebook runs top to bottom headless and shows what it promises.
 
 Executed with nbclient on a temporary copy (the notebook in the repository is never written),
-from notebooks/. Checks: no cell fails; it imports the S08 and S09 engines and defines none of
-their code; both plots are there (the Gantt chart, throughput against the tail) and no legend
-covers data (tests/legend_check.py); both engines made the same tokens; the static step count
-equals the closed form worked here (each batch of 4 runs its longest request's steps) and the
-continuous one lies between its lower bounds and the static count; every slot is free at the
-end; the tail sweep printed one line per tail length. Timings are printed, never asserted.
+from notebooks/. Checks: no cell fails; it imports the S08 engine and builds S09's with its
+`build_engine` (driven by its own calls and by `LLM`), reads its steps from S09's tracer (never
+an `engine.trace`), and defines none of their code; both plots are there (the Gantt chart,
+throughput against the tail) and no legend covers data (tests/legend_check.py); both engines
+made the same tokens; the static step count equals the closed form worked here (each batch of
+4 runs its longest request's steps) and the continuous one lies between its lower bounds and
+the static count; every slot is free at the end; the tail sweep printed one line per tail
+length. Timings are printed, never asserted.
 """
 from __future__ import annotations
 
@@ -37,7 +39,10 @@ def test_committed_notebook_is_valid_and_has_no_outputs():
 
 def test_notebook_imports_the_engines_and_does_not_redefine_them():
     source = code_source(NOTEBOOK)
-    assert "from s09_continuous_batching import" in source
+    assert "from s09_continuous_batching import build_engine" in source
+    assert "from s09_llm import LLM" in source
+    assert "from s09_trace import format_occupancy_table, trace" in source
+    assert ".trace" not in source
     for name in ("LLMEngine", "Engine", "RaggedBatch", "RaggedRunner", "SlotKVCache",
                  "StepRecord", "format_occupancy_table"):
         assert not re.search(rf"^\s*(class|def) {name}\b", source, re.MULTILINE), name

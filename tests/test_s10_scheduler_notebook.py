@@ -1,16 +1,17 @@
 """The S10 notebook runs top to bottom headless and shows what it promises.
 
 Executed with nbclient on a temporary copy (the notebook in the repository is never written),
-from notebooks/. Checks: no cell fails; it imports S10's engine and defines none of the
-scheduler's or the engine's code; both plots are there (throughput / TTFT / end-to-end latency
-against the KV capacity with the preemption counts, and p99 latency by priority class) and no
-legend covers data (tests/legend_check.py); the step table shows a preemption and the resume,
-the resumed request's recomputed tokens equal its prompt length (counted here with the
-tokenizer) plus the tokens it had made (counted from the trace); every request's tokens are
-the same with and without preemption; the sweep measured every capacity under both policies,
-made every token, freed all KV, preempted nobody at the largest capacity and somebody at the
-smallest; the markdown states the prompt and output ranges and the longest context the
-requests really have (printed by the notebook). Timings are printed, never asserted.
+from notebooks/. Checks: no cell fails; it builds S10's engine with
+`s10_scheduler.build_engine`, reads its steps from S09's tracer (never an `engine.trace`), and
+defines none of the scheduler's or the engine's code; both plots are there (throughput / TTFT /
+end-to-end latency against the KV capacity with the preemption counts, and p99 latency by
+priority class) and no legend covers data (tests/legend_check.py); the step table shows a
+preemption and the resume, the resumed request's recomputed tokens equal its prompt length
+(counted here with the tokenizer) plus the tokens it had made (counted from the trace); every
+request's tokens are the same with and without preemption; the sweep measured every capacity
+under both policies, made every token, freed all KV, preempted nobody at the largest capacity
+and somebody at the smallest; the markdown states the prompt and output ranges and the longest
+context the requests really have (printed by the notebook). Timings are printed, never asserted.
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def test_committed_notebook_is_valid_and_has_no_outputs():
 
 def test_notebook_imports_the_engine_and_does_not_redefine_it():
     source = code_source(NOTEBOOK)
-    assert "from s10_engine import" in source
+    assert "from s10_scheduler import build_engine" in source
+    assert "from s09_trace import trace" in source and ".trace" not in source
     for name in ("LLMEngine", "Scheduler", "SchedulerOutput", "TokenKVPool", "StepRecord",
                  "schedule", "update_from_output", "format_schedule_table"):
         assert not re.search(rf"^\s*(class|def) {name}\b", source, re.MULTILINE), name
@@ -61,7 +63,7 @@ def test_notebook_runs_headless_and_its_legends_cover_no_data(executed):
 def test_one_preemption_step_by_step(executed):
     import s03_transformer as s03
     import s06_torch as s06
-    from s08_static_batching import corpus_prompts
+    from s08_cli import corpus_prompts
 
     text = stream_text(executed)
     assert "same tokens with and without preemption: True" in text

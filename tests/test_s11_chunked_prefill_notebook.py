@@ -1,17 +1,18 @@
 """The S11 notebook runs top to bottom headless and shows what it promises.
 
 Executed with nbclient on a temporary copy (the notebook in the repository is never written),
-from notebooks/. Checks: no cell fails; it imports S11's engine and defines none of the
-scheduler's or the engine's code; both plots are there (the gap between two tokens and the long
-prompt's TTFT against the token budget; TTFT against the per-request limit) and no legend
-covers data (tests/legend_check.py); the step table shows the long prompt in chunks beside four
-decodes, its pieces summing to its length (counted here with the tokenizer) and its first token
-sampled only with the last piece; every request's tokens are the same chunked and not; the
-sweep measured every budget, with a worst gap of at most the budget when the long prompt is
-chunked, S10's budget computing the whole prompt in one step (its worst gap the prompt plus
-the four decodes), at least five times the worst gap at 32 tokens per step (the issue's
-target), and a TTFT that grows as the budget shrinks; the limit sweep shows the short prompts
-starting sooner and the long one later. Timings are printed, never asserted.
+from notebooks/. Checks: no cell fails; it builds S11's engine with
+`s11_chunked_prefill.build_engine`, reads its steps from S09's tracer (never an `engine.trace`),
+and defines none of the scheduler's or the engine's code; both plots are there (the gap between
+two tokens and the long prompt's TTFT against the token budget; TTFT against the per-request
+limit) and no legend covers data (tests/legend_check.py); the step table shows the long prompt
+in chunks beside four decodes, its pieces summing to its length (counted here with the
+tokenizer) and its first token sampled only with the last piece; every request's tokens are the
+same chunked and not; the sweep measured every budget, with a worst gap of at most the budget
+when the long prompt is chunked, S10's budget computing the whole prompt in one step (its worst
+gap the prompt plus the four decodes), at least five times the worst gap at 32 tokens per step
+(the issue's target), and a TTFT that grows as the budget shrinks; the limit sweep shows the
+short prompts starting sooner and the long one later. Timings are printed, never asserted.
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_committed_notebook_is_valid_and_has_no_outputs():
 
 def test_notebook_imports_the_engine_and_does_not_redefine_it():
     source = code_source(NOTEBOOK)
-    assert "from s11_chunked_prefill import" in source
+    assert "from s11_chunked_prefill import build_engine" in source
+    assert "from s09_trace import trace" in source and ".trace" not in source
     for name in ("LLMEngine", "ChunkedScheduler", "Scheduler", "StepRecord", "schedule",
                  "num_new_tokens", "rows_to_sample", "format_chunk_table"):
         assert not re.search(rf"^\s*(class|def) {name}\b", source, re.MULTILINE), name

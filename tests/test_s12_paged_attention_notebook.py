@@ -1,17 +1,18 @@
 """The S12 notebook runs top to bottom headless and shows what it promises.
 
 Executed with nbclient on a temporary copy (the notebook in the repository is never written),
-from notebooks/. Checks: no cell fails; it imports S12's engine and defines none of the pool's,
-the manager's, the scheduler's or the engine's code; its plots are there and no legend covers
-data (tests/legend_check.py); the memory run made S11's tokens and its peaks are ordered (used
-<= paged < contiguous, the contiguous peak 256 per request of the 8); at the same KV memory the
-paged engine ran at least 3 times the requests at once (the issue's target) with the same tokens;
-the block-size sweep covers 1 to 256, wastes nothing at block size 1, never more than
-block_size - 1 per request, more as blocks grow, with tables that shrink as cdiv(longest
-context, block_size), every block size making the same tokens, a mean waste per request and
-step that agrees with the share printed and the tokens a request holds on average; the printed slot mapping equals
-the block-table arithmetic worked here (table[p // 8] * 8 + p % 8) and the pool is empty after
-the run, with the preemptions the small pool forces.
+from notebooks/. Checks: no cell fails; it builds S12's engine with `s12_engine.build_engine`,
+reads its steps from S09's and S12's tracers (never an `engine.trace`), and defines none of the
+pool's, the manager's, the scheduler's or the engine's code; its plots are there and no legend
+covers data (tests/legend_check.py); the memory run made S11's tokens and its peaks are ordered
+(used <= paged < contiguous, the contiguous peak 256 per request of the 8); at the same KV
+memory the paged engine ran at least 3 times the requests at once (the issue's target) with the
+same tokens; the block-size sweep covers 1 to 256, wastes nothing at block size 1, never more
+than block_size - 1 per request, more as blocks grow, with tables that shrink as cdiv(longest
+context, block_size), every block size making the same tokens, a mean waste per request and step
+that agrees with the share printed and the tokens a request holds on average; the printed slot
+mapping equals the block-table arithmetic worked here (table[p // 8] * 8 + p % 8) and the pool
+is empty after the run, with the preemptions the small pool forces.
 """
 from __future__ import annotations
 
@@ -43,10 +44,11 @@ def test_committed_notebook_is_valid_and_has_no_outputs():
 
 def test_notebook_imports_the_engine_and_does_not_redefine_it():
     source = code_source(NOTEBOOK)
-    assert "from s12_engine import LLMEngine, format_block_table" in source
-    for name in ("LLMEngine", "PagedScheduler", "KVCacheManager", "BlockPool", "FreeBlockQueue",
-                 "PagedKVCache", "PagedRunner", "allocate_slots", "slot_mapping",
-                 "format_block_table", "cdiv"):
+    assert "from s12_engine import build_engine, format_block_table, trace_blocks" in source
+    assert "from s09_trace import trace" in source and ".trace" not in source
+    for name in ("LLMEngine", "ChunkedScheduler", "KVCacheManager", "BlockPool",
+                 "FreeBlockQueue", "PagedKVCache", "PagedRunner", "BlockTracer",
+                 "allocate_slots", "slot_mapping", "format_block_table", "cdiv"):
         assert not re.search(rf"^\s*(class|def) {name}\b", source, re.MULTILINE), name
     assert f"BLOCK_SIZES = {BLOCK_SIZES}" in source
 

@@ -1,17 +1,19 @@
 """The S13 notebook runs top to bottom headless and shows what it promises.
 
 Executed with nbclient on a temporary copy (the notebook in the repository is never written),
-from notebooks/. Checks: no cell fails; it imports S13's engine and defines none of the cache's
-or the engine's code; its plots are there (prompt tokens computed and steps to the first token
-against the shared fraction, the benchmark's TTFT) and no legend covers data
-(tests/legend_check.py); the hand-worked hits equal the engine's (worked out by hand below);
-the tokens are the same with the cache on and off, and once idle no block is held while some
-stay cached; the live sweep finds, for each shared fraction, the shared prefix rounded down to
-whole blocks (closed form here), computes the rest, and takes ceil(computed / budget) steps to
-the first token, against the whole prompt without the cache; of two identical chunked prompts
-added together, the second is admitted in the first step that leaves budget over and finds the
-first one's blocks written so far (closed form here); the benchmark's rows are printed
-as chapters/figures/s13_prefix_caching.json records them. Timings are printed, never asserted.
+from notebooks/. Checks: no cell fails; it builds S13's engine with
+`s13_prefix_caching.build_engine`, reads its steps from S09's, S12's and S13's tracers (never an
+`engine.trace`), and defines none of the cache's or the engine's code; its plots are there
+(prompt tokens computed and steps to the first token against the shared fraction, the
+benchmark's TTFT) and no legend covers data (tests/legend_check.py); the hand-worked hits equal
+the engine's (worked out by hand below); the tokens are the same with the cache on and off, and
+once idle no block is held while some stay cached; the live sweep finds, for each shared
+fraction, the shared prefix rounded down to whole blocks (closed form here), computes the rest,
+and takes ceil(computed / budget) steps to the first token, against the whole prompt without the
+cache; of two identical chunked prompts added together, the second is admitted in the first step
+that leaves budget over and finds the first one's blocks written so far (closed form here); the
+benchmark's rows are printed as chapters/figures/s13_prefix_caching.json records them. Timings
+are printed, never asserted.
 """
 from __future__ import annotations
 
@@ -48,10 +50,11 @@ def test_committed_notebook_is_valid_and_has_no_outputs():
 
 def test_notebook_imports_the_engine_and_does_not_redefine_it():
     source = code_source(NOTEBOOK)
-    assert "from s13_engine import LLMEngine, format_cache_table" in source
-    for name in ("LLMEngine", "PrefixCachingScheduler", "PrefixCachingKVCacheManager",
-                 "PrefixCachingBlockPool", "hash_block_tokens", "hash_request_tokens",
-                 "find_cached_blocks", "format_cache_table"):
+    assert "from s13_prefix_caching import build_engine, format_cache_table, trace_cache" in source
+    assert "from s09_trace import trace" in source and ".trace" not in source
+    for name in ("LLMEngine", "PrefixCachingKVCacheManager", "PrefixCachingBlockPool",
+                 "CacheTracer", "hash_block_tokens", "hash_request_tokens",
+                 "get_computed_blocks", "format_cache_table"):
         assert not re.search(rf"^\s*(class|def) {name}\b", source, re.MULTILINE), name
     assert "FRACTIONS = [0.0, 0.25, 0.5, 0.75, 0.9]" in source
 

@@ -3,8 +3,8 @@
 Oracles, none of them the solution: admissions and batches worked by hand; a plain loop that
 builds the flat metadata token by token; the greedy tokens S06's single-request engine makes
 for each prompt alone, compared with what S09's tested `RaggedRunner` computes on the learner's
-flattened batch; closed forms for equal output lengths; and the trace (`engine.trace`) of S09's
-tested `LLMEngine` serving real requests of the bundled model, with aborts.
+flattened batch; closed forms for equal output lengths; and the trace (`s09_trace.trace`'s
+records) of S09's tested engine serving real requests of the bundled model, with aborts.
 """
 import random
 
@@ -15,6 +15,8 @@ import s03_transformer as s03
 import s04_sampling as s04
 import s06_torch as s06
 import s09_continuous_batching as s09
+import s09_ragged
+import s09_trace
 from exercise_loader import load_exercise
 
 ex = load_exercise("s09_continuous_batching")
@@ -107,14 +109,16 @@ def test_the_model_on_your_flat_batch_makes_each_prompts_tokens_alone():
     single = s06.Engine(model, tokenizer, 256)
     alone = [single.generate(tokenizer.decode(p), s04.SamplingParams(
         temperature=0.0, max_tokens=2, ignore_eos=True)).token_ids for p in prompts]
-    runner = s09.RaggedRunner(model, max_num_seqs=3, max_seq_len=256)
+    runner = s09_ragged.RaggedRunner(model, s09_ragged.SlotKVCache.for_model(model, 3, 256))
 
     def run(new_tokens, cached, slots):
         meta = as_plain(ex.flatten(new_tokens, cached))
         ids = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-        batch = s09.RaggedBatch(ids(meta["input_ids"]), ids(meta["positions"]),
-                                meta["query_start_loc"], meta["context_lens"], slots,
-                                ids(meta["sample_rows"]))
+        batch = s09_ragged.RaggedBatch(ids(meta["input_ids"]), ids(meta["positions"]),
+                                       meta["query_start_loc"], meta["context_lens"],
+                                       [(slot,) for slot in slots],
+                                       ids([[slot] for slot in slots]), [True] * len(slots),
+                                       ids(meta["sample_rows"]))
         return runner.forward(batch).argmax(-1).tolist()
 
     first = run([prompts[0], prompts[1]], [0, 0], [0, 1])
@@ -151,16 +155,18 @@ def test_simulate_equals_the_engines_trace_with_finishes_and_aborts():
              ([8, 2, 7, 3, 5, 2], 2, {2: 3, 4: 1, 1: 9}),   # a running, a waiting, a finished
              ([4, 4, 4, 4, 4], 4, {0: 2, 3: 2}))
     for lens, m, aborts in cases:
-        engine = s09.LLMEngine(model, tokenizer, 256, max_num_seqs=m)
+        engine = s09.build_engine(model, tokenizer, max_context=256, max_num_seqs=m)
+        records = s09_trace.trace(engine).records
         for i, n in enumerate(lens):
             engine.add_request(f"Request {i}: tell me", s04.SamplingParams(
                 temperature=0.0, max_tokens=n, ignore_eos=True), request_id=str(i))
         while engine.has_unfinished_requests():
             for i, when in aborts.items():
-                if when == len(engine.trace):
+                if when == len(records):
                     engine.abort(str(i))
             engine.step()
-        engine_steps = [[(int(r), s) for r, s in zip(rec.running, rec.slots)]
-                        for rec in engine.trace]
+        # a record lists the running requests in schedule order; the batch is in slot order
+        engine_steps = [sorted(((int(r), s) for r, s in zip(rec.running, rec.slots)),
+                               key=lambda pair: pair[1]) for rec in records]
         assert ex.simulate(lens, m, aborts) == engine_steps, (lens, m, aborts)
-        assert engine.num_free_slots == m
+        assert engine.scheduler.kv.free_slots == list(range(m))

@@ -13,7 +13,8 @@ import random
 import pytest
 
 from exercise_loader import load_exercise
-from s10_scheduler import Scheduler
+from s09_continuous_batching import Request
+from s10_scheduler import Scheduler, SchedulerConfig, TokenKVPool
 
 ex = load_exercise("s10_scheduler")
 MAX_MODEL_LEN = 32
@@ -33,44 +34,39 @@ def waiting_order(*args):
     return list(ex.waiting_order(*args))
 
 
-class Req:
-    """A stand-in request: what the scheduler reads (ids, token counts) and nothing else."""
-
-    def __init__(self, request_id: str, prompt_len: int, max_tokens: int):
-        self.request_id = request_id
-        self.prompt_ids = [5] * prompt_len
-        self.token_ids = list(self.prompt_ids)
-        self.num_computed_tokens = 0
-        self.max_tokens = max_tokens
-
-
 class Run:
     """The real scheduler, a fake model (one token per request that computed its last token)
     and random arrivals; `events` logs what happened to the waiting queue."""
 
     def __init__(self, rng: random.Random, policy: str):
         self.rng, self.policy = rng, policy
-        self.sched = Scheduler(max_num_seqs=rng.randint(1, 6),
-                               max_num_batched_tokens=rng.randint(MAX_MODEL_LEN, 64),
-                               kv_capacity=rng.randint(MAX_MODEL_LEN, 120),
-                               max_model_len=MAX_MODEL_LEN, policy=policy)
-        self.reqs: dict[str, Req] = {}
+        seats, budget = rng.randint(1, 6), rng.randint(MAX_MODEL_LEN, 64)
+        capacity = rng.randint(MAX_MODEL_LEN, 120)
+        # KV counted in tokens over slots of MAX_MODEL_LEN: enough slots for every seat and
+        # for the capacity, so the capacity is what runs out
+        slots = max(seats, -(-capacity // MAX_MODEL_LEN))
+        self.sched = Scheduler(SchedulerConfig(seats, MAX_MODEL_LEN, budget, policy),
+                               TokenKVPool(slots, MAX_MODEL_LEN, capacity))
+        self.reqs: dict[str, Request] = {}
         self.events: list[tuple] = []
 
     def arrive(self, count: int) -> None:
         for _ in range(count):
             rid = f"r{len(self.reqs)}"
             prompt = self.rng.randint(1, 20)
-            req = Req(rid, prompt, self.rng.randint(1, MAX_MODEL_LEN - prompt))
+            max_tokens = self.rng.randint(1, MAX_MODEL_LEN - prompt)
             priority = self.rng.randint(0, 3)
-            self.sched.add_request(req, priority=priority)
+            req = Request.for_tokens(rid, [5] * prompt, max_tokens, priority=priority,
+                                     arrival=len(self.reqs))    # the engine numbers arrivals
+            self.sched.check_request(req)
+            self.sched.add_request(req)
             self.reqs[rid] = req
             self.events.append(("add", rid, priority))
 
     def maybe_abort(self) -> None:
         if self.reqs and self.rng.random() < 0.15:
             rid = self.rng.choice(sorted(self.reqs))
-            self.sched.abort(rid)
+            self.sched.finish_requests([rid])     # what the engine's abort asks of it
             self.events.append(("abort", rid))
 
     def step(self):
@@ -81,9 +77,9 @@ class Run:
         finished = []
         for rid, n in out.num_scheduled_tokens.items():          # the fake model step
             req = self.reqs[rid]
-            if out.num_computed_tokens[rid] + n == len(req.token_ids):
-                req.token_ids.append(1000 + len(req.token_ids))
-                if len(req.token_ids) - len(req.prompt_ids) >= req.max_tokens:
+            if out.num_computed_tokens[rid] + n == req.num_tokens:
+                req.append_token(1000 + req.num_tokens)
+                if len(req.output_ids) >= req.params.max_tokens:
                     finished.append(rid)
         self.sched.update_from_output(out, finished)
         return out
@@ -130,7 +126,7 @@ def test_admit_matches_the_scheduler():
         sched = run.sched
         running = len(sched.running)
         if sched.kv.num_free_tokens >= running and not run.would_end():   # nobody preempted
-            waiting = [(r.request_id, len(r.token_ids) - r.num_computed_tokens)
+            waiting = [(r.request_id, r.num_tokens - r.num_computed_tokens)
                        for r in sched.waiting]
             want = admit(waiting, running, sched.max_num_seqs,
                             sched.max_num_batched_tokens - running,

@@ -1,15 +1,15 @@
 """Graded tests for the S11 exercises (see exercises/s11_chunked_prefill.py).
 
-Oracles, none of them the solution: plans, masks and rows worked by hand (each hand-worked
-plan is a state S11's scheduler reaches, and the test checks that it does); S11's tested
-`ChunkedScheduler` (code/s11_chunked_prefill.py) driven by a fake model on random queues
-(random prompt and output lengths, seats, token budgets, per-request limits and arrivals; KV
-large enough that nobody is preempted), asked before every `schedule()` what it is about to
-plan; S03's NumPy attention over the whole prompt at once (code/s03_transformer.py, itself held
-to HF transformers), whose rows a chunk must reproduce; and S09's `RaggedBatch.build`, whose
-`sample_rows` are the rows the engine reads, for the requests S11's scheduler says sample. No
-model is needed. What your functions return is compared as lists of tuples, so any sequence of
-pairs is accepted.
+Oracles, none of them the solution: plans, masks and rows worked by hand (each hand-worked plan
+is a state S11's scheduler reaches, and the test checks that it does); S11's tested
+`ChunkedScheduler` (code/s11_chunked_prefill.py) driven by a fake model on random queues (random
+prompt and output lengths, seats, token budgets, per-request limits and arrivals; KV large
+enough that nobody is preempted), asked before every `schedule()` what it is about to plan;
+S03's NumPy attention over the whole prompt at once (code/s03_transformer.py, itself held to HF
+transformers), whose rows a chunk must reproduce; and S09's `RaggedBatch.build`, whose
+`sample_rows` are the rows the engine reads, for the requests of S11's plans whose new tokens
+reach the end of their token ids (the runner's rule). No model is needed. What your functions
+return is compared as lists of tuples, so any sequence of pairs is accepted.
 """
 import random
 
@@ -18,8 +18,10 @@ import pytest
 
 from exercise_loader import load_exercise
 import s03_transformer as s03
-import s09_continuous_batching as s09
-from s11_chunked_prefill import ChunkedScheduler
+from s09_continuous_batching import Request
+from s09_ragged import RaggedBatch
+from s10_scheduler import TokenKVPool
+from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerConfig
 
 ex = load_exercise("s11_chunked_prefill")
 MAX_MODEL_LEN = 64
@@ -33,15 +35,35 @@ def rows_to_sample(batch):
     return [tuple(p) for p in ex.rows_to_sample(batch)]
 
 
-class Req:
-    """A stand-in request: what the scheduler reads (ids, token counts) and nothing else."""
+def scheduler(seats: int, budget: int, threshold: int) -> ChunkedScheduler:
+    """S11's scheduler with KV for every seat's whole context (nobody is preempted)."""
+    return ChunkedScheduler(
+        ChunkedSchedulerConfig(seats, MAX_MODEL_LEN, budget,
+                               long_prefill_token_threshold=threshold),
+        TokenKVPool(seats, MAX_MODEL_LEN, seats * MAX_MODEL_LEN))
 
-    def __init__(self, request_id: str, prompt_len: int, max_tokens: int):
-        self.request_id = request_id
-        self.prompt_ids = [5] * prompt_len
-        self.token_ids = list(self.prompt_ids)
-        self.num_computed_tokens = 0
-        self.max_tokens = max_tokens
+
+def make_request(rid: str, prompt_len: int, max_tokens: int, arrival: int) -> Request:
+    """A model-free request; arrival is what the engine would number it."""
+    return Request.for_tokens(rid, [5] * prompt_len, max_tokens, arrival=arrival)
+
+
+def sampling(out, by_id) -> list[str]:
+    """The planned requests whose new tokens reach the end of their token ids, as they are
+    when planned: they sample in the step (the runner's rule)."""
+    return [rid for rid, n in out.num_scheduled_tokens.items()
+            if out.num_computed_tokens[rid] + n == by_id[rid].num_tokens]
+
+
+def fake_model_step(out, by_id) -> list[str]:
+    """One token for each request that samples; returns those that reached max_tokens."""
+    finished = []
+    for rid in sampling(out, by_id):
+        req = by_id[rid]
+        req.append_token(1000 + req.num_tokens)
+        if len(req.output_ids) >= req.params.max_tokens:
+            finished.append(rid)
+    return finished
 
 
 class Run:
@@ -51,30 +73,23 @@ class Run:
     def __init__(self, rng: random.Random):
         self.rng = rng
         seats = rng.randint(1, 5)
-        self.sched = ChunkedScheduler(
-            max_num_seqs=seats, max_num_batched_tokens=rng.randint(seats, 40),
-            kv_capacity=seats * MAX_MODEL_LEN, max_model_len=MAX_MODEL_LEN,
-            long_prefill_token_threshold=rng.choice([0, 0, rng.randint(1, 24)]))
-        self.reqs: dict[str, Req] = {}
+        budget = rng.randint(seats, 40)
+        self.sched = scheduler(seats, budget, rng.choice([0, 0, rng.randint(1, 24)]))
+        self.reqs: dict[str, Request] = {}
 
     def arrive(self, count: int) -> None:
         for _ in range(count):
             rid = f"r{len(self.reqs)}"
             prompt = self.rng.randint(1, 50)
-            req = Req(rid, prompt, self.rng.randint(1, MAX_MODEL_LEN - prompt))
+            req = make_request(rid, prompt, self.rng.randint(1, MAX_MODEL_LEN - prompt),
+                               len(self.reqs))
             self.sched.add_request(req)
             self.reqs[rid] = req
 
     def step(self):
         out = self.sched.schedule()
-        finished = []
-        for rid, n in out.num_scheduled_tokens.items():          # the fake model step
-            req = self.reqs[rid]
-            if out.num_computed_tokens[rid] + n == len(req.token_ids):
-                req.token_ids.append(1000 + len(req.token_ids))
-                if len(req.token_ids) - len(req.prompt_ids) >= req.max_tokens:
-                    finished.append(rid)
-        self.sched.update_from_output(out, finished)
+        self.sampled = sampling(out, self.reqs)
+        self.sched.update_from_output(out, fake_model_step(out, self.reqs))
         return out
 
 
@@ -90,7 +105,7 @@ def runs(seed: int, trials: int, steps: int):
 
 
 def left(req) -> int:
-    return len(req.token_ids) - req.num_computed_tokens
+    return req.num_tokens - req.num_computed_tokens
 
 
 # Exercise 1 ----------------------------------------------------------------------------------
@@ -123,18 +138,16 @@ BY_HAND = [
 def reached(budget: int, seats: int, threshold: int, arrivals) -> tuple:
     """S11's real scheduler, a fake model (nobody finishes) and arrivals[k] added before step
     k: the queues, as (id, tokens left), before the last step's plan, and that plan."""
-    sched = ChunkedScheduler(seats, budget, seats * MAX_MODEL_LEN, MAX_MODEL_LEN,
-                             long_prefill_token_threshold=threshold)
+    sched = scheduler(seats, budget, threshold)
     reqs = {}
     for new in arrivals:
         for rid, prompt in new:
-            reqs[rid] = Req(rid, prompt, MAX_MODEL_LEN - prompt)
+            reqs[rid] = make_request(rid, prompt, MAX_MODEL_LEN - prompt, len(reqs))
             sched.add_request(reqs[rid])
         state = ([(r.request_id, left(r)) for r in sched.running],
                  [(r.request_id, left(r)) for r in sched.waiting])
         out = sched.schedule()
-        for rid in out.sample_ids:
-            reqs[rid].token_ids.append(1000 + len(reqs[rid].token_ids))
+        fake_model_step(out, reqs)
         sched.update_from_output(out)
     return state, list(out.num_scheduled_tokens.items())
 
@@ -161,13 +174,14 @@ def test_plan_step_matches_the_scheduler():
         want = plan_step([(r.request_id, left(r)) for r in sched.running],
                          [(r.request_id, left(r)) for r in sched.waiting],
                          sched.max_num_batched_tokens, sched.max_num_seqs,
-                         sched.long_prefill_token_threshold)
+                         sched.config.long_prefill_token_threshold)
         out = run.step()
         assert out.preempted_ids == ()                           # KV is never short here
         got = list(out.num_scheduled_tokens.items())
-        assert want == got, (sched.max_num_batched_tokens, sched.long_prefill_token_threshold)
+        assert want == got, (sched.max_num_batched_tokens,
+                             sched.config.long_prefill_token_threshold)
         checked += bool(got)
-        chunked += any(rid not in out.sample_ids for rid in out.num_scheduled_tokens)
+        chunked += any(rid not in run.sampled for rid in out.num_scheduled_tokens)
     assert checked > 500 and chunked > 100
 
 
@@ -236,22 +250,15 @@ def test_rows_to_sample_matches_the_scheduler_and_the_ragged_batch():
             continue
         run.rng.shuffle(ids)                                         # any batch order
         batch = [(rid, out.num_computed_tokens[rid], out.num_scheduled_tokens[rid],
-                  len(by_id[rid].token_ids)) for rid in ids]
-        ragged = s09.RaggedBatch.build(
+                  by_id[rid].num_tokens) for rid in ids]
+        sampled = sampling(out, by_id)
+        ragged = RaggedBatch.build(
             [by_id[rid].token_ids[s:s + n] for rid, s, n, _ in batch], [s for _, s, _, _ in batch],
-            list(range(len(batch))))
-        rows = ragged.sample_rows.tolist()
-        want = [(rid, rows[b]) for b, (rid, *_rest) in enumerate(batch)
-                if rid in out.sample_ids]
+            [(b,) for b in range(len(batch))], [rid in sampled for rid, *_rest in batch])
+        want = list(zip([rid for rid, *_rest in batch if rid in sampled],
+                        ragged.sample_rows.tolist()))
         assert rows_to_sample(batch) == want, batch
         checked += 1
         skipped += len(want) < len(batch)
-        # the fake model step, as Run.step does
-        finished = []
-        for rid in out.sample_ids:
-            req = run.reqs[rid]
-            req.token_ids.append(1000 + len(req.token_ids))
-            if len(req.token_ids) - len(req.prompt_ids) >= req.max_tokens:
-                finished.append(rid)
-        run.sched.update_from_output(out, finished)
+        run.sched.update_from_output(out, fake_model_step(out, run.reqs))   # as Run.step
     assert checked > 500 and skipped > 100

@@ -1,8 +1,8 @@
 """Graded tests for the S12 exercises (see exercises/s12_paged_attention.py).
 
 Oracles, none of them the solution: slots, block counts and tables worked by hand; S12's
-`slot_mapping` for every chunk its `PagedScheduler` plans (a fake model, small pools that
-preempt); a NumPy pool
+`slot_mapping` for every chunk S11's scheduler plans over S12's `KVCacheManager` (a fake model,
+small pools that preempt); a NumPy pool
 (num_blocks, block_size) written through your slot mapping and read back by gathering whole
 blocks through the block table, the way S12's attention reads (`pool[block_table]`), which must
 give every token at its position; the smallest block count that holds the tokens, found by
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from exercise_loader import load_exercise
+from s09_continuous_batching import Request
 
 ex = load_exercise("s12_paged_attention")
 
@@ -65,35 +66,28 @@ def test_slot_mapping_writes_what_the_block_table_reads():
         assert (pool[others] == -1).all()                           # nothing outside the table
 
 
-class Req:
-    """A stand-in request: what the scheduler reads (ids, token counts) and nothing else."""
-
-    def __init__(self, request_id: str, prompt_len: int, max_tokens: int):
-        self.request_id = request_id
-        self.prompt_ids = [5] * prompt_len
-        self.token_ids = list(self.prompt_ids)
-        self.num_computed_tokens = 0
-        self.max_tokens = max_tokens
-
-
 @pytest.mark.points(1)
 def test_slot_mapping_matches_the_scheduler_and_slot_mapping_of_s12():
-    # S12's PagedScheduler, a fake model (one token for each request whose new tokens reach
-    # its end), small pools so that requests are preempted: every scheduled chunk's slots.
+    # S11's scheduler over S12's block manager (S12's engine's), a fake model (one token for
+    # each request whose new tokens reach its end), small pools so that requests are
+    # preempted: every scheduled chunk's slots.
     import s12_paged_attention as s12
+    from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerConfig
     rng, checked, preempted = random.Random(34), 0, 0
     for _ in range(30):
         block_size = rng.choice([1, 2, 4, 16])
         seats = rng.randint(1, 4)
-        sched = s12.PagedScheduler(seats, rng.randint(seats, 40),
-                                   rng.randint(64 // block_size + 2, 200 // block_size + 2),
-                                   block_size, 64)
+        budget = rng.randint(seats, 40)
+        num_blocks = rng.randint(64 // block_size + 2, 200 // block_size + 2)
+        sched = ChunkedScheduler(ChunkedSchedulerConfig(seats, 64, budget),
+                                 s12.KVCacheManager(num_blocks, block_size))
         reqs = {}
         for step in range(40):
             if rng.random() < 0.4:
                 rid = f"r{step}"
                 prompt = rng.randint(1, 40)
-                reqs[rid] = Req(rid, prompt, rng.randint(1, 64 - prompt))
+                reqs[rid] = Request.for_tokens(rid, [5] * prompt, rng.randint(1, 64 - prompt),
+                                               arrival=len(reqs))
                 sched.add_request(reqs[rid])
             out = sched.schedule()
             preempted += len(out.preempted_ids)
@@ -104,9 +98,9 @@ def test_slot_mapping_matches_the_scheduler_and_slot_mapping_of_s12():
                 assert [int(x) for x in ex.slot_mapping(table, start, n, block_size)] == want
                 checked += 1
                 req = reqs[rid]
-                if start + n == len(req.token_ids):
-                    req.token_ids.append(1000 + len(req.token_ids))
-                    if len(req.token_ids) - len(req.prompt_ids) >= req.max_tokens:
+                if start + n == req.num_tokens:
+                    req.append_token(1000 + req.num_tokens)
+                    if len(req.output_ids) >= req.params.max_tokens:
                         finished.append(rid)
             sched.update_from_output(out, finished)
     assert checked > 300 and preempted > 5
@@ -166,10 +160,11 @@ def real_pool_agrees(rng: random.Random, trials: int, steps: int) -> None:
         queue = deque(manager.pool.free_block_queue.block_ids())
         tables: dict[str, list[int]] = {}
         tokens: dict[str, int] = {}
+        requests: dict[str, Request] = {}        # the manager keys its tables by request id
         for step in range(steps):
             if tables and rng.random() < 0.2:                       # a finish, abort or preempt
                 rid = rng.choice(sorted(tables))
-                manager.free(rid)
+                manager.free(requests[rid])
                 queue.extend(reversed(tables.pop(rid)))             # the tail first, to the back
                 tokens.pop(rid)
                 assert list(queue) == manager.pool.free_block_queue.block_ids()
@@ -179,7 +174,8 @@ def real_pool_agrees(rng: random.Random, trials: int, steps: int) -> None:
             table = tables.get(rid, [])
             mine = list(table)
             ok = ex.allocate(mine, queue, tokens.get(rid, 0), n, block_size)
-            real = manager.allocate_slots(rid, n)
+            request = requests.setdefault(rid, Request.for_tokens(rid, [5]))
+            real = manager.allocate_slots(request, n)
             assert ok == real, (rid, tokens.get(rid, 0), n, block_size)
             if real:
                 tables[rid], tokens[rid] = mine, tokens.get(rid, 0) + n

@@ -3,9 +3,10 @@
 Oracles, none of them the solution: hashes, hits and free queues worked by hand (the first
 block's hash is rebuilt here with hashlib and struct from the encoding the exercise states);
 S13's tested code (code/s13_prefix_caching.py): `hash_request_tokens`, the hash chain the
-engine uses, on random token ids, block sizes and salts; `PrefixCachingScheduler` serving the
-earlier prompts one after another with a fake model (one output token each, a pool too large to
-evict anything), then asked how many cached tokens the new prompt is admitted with; and
+engine uses, on random token ids, block sizes and salts; S13's engine's scheduler (S11's
+`ChunkedScheduler` over a `PrefixCachingKVCacheManager`) serving the earlier prompts one after
+another with a fake model (one output token each, a pool too large to evict anything), then
+asked how many cached tokens the new prompt is admitted with; and
 `PrefixCachingKVCacheManager` driven through the same admissions and frees as your function
 (find the cached run, take it, allocate the rest, name the full blocks, free last block first),
 its hits, evictions and free queue read after every operation. No model is needed. What your
@@ -19,6 +20,8 @@ import pytest
 
 from exercise_loader import load_exercise
 import s13_prefix_caching as s13
+from s09_continuous_batching import Request
+from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerConfig
 
 ex = load_exercise("s13_prefix_caching")
 
@@ -84,37 +87,29 @@ BY_HAND = [                       # (earlier prompts, prompt, block size) -> tok
 
 
 def cached_by_scheduler(earlier, prompt, block_size: int) -> int:
-    """S13's scheduler serves each earlier prompt alone to its first token (a fake model), in a
-    pool too large to evict, then admits `prompt`: the tokens it is admitted with."""
+    """S13's engine's scheduler serves each earlier prompt alone to its first token (a fake
+    model), in a pool too large to evict, then admits `prompt`: the tokens it is admitted
+    with (where its first chunk starts)."""
     longest = max(len(p) for p in [*earlier, prompt]) + 1
     num_blocks = 2 + sum(-(-(len(p) + 1) // block_size) for p in [*earlier, prompt])
-    sched = s13.PrefixCachingScheduler(1, 4 * longest, num_blocks, block_size, longest)
+    sched = ChunkedScheduler(ChunkedSchedulerConfig(1, longest, 4 * longest),
+                             s13.PrefixCachingKVCacheManager(num_blocks, block_size))
     for k, ids in enumerate([*earlier, prompt]):
-        req = Req(f"r{k}", ids)
+        req = Request.for_tokens(f"r{k}", ids, 1, arrival=k)
         sched.add_request(req)
         out = sched.schedule()
         if k == len(earlier):
-            return out.num_cached_tokens[req.request_id]
+            assert req.num_cached_tokens == out.num_computed_tokens[req.request_id]
+            return req.num_cached_tokens
         while True:                                            # chunks until the first token
             n = out.num_scheduled_tokens[req.request_id]
-            done = out.num_computed_tokens[req.request_id] + n == len(req.token_ids)
+            done = out.num_computed_tokens[req.request_id] + n == req.num_tokens
             if done:
-                req.token_ids.append(1)
+                req.append_token(1)
             sched.update_from_output(out, [req.request_id] if done else [])
             if done:
                 break
             out = sched.schedule()
-
-
-class Req:
-    """A stand-in request: what the scheduler reads and nothing else."""
-
-    def __init__(self, request_id: str, prompt):
-        self.request_id = request_id
-        self.prompt_ids = list(prompt)
-        self.token_ids = list(prompt)
-        self.num_computed_tokens = 0
-        self.cache_salt = None
 
 
 @pytest.mark.points(1)
@@ -157,22 +152,20 @@ def by_manager(num_blocks: int, size: int, ops, tokens) -> list[tuple]:
     step has written them); a free gives the blocks back last first. After each operation: the
     blocks hit, the blocks whose name was evicted, the free queue front first. None when an
     admission does not fit in the free blocks."""
-    kv = s13.PrefixCachingKVCacheManager(num_blocks, size)
+    kv = s13.PrefixCachingKVCacheManager(num_blocks, size, enable_kv_cache_events=True)
+    held: dict[str, Request] = {}
     out = []
     for op in ops:
         kv.take_events()
         if op[0] == "admit":
             _, rid, _, n = op
-            ids = tokens[rid]
-            hashes = s13.hash_request_tokens(ids, size)
-            run = kv.find_cached_blocks(ids, hashes, None, (n - 1) // size)
-            kv.set_computed_blocks(rid, run)
-            if not kv.allocate_slots(rid, n - len(run) * size):
+            request = held[rid] = Request.for_tokens(rid, tokens[rid], 1)
+            run, num_cached = kv.get_computed_blocks(request)
+            if not kv.allocate_slots(request, n - num_cached, run):
                 return None
-            kv.pending.pop(rid, None)              # as the scheduler's plan does (no hit)
-            kv.cache_blocks(rid, ids, hashes, None, n)
+            kv.cache_blocks(request, n)
         else:
-            kv.free(op[1])
+            kv.free(held.pop(op[1]))
         kv.check()
         events = kv.take_events()
         hit = [list(ids) for kind, _, ids in events if kind == "hit"]
