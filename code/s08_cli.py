@@ -222,8 +222,8 @@ def run_arrivals(engine, prompts: Sequence, params, priorities: Sequence[int],
     """Add one prompt every arrival_every calls of `engine.step` (0: all before the first
     step) and step until everything has finished. Every request is checked before the first
     step (`engine.make_request`), so a bad prompt stops the run before anything runs."""
-    for prompt, priority in zip(prompts, priorities):
-        engine.make_request(prompt, params, priority=priority)
+    for prompt, priority in zip(prompts, priorities):   # an id of its own: none is used up
+        engine.make_request(prompt, params, "checked before the run", priority=priority)
     run, calls, start = ArrivalRun(), 0, time.perf_counter()
     while len(run.ids) < len(prompts) or engine.has_unfinished_requests():
         if len(run.ids) < len(prompts) and calls >= len(run.ids) * arrival_every:

@@ -51,6 +51,7 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy loads
 
+import argparse
 import sys
 from dataclasses import dataclass
 from typing import Sequence
@@ -362,6 +363,17 @@ def add_paged_arguments(parser, num_blocks_help: str) -> None:
     parser.add_argument("--block-size", type=int, default=16,
                         help="token positions per KV block (default: %(default)s)")
     parser.add_argument("--num-blocks", type=int, default=None, help=num_blocks_help)
+    # S10's token capacity, parsed so that `check_paged_arguments` can say what replaced it
+    parser.add_argument("--kv-capacity", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def check_paged_arguments(parser, args) -> None:
+    """S10's flag rules, and --kv-capacity refused with a pointer to the pool's flags."""
+    import s10_scheduler as s10
+    s10.check_scheduler_arguments(parser, args)
+    if args.kv_capacity is not None:
+        parser.error("--kv-capacity counts tokens; the paged engine's capacity is "
+                     "--num-blocks blocks of --block-size tokens")
 
 
 def paged_options(args) -> dict:
@@ -388,14 +400,13 @@ def describe_pool(engine, tracers) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     import s08_cli
     import s09_trace
-    import s10_scheduler as s10
     s08_cli.chapter_main(s08_cli.Chapter(
         "Chapter 12: paged attention, KV in blocks handed out as requests grow.", build_engine,
         add_arguments=lambda parser: add_paged_arguments(
             parser, "KV blocks in the pool, block 0 (the null block) included; small values "
                     "force preemptions (default: max-num-seqs x the context's blocks + 1, "
                     "none)"),
-        check=s10.check_scheduler_arguments, options=paged_options,
+        check=check_paged_arguments, options=paged_options,
         tracers=lambda engine: [s09_trace.StepTracer(), BlockTracer()],
         describe=describe_pool,
         table=lambda run, tracers: format_block_table(tracers[0].records,

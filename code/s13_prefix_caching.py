@@ -623,11 +623,10 @@ def cached_note(rid: str, run, tracers) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     import s08_cli
     import s09_trace
-    import s10_scheduler as s10
     import s12_engine as s12
 
     def check(parser, args) -> None:
-        s10.check_scheduler_arguments(parser, args)
+        s12.check_paged_arguments(parser, args)
         if args.shared_prefix < 0:
             parser.error(f"--shared-prefix must be >= 0 (got {args.shared_prefix})")
 

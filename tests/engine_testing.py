@@ -177,3 +177,65 @@ class LogitsRecorder(RunnerWrapper):
         for row, rid in enumerate(out.req_ids):
             self.logits.setdefault(rid, []).append(out.logits[row].clone())
         return out
+
+
+class FailingRunner(RunnerWrapper):
+    """Runs the real `execute_model`, then raises RuntimeError while `failures` > 0 (one
+    fewer each time): a model run that fails late, after it wrote its KV (a whole-step
+    failure: `step()` raises, the plan is reverted). Set `failures` when the step should
+    fail: `engine.runner = FailingRunner(engine.runner)`."""
+
+    def __init__(self, runner, failures: int = 0):
+        super().__init__(runner)
+        self.failures = failures
+
+    def execute_model(self, plan, requests):
+        out = self.runner.execute_model(plan, requests)
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("injected: the model run failed")
+        return out
+
+
+class FIFOAdmission:
+    """An observer that checks S09's admission rule at every plan: the requests admitted in
+    the step are the oldest waiting ones, in arrival order, and a request is left waiting
+    only when every seat (max_num_seqs) is taken."""
+
+    def on_plan(self, engine, plan) -> None:
+        scheduler = engine.scheduler
+        admitted = [engine.requests[rid].arrival for rid in plan.scheduled_new_ids]
+        assert admitted == sorted(admitted), "FIFO: admitted out of arrival order"
+        if scheduler.waiting:
+            assert len(scheduler.running) == scheduler.max_num_seqs, "waits beside a free seat"
+            first_left = min(r.arrival for r in scheduler.waiting)
+            assert all(a < first_left for a in admitted), "FIFO: a later request overtook"
+
+    def on_step(self, engine, result) -> None:
+        pass
+
+
+def fifo_step_check(engine):
+    """S09's per-step invariants for `drive`: attaches a `StepTracer` and a `FIFOAdmission`
+    observer to the engine and returns (tracer, check), where check(engine, call, outputs)
+    asserts that every request scheduled in the step sampled, and made exactly one token
+    unless the sampler refused its row (it ended with an error), and that no other request
+    made one (a step without a record made none)."""
+    from s09_trace import trace
+    tracer = trace(engine)
+    engine.observers.append(FIFOAdmission())
+    seen = [tracer.num_recorded]
+
+    def check(engine, call, outputs):
+        assert all(len(o.new_token_ids) <= 1 for o in outputs)
+        made = sorted(o.request_id for o in outputs if o.new_token_ids)
+        if tracer.num_recorded == seen[0]:
+            assert not made, f"call {call}: tokens without a step"
+            return
+        seen[0] = tracer.num_recorded
+        record = tracer.records[-1]
+        refused = {o.request_id for o in outputs if o.error is not None}
+        assert sorted(record.running) == sorted(record.sampled), (call, record)
+        assert made == sorted(set(record.running) - refused), (call, record)
+
+    return tracer, check

@@ -6,6 +6,11 @@ and HF `generate` alone (greedy ids, via tests/engine_testing.py's tiny_referenc
 forms worked out in the comments (ceil(tokens / block_size) blocks; slot = block * block_size +
 offset, by hand), and a dense copy of the keys for the gather.
 
+The engine is S09's, built by `s12_engine.build_engine`; steps and the pool's changes are read
+from S09's `StepTracer` and S12's `BlockTracer` (an engine built with
+enable_kv_cache_events=True), logits from a `LogitsRecorder` around the runner, and failures
+are injected by runner wrappers (tests/engine_testing.py).
+
 Public bug reports (../shared/cases/public-bugs.md, section (g)), each a test below: G1 vllm
 PR #1534 (a prompt needing more blocks than the pool must be refused, not block the queue:
 the check is in blocks), G2 vllm #16832 (output incomplete after recompute preemption: here
@@ -17,15 +22,18 @@ import numpy as np
 import pytest
 import torch
 
-import s04_sampling as s04
 import s11_chunked_prefill as s11
-from engine_testing import SampledLogits, id_text, nan_for, tiny_references
 import s12_engine
-from s12_engine import LLMEngine, PagedKVCache, format_block_table, main
+from engine_testing import (FailingRunner, LogitsRecorder, NaNRows, drive, greedy, id_text,
+                            tiny_fixture, tokens_of)
+from s01_generation_loop import ParameterError
+from s09_llm import LLM
+from s09_trace import trace
+from s12_engine import PagedKVCache, format_block_table
 from s12_paged_attention import (MAX_NUM_BLOCKS, NULL_BLOCK_ID, BlockPool, BlockPoolError,
-                                 KVCacheManager, PagedScheduler, slot_mapping)
+                                 KVCacheManager, cdiv, slot_mapping)
+from scheduler_testing import chunked_scheduler, make_request
 from test_s03_transformer import V, IdTokenizer
-from test_s10_scheduler import Req
 
 CONTEXT = 96
 NEW = 8
@@ -33,29 +41,15 @@ LENGTHS = [1, 3, 7, 16, 31, 50, 80, 88]
 PROMPTS = [np.random.default_rng(500 + n).integers(2, V, size=n).tolist() for n in LENGTHS]
 BIG_BLOCK = 100        # larger than any prompt here (and than CONTEXT: one block per request)
 
-
-def greedy(max_tokens=NEW) -> s04.SamplingParams:
-    return s04.SamplingParams(temperature=0.0, max_tokens=max_tokens)
-
-
-def ceil_div(a, b):
-    return (a + b - 1) // b
+text = id_text
+tiny = tiny_fixture("s12", ["gpt2", "qwen3_gqa_tied"], PROMPTS, CONTEXT, NEW)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module", params=["gpt2", "qwen3_gqa_tied"])
-def tiny(request, tmp_path_factory):
-    """(name, HF model, S06 model, {prompt index: (S05 alone, HF alone)})."""
-    directory = tmp_path_factory.mktemp(f"s12_{request.param}")
-    hf, model, references = tiny_references(request.param, directory, PROMPTS, CONTEXT, NEW)
-    return request.param, hf, model, references
+def build(model, max_num_seqs, max_context=CONTEXT, **options):
+    """S12's engine on a tiny model (IdTokenizer), the pool's events kept."""
+    return s12_engine.build_engine(model, IdTokenizer(), max_context=max_context,
+                                   max_num_seqs=max_num_seqs, enable_kv_cache_events=True,
+                                   **options)
 
 
 # --- the block pool -----------------------------------------------------------------------------
@@ -104,11 +98,11 @@ def test_block_pool_errors_name_the_rule_and_change_nothing():
     for bad in (-1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="integer >= 0"):
             pool.allocate(bad)
-    with pytest.raises(ValueError, match="num_blocks must be an integer >= 2"):
+    with pytest.raises(ParameterError, match="num_blocks must be an integer >= 2"):
         BlockPool(1, 4)
-    with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
+    with pytest.raises(ParameterError, match="block_size must be an integer >= 1"):
         BlockPool(4, 0)
-    with pytest.raises(ValueError, match="num_blocks must be at most .*one Python object"):
+    with pytest.raises(ParameterError, match="num_blocks must be at most .*one Python object"):
         BlockPool(MAX_NUM_BLOCKS + 1, 4)         # refused before a block is built
 
 
@@ -119,54 +113,63 @@ def test_blocks_on_demand_are_ceil_tokens_over_block_size(block_size):
     """A request grown token by token, then by a chunk of 9: it holds ceil(t / bs) blocks
     at every t, and asks for a new block exactly when t crosses a multiple of bs."""
     m = KVCacheManager(40, block_size)
+    a = make_request("a", 1, 1)
     t = 0
     for n in [1] * 20 + [9]:
-        assert m.num_blocks_to_allocate("a", n) == ceil_div(t + n, block_size) - ceil_div(
-            t, block_size)
-        assert m.allocate_slots("a", n)
+        assert m.num_blocks_to_allocate("a", n) == cdiv(t + n, block_size) - cdiv(t, block_size)
+        assert m.allocate_slots(a, n)
         t += n
-        assert len(m.block_table("a")) == ceil_div(t, block_size) and m.num_tokens("a") == t
+        assert len(m.block_table("a")) == cdiv(t, block_size) and m.num_tokens("a") == t
         m.check()
     assert m.num_used_tokens == 29 and m.capacity == 39 * block_size
     # internal waste: the unused tail of the last block
     assert m.capacity - m.num_used_tokens - m.num_free_tokens == (-29) % block_size
-    assert m.free("a") == 29 and m.num_free_blocks == 39
+    assert m.free(a) == 29 and m.num_free_blocks == 39
 
 
 def test_allocation_is_all_or_nothing_and_free_gives_the_last_block_first():
-    m = KVCacheManager(5, 4)                     # 4 usable blocks, 16 tokens
-    assert m.allocate_slots("a", 9)              # 3 blocks: 1, 2, 3
-    assert not m.allocate_slots("b", 5)          # needs 2, 1 free: nothing taken
+    m = KVCacheManager(5, 4, enable_kv_cache_events=True)    # 4 usable blocks, 16 tokens
+    a, b = make_request("a", 1, 1), make_request("b", 1, 1)
+    assert m.allocate_slots(a, 9)                # 3 blocks: 1, 2, 3
+    assert not m.allocate_slots(b, 5)            # needs 2, 1 free: nothing taken
     assert m.block_table("b") == [] and m.num_free_blocks == 1 and m.num_tokens("b") == 0
-    assert m.allocate_slots("b", 4) and m.block_table("b") == [4]
-    assert m.allocate_slots("a", 3)              # 12 tokens still in 3 blocks
-    assert not m.allocate_slots("a", 1)
+    assert m.allocate_slots(b, 4) and m.block_table("b") == [4]
+    assert m.allocate_slots(a, 3)                # 12 tokens still in 3 blocks
+    assert not m.allocate_slots(a, 1)
     assert m.block_table("a") == [1, 2, 3] and m.num_tokens("a") == 12
-    m.free("a")
+    assert m.free(a) == 12
     assert m.pool.free_block_queue.block_ids() == [3, 2, 1]
     assert m.take_events() == [("allocated", "a", (1, 2, 3)), ("allocated", "b", (4,)),
                                ("freed", "a", (3, 2, 1))]
-    m.trim("b", 0)
+    assert m.take_events() == []
+    m.trim(b, 0)
     assert m.block_table("b") == [] and m.num_free_blocks == 4
+    assert m.free(make_request("x", 1, 1)) == 0 and m.num_free_blocks == 4   # holds nothing
     with pytest.raises(ValueError, match="num_new_tokens must be an integer >= 0"):
-        m.allocate_slots("a", -1)
+        m.allocate_slots(a, -1)
+    assert KVCacheManager(5, 4).take_events() == []          # events off: none kept
 
 
 def test_revert_keeps_the_blocks_of_the_computed_tokens():
-    """S10's `revert` (a failed step) goes through the manager's `trim`: the request keeps
-    the blocks its computed tokens are in (their KV is there), gives back the rest."""
-    s = PagedScheduler(2, 16, 20, 4, 64)
-    req = Req("a", 10, 4)
+    """A failed step's revert (S10's `revert`, through the manager's `trim`): the request
+    keeps the blocks its computed tokens are in (their KV is there) and gives back the block
+    the failed plan took; the step's number is taken back."""
+    s = chunked_scheduler(KVCacheManager(20, 4), 2, 16, 64)
+    req = make_request("a", 12, 4)
+    s.check_request(req)
     s.add_request(req)
-    out = s.schedule()
-    s.update_from_output(out)                    # 10 computed, 3 blocks
-    req.token_ids.append(1)
-    req.output_ids.append(1)
-    table = s.kv.block_table("a")
-    s.kv.allocate_slots("a", 3)                  # as if a step scheduled 3 more
-    s.revert(out)
-    assert s.kv.block_table("a") == table and s.kv.num_tokens("a") == 10
+    first = s.schedule()
+    s.update_from_output(first)                  # 12 computed, 3 full blocks
+    req.append_token(1)
+    table, free = s.kv.block_table("a"), s.kv.num_free_blocks
+    second = s.schedule()                        # its 13th token: a 4th block
+    assert second.step == 1 and len(second.block_tables["a"]) == 4
+    assert second.new_block_ids == (second.block_tables["a"][-1],)
+    s.revert(second)
+    assert s.kv.block_table("a") == table and s.kv.num_tokens("a") == 12
+    assert s.kv.num_free_blocks == free and req.num_computed_tokens == 12
     s.kv.check()
+    assert s.schedule().step == 1                # the failed step's number, taken again
 
 
 def test_slot_mapping_by_hand():
@@ -183,103 +186,89 @@ def test_slot_mapping_by_hand():
             slot_mapping(*args)
 
 
-def test_paged_cache_refuses_bad_rows_block_ids_and_a_pool_too_big_for_memory():
-    cache = PagedKVCache(1, 4, 2, 1, 4, 2, 8)      # blocks 1..3 usable, rows 0..1
-    for row in (-1, 2, 1.0, True):
-        with pytest.raises(ValueError, match=r"row must be an integer in \[0, 2\)"):
-            cache.set_block_table(row, [1])
-    for ids in ([4], [0, 1], [-1]):
-        with pytest.raises(ValueError, match="block ids must be in 1 .. 3 .*null block"):
-            cache.set_block_table(0, ids)
-    assert not cache.block_tables.any()
+def test_paged_cache_refuses_a_pool_too_big_for_memory():
     # 2 x 1 layer x 4 blocks x 10**9 tokens x 1 head x 4 x 4 bytes = 119.2 GiB > this host's
-    with pytest.raises(ValueError, match=r"the KV pool would take 119\.2 GiB .*more than"):
-        PagedKVCache(1, 4, 10**9, 1, 4, 2, 8)
+    with pytest.raises(ParameterError, match=r"the KV pool would take 119\.2\d GiB .*more than"
+                       ) as err:
+        PagedKVCache(1, 4, 10**9, 1, 4, 8)
+    assert err.value.parameter == "num_blocks"
 
 
 def test_paged_cache_writes_by_slot_and_gathers_by_block_table():
     """Keys written through the slot mapping of two requests with scattered blocks come back
-    from `gather` in position order, equal to a dense copy; the null block stays zero."""
+    from `gather` in position order, equal to a dense copy; the null block (the padding of
+    the shorter table) stays zero."""
     L, bs, hkv, d = 2, 3, 2, 4
-    cache = PagedKVCache(L, 10, bs, hkv, d, 2, 12)
+    cache = PagedKVCache(L, 10, bs, hkv, d, 12)
     tables = {0: [5, 1, 8], 1: [2, 9]}
     lengths = {0: 8, 1: 5}
+    padded = torch.tensor([tables[0], tables[1] + [NULL_BLOCK_ID]])          # (B, 3)
     dense = {}
     g = torch.Generator().manual_seed(0)
     for row, table in tables.items():
-        cache.set_block_table(row, table)
         dense[row] = torch.randn(L, hkv, lengths[row], d, generator=g)
-        slots = cache.slot_mapping(torch.full((lengths[row],), row),
+        slots = cache.slot_mapping(padded, torch.full((lengths[row],), row),
                                    torch.arange(lengths[row]))
         assert slots.tolist() == slot_mapping(table, 0, lengths[row], bs)
         for layer in range(L):
             cache.k[layer].view(-1, hkv, d).index_copy_(0, slots, dense[row][layer].transpose(0, 1))
     for layer in range(L):
-        k, _ = cache.gather(layer, torch.tensor([0, 1]), 8)        # (2, Hkv, 8, D)
+        k, _ = cache.gather(layer, padded, 8)                      # (2, Hkv, 8, D)
+        assert k.shape == (2, hkv, 8, d)
         assert torch.equal(k[0], dense[0][layer])
         assert torch.equal(k[1, :, :5], dense[1][layer])
+        assert not k[1, :, 6:].any()                                # the null block's zeros
     assert not cache.k[:, NULL_BLOCK_ID].any()
+    cache.zero_blocks([5, 9])
+    assert not cache.k[:, [5, 9]].any() and cache.k[:, 1].any()
 
 
 # --- the engine against S11, S05 and HF ---------------------------------------------------------
 
-class PagedRecording(SampledLogits, LLMEngine):
-    pass
+def block_checks(engine):
+    """A `StepTracer` on the engine, and the check `drive` runs after every step: the
+    manager's invariants (`check`: free + used == usable, ref counts); each running request
+    holds ceil(computed / block_size) blocks, a waiting one none; no block in two tables; the
+    step wrote no slot twice and never the null block, whose storage is still zeros.
+    Returns (tracer, check)."""
+    tracer = trace(engine)
+    seen = [0]
+
+    def check(engine, call, outputs):
+        kv, bs = engine.scheduler.kv, engine.scheduler.kv.block_size
+        kv.check()
+        running = engine.scheduler.running
+        tables = [kv.block_table(r.request_id) for r in running]
+        ids = [b for t in tables for b in t]
+        assert len(ids) == len(set(ids)), "a block held by two live requests"
+        assert kv.num_free_blocks + len(ids) == kv.num_blocks - 1
+        for r, table in zip(running, tables):
+            assert len(table) == cdiv(r.num_computed_tokens, bs)
+        assert not any(kv.block_table(r.request_id) for r in engine.scheduler.waiting)
+        cache = engine.runner.cache
+        assert not cache.k[:, NULL_BLOCK_ID].any() and not cache.v[:, NULL_BLOCK_ID].any()
+        if len(tracer.records) == seen[0]:
+            return
+        seen[0] = len(tracer.records)
+        r = tracer.records[-1]
+        slots = [k for table, start, n in zip(r.block_tables, r.num_computed_tokens,
+                                              r.num_scheduled_tokens)
+                 for k in slot_mapping(table, start, n, bs)]
+        assert len(slots) == len(set(slots)), "a slot written twice in one step"
+        assert min(slots, default=bs) >= bs, "the null block was written"
+
+    return tracer, check
 
 
-class ContiguousRecording(SampledLogits, s11.LLMEngine):
-    pass
-
-
-def check_blocks(engine, out) -> None:
-    """Block accounting after a step: the manager's invariants; each running request holds
-    ceil(computed / block_size) blocks; no block in two tables; the cache's rows hold the
-    scheduler's tables; the step wrote no slot twice and never the null block."""
-    kv, bs = engine.scheduler.kv, engine.block_size
-    kv.check()
-    tables = [kv.block_table(seq.request_id) for seq in engine.running]
-    ids = [b for t in tables for b in t]
-    assert len(ids) == len(set(ids)), "a block held by two live requests"
-    assert kv.num_free_blocks + len(ids) == engine.num_blocks - 1
-    for seq, table in zip(engine.running, tables):
-        assert len(table) == ceil_div(seq.num_computed_tokens, bs)
-        row = engine.runner.cache.block_tables[seq.slot].tolist()
-        assert row[:len(table)] == table and not any(row[len(table):])
-    slots = [k for rid, n in out.num_scheduled_tokens.items()
-             for k in slot_mapping(out.block_tables[rid], out.num_computed_tokens[rid], n, bs)]
-    assert len(slots) == len(set(slots)), "a slot written twice in one step"
-    assert min(slots, default=bs) >= bs, "the null block was written"
-
-
-def drive(engine, requests, arrivals, aborts=None):
-    """Run [(prompt, params)] through add_request / step (request i before step call
-    arrivals[i]; aborts {call: [index]}), checking the blocks after every step. Returns
-    ({index: token ids}, {index: finish_reason}); everything is free at the end (G5)."""
-    aborts = aborts or {}
-    ids, tokens, reasons, call = {}, {}, {}, 0
-    while len(ids) < len(requests) or engine.has_unfinished_requests():
-        for i, at in enumerate(arrivals):
-            if at == call and i not in ids:
-                ids[i] = engine.add_request(*requests[i])
-        for i in aborts.get(call, []):
-            if i in ids:
-                engine.abort(ids[i])
-        index_of = {rid: i for i, rid in ids.items()}
-        for o in engine.step():
-            tokens.setdefault(index_of[o.request_id], []).extend(o.new_token_ids)
-            if o.finished:
-                reasons[index_of[o.request_id]] = o.finish_reason
-        if isinstance(engine, LLMEngine) and engine.scheduler_output is not None:
-            check_blocks(engine, engine.scheduler_output)
-        call += 1
-        assert call < 10_000
-    if not isinstance(engine, LLMEngine):
-        return tokens, reasons
+def run(engine, requests, arrivals, aborts=None):
+    """`drive` with `block_checks` after every step; at the end every block is free (G5).
+    Returns (outputs, ids, tracer)."""
+    tracer, check = block_checks(engine)
+    outputs, ids = drive(engine, requests, arrivals, aborts, check)
     kv = engine.scheduler.kv
-    assert kv.num_free_blocks == engine.num_blocks - 1 and not kv.req_blocks     # G5
-    assert engine.runner.cache.free_slots == list(range(engine.max_num_seqs))
-    assert not engine.runner.cache.block_tables.any()
-    return tokens, reasons
+    assert kv.num_free_blocks == kv.num_blocks - 1 and not kv.req_blocks     # G5
+    assert not kv.req_tokens
+    return outputs, ids, tracer
 
 
 @pytest.mark.parametrize("block_size", [1, 16, BIG_BLOCK])
@@ -289,20 +278,26 @@ def test_logits_equal_s11_contiguous_cache_at_every_step(tiny, block_size):
     every sampled row allclose (the gather only copies keys; the decode batch's shape differs
     from S11's slot range, so not bitwise); in batch-invariant mode bitwise equal."""
     name, _, model, _ = tiny
-    requests = [(id_text(p), greedy()) for p in PROMPTS]
+    requests = [(p, greedy()) for p in PROMPTS]
     arrivals = [0, 0, 1, 2, 4, 5, 9, 10]
     for invariant in (False, True):
         kw = dict(max_num_batched_tokens=8, batch_invariant=invariant)
-        paged = PagedRecording(model, IdTokenizer(), CONTEXT, 3, block_size=block_size, **kw)
-        contiguous = ContiguousRecording(model, IdTokenizer(), CONTEXT, 3, **kw)
-        got, _ = drive(paged, requests, arrivals)
+        paged = build(model, 3, block_size=block_size, **kw)
+        contiguous = s11.build_engine(model, IdTokenizer(), max_context=CONTEXT,
+                                      max_num_seqs=3, **kw)
+        paged.runner = LogitsRecorder(paged.runner)
+        contiguous.runner = LogitsRecorder(contiguous.runner)
+        got, _, paged_trace = run(paged, requests, arrivals)
+        contiguous_trace = trace(contiguous)
         want, _ = drive(contiguous, requests, arrivals)
-        assert got == want
-        assert [(r.running, r.num_scheduled_tokens) for r in paged.trace] == [
-            (r.running, r.num_scheduled_tokens) for r in contiguous.trace]
-        assert paged.logits.keys() == contiguous.logits.keys()
-        for rid, rows in paged.logits.items():
-            for a, b in zip(rows, contiguous.logits[rid], strict=True):
+        assert {i: tokens_of(o) for i, o in got.items()} == {
+            i: tokens_of(o) for i, o in want.items()}
+        assert [(r.running, r.num_scheduled_tokens) for r in paged_trace.records] == [
+            (r.running, r.num_scheduled_tokens) for r in contiguous_trace.records]
+        paged_logits, contiguous_logits = paged.runner.logits, contiguous.runner.logits
+        assert paged_logits.keys() == contiguous_logits.keys()
+        for rid, rows in paged_logits.items():
+            for a, b in zip(rows, contiguous_logits[rid], strict=True):
                 if invariant:
                     assert torch.equal(a, b), (name, block_size, rid)
                 else:
@@ -314,14 +309,12 @@ def test_greedy_equals_s05_and_hf_alone(tiny, block_size):
     """Eight prompts of 1 to 88 tokens, staggered, three seats, prompts chunked by a budget
     of 24: each request's greedy ids equal S05's and HF's alone."""
     name, _, model, references = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, max_num_batched_tokens=24,
-                       block_size=block_size)
-    assert engine.num_blocks == 3 * ceil_div(CONTEXT, block_size) + 1   # the default pool
-    tokens, reasons = drive(engine, [(id_text(p), greedy()) for p in PROMPTS],
-                            [0, 0, 1, 2, 4, 5, 9, 10])
+    engine = build(model, 3, max_num_batched_tokens=24, block_size=block_size)
+    assert engine.scheduler.kv.num_blocks == 3 * cdiv(CONTEXT, block_size) + 1  # the default
+    outs, _, _ = run(engine, [(p, greedy()) for p in PROMPTS], [0, 0, 1, 2, 4, 5, 9, 10])
     for i in range(len(PROMPTS)):
-        assert tokens[i] == references[i][0].token_ids == references[i][1], (name, i)
-        assert reasons[i] == references[i][0].finish_reason
+        assert tokens_of(outs[i]) == references[i][0].token_ids == references[i][1], (name, i)
+        assert outs[i][-1].finish_reason == references[i][0].finish_reason
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
@@ -331,13 +324,13 @@ def test_g2_outputs_equal_alone_after_block_preemption(tiny, block_size):
     blocks freed and their recompute written into other blocks; every request's greedy ids
     still equal S05's and HF's alone, and the blocks add up after every step."""
     name, _, model, references = tiny
-    num_blocks = ceil_div(CONTEXT, block_size) + ceil_div(10, block_size) + 1
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, max_num_batched_tokens=16,
-                       block_size=block_size, num_blocks=num_blocks)
-    tokens, _ = drive(engine, [(id_text(p), greedy()) for p in PROMPTS], [0] * len(PROMPTS))
+    num_blocks = cdiv(CONTEXT, block_size) + cdiv(10, block_size) + 1
+    engine = build(model, 3, max_num_batched_tokens=16, block_size=block_size,
+                   num_blocks=num_blocks)
+    outs, _, _ = run(engine, [(p, greedy()) for p in PROMPTS], [0] * len(PROMPTS))
     assert engine.scheduler.num_preemptions > 0, "nothing was preempted"
     for i in range(len(PROMPTS)):
-        assert tokens[i] == references[i][0].token_ids == references[i][1], (name, i)
+        assert tokens_of(outs[i]) == references[i][0].token_ids == references[i][1], (name, i)
 
 
 def test_g1_a_prompt_needing_more_blocks_than_the_pool_is_refused(tiny):
@@ -345,121 +338,47 @@ def test_g1_a_prompt_needing_more_blocks_than_the_pool_is_refused(tiny):
     blocks, refused by add_request in blocks (queueing nothing); a 20-token one fits and the
     requests behind it complete."""
     _, _, model, _ = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, block_size=4, num_blocks=6)
+    engine = build(model, 2, block_size=4, num_blocks=6)
     long = np.random.default_rng(1).integers(2, V, size=21).tolist()
-    with pytest.raises(ValueError, match="21 tokens, 6 blocks of 4, but the pool has 5 usable "
-                                         "blocks: it could never be scheduled"):
-        engine.add_request(id_text(long))
-    assert not engine.waiting and not engine.requests
-    with pytest.raises(ValueError, match="6 blocks of 4.*5 usable blocks"):
-        engine.scheduler.add_request(Req("x", 21, 1))
-    tokens, reasons = drive(engine, [(id_text(long[:20]), greedy(4)),
-                                     (id_text(PROMPTS[1]), greedy(4))], [0, 0])
-    assert reasons == {0: "length", 1: "length"} and len(tokens[1]) == 4
+    with pytest.raises(ParameterError, match="21 tokens, 6 blocks of 4, but the pool has 5 "
+                                             "usable blocks: it could never be scheduled"
+                       ) as err:
+        engine.add_request(long)
+    assert err.value.parameter == "prompt"
+    assert not engine.scheduler.waiting and not engine.requests
+    with pytest.raises(ParameterError, match="6 blocks of 4.*5 usable blocks"):
+        engine.scheduler.check_request(make_request("x", 21, 1))
+    outs, _, _ = run(engine, [(long[:20], greedy(4)), (PROMPTS[1], greedy(4))], [0, 0])
+    assert [outs[i][-1].finish_reason for i in (0, 1)] == ["length", "length"]
+    assert len(tokens_of(outs[1])) == 4
 
 
 def test_g5_everything_free_after_aborts_while_waiting_running_and_mid_chunk(tiny):
     """G5 (sglang PR #2238 / #1674 / #6778). Aborts of a waiting request, of a decoding one
     and of one part-way through its chunked prompt, then everyone else finishes: once idle,
-    free blocks == usable blocks and every block-table row is back to the null block
-    (`drive` checks it), and no aborted request holds a block right after its abort."""
+    free blocks == usable blocks (`run` checks it), and no aborted request holds a block
+    right after its abort (checked after every step)."""
     _, _, model, _ = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, max_num_batched_tokens=8,
-                       block_size=4)
-    requests = [(id_text(PROMPTS[i]), greedy(20)) for i in (5, 1, 6, 2)]
-    _, reasons = drive(engine, requests, [0, 0, 0, 0], aborts={3: [0], 9: [1], 11: [3]})
+    engine = build(model, 2, max_num_batched_tokens=8, block_size=4)
+    requests = [(PROMPTS[i], greedy(20)) for i in (5, 1, 6, 2)]
+    outs, ids, tracer = run(engine, requests, [0, 0, 0, 0], aborts={3: [0], 9: [1], 11: [3]})
+    reasons = {i: o[-1].finish_reason for i, o in outs.items()}
     assert reasons[0] == reasons[1] == reasons[3] == "abort" and reasons[2] == "length"
-    ran = {rid: [r for r in engine.trace if rid in r.running] for rid in "013"}
-    assert ran["0"] and not any("0" in r.sampled for r in ran["0"])     # aborted mid-chunk
-    assert any("1" in r.sampled for r in ran["1"])                      # aborted decoding
-    assert not ran["3"]                                                 # aborted waiting
+    ran = {i: [r for r in tracer.records if ids[i] in r.running] for i in (0, 1, 3)}
+    assert ran[0] and not any(ids[0] in r.sampled for r in ran[0])     # aborted mid-chunk
+    assert any(ids[1] in r.sampled for r in ran[1])                    # aborted decoding
+    assert not ran[3]                                                  # aborted waiting
 
 
-NaNFor = nan_for(LLMEngine)   # request `bad`: NaN logits from its second token on
-
-
-@pytest.mark.parametrize("block_size", [1, 4])
-def test_a_failed_step_gives_its_blocks_back_and_the_trace_still_replays(tiny, block_size):
-    """A row S04 refuses fails step() while another request starts its chunked prompt: the
-    blocks the step took go back (each running request holds ceil(computed / block_size)),
-    after the abort the other request equals S05 and HF alone, and the trace's block_events
-    (the failed plan's allocations included, then the revert's frees) replay to every
-    record's free_blocks."""
-    _, _, model, references = tiny
-    engine = NaNFor(model, IdTokenizer(), CONTEXT, 2, max_num_batched_tokens=8,
-                    block_size=block_size, num_blocks=80)
-    engine.bad = "b"
-    engine.add_request(id_text(PROMPTS[2]), greedy(), request_id="b")       # 7 tokens
-    engine.step()
-    engine.add_request(id_text(PROMPTS[5]), greedy(), request_id="a")       # 50 tokens
-    with pytest.raises(ValueError, match="^request 'b': logits must not contain NaN"):
-        engine.step()                              # b decodes (NaN), a's first chunk
-    kv = engine.scheduler.kv
-    kv.check()
-    assert kv.block_table("a") == [] and engine.requests["a"].num_computed_tokens == 0
-    for seq in engine.running:
-        assert len(kv.block_table(seq.request_id)) == ceil_div(seq.num_computed_tokens,
-                                                               block_size)
-    engine.abort("b")
-    tokens = []
-    while engine.has_unfinished_requests():
-        tokens += [t for o in engine.step() if o.request_id == "a" for t in o.new_token_ids]
-        kv.check()
-    assert tokens == references[5][0].token_ids == references[5][1]
-    assert len(replay_events(engine.trace, 80)) == 79 == kv.num_free_blocks
-
-
-@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
-def test_stale_kv_in_reused_blocks_never_reaches_attention(tiny, poison):
-    """Every free block (not the null block) filled with NaN or inf after a request
-    finished, then two requests of different lengths decode together (the masked batch
-    reads past the shorter one's context into the tail of its last block): their outputs
-    equal an unpoisoned run's, because a block is zeroed when it is handed out."""
-    _, _, model, _ = tiny
-
-    def run(value):
-        engine = LLMEngine(model, IdTokenizer(), 64, 2, block_size=4, num_blocks=20)
-        engine.generate([id_text(PROMPTS[3])], greedy(6))       # frees its blocks
-        if value is not None:
-            free = engine.scheduler.kv.pool.free_block_queue.block_ids()
-            assert NULL_BLOCK_ID not in free and len(free) == 19
-            engine.runner.cache.k[:, free] = value
-            engine.runner.cache.v[:, free] = value
-        out = engine.generate([id_text(PROMPTS[1]), id_text(PROMPTS[2][:6])], greedy(6))
-        return [o.token_ids for o in out]
-
-    assert run(poison) == run(None)
-
-
-def test_g4_a_stream_closed_mid_chunk_frees_its_blocks_and_row(tiny):
-    """G4 (vllm #24584 / PR #24586: a client that disconnects must not leave its request
-    holding KV). The stream is closed after its first output while the 30-token prompt is
-    part-way through its chunks; once idle every block and block-table row is free, and the
-    next request's greedy ids equal S05's and HF's alone."""
-    _, _, model, references = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, max_num_batched_tokens=8,
-                       block_size=4, num_blocks=30)
-    stream = engine.stream([id_text(PROMPTS[1]), id_text(PROMPTS[4][:30])], greedy(30))
-    next(stream)
-    long = engine.requests["1"]
-    assert 0 < long.num_computed_tokens < 30 and engine.scheduler.kv.block_table("1")
-    stream.close()
-    while engine.has_unfinished_requests():
-        engine.step()
-    assert engine.scheduler.kv.num_free_blocks == 29 and not engine.scheduler.kv.req_blocks
-    assert engine.runner.cache.free_slots == [0, 1]
-    assert not engine.runner.cache.block_tables.any()
-    got = engine.generate([id_text(PROMPTS[2])], greedy())[0].token_ids
-    assert got == references[2][0].token_ids == references[2][1]
-
-
-def replay_events(trace, num_blocks) -> set[int]:
-    """Replay every record's block_events on the free set {1 .. num_blocks - 1}: each
+def replay_events(records, num_blocks) -> set[int]:
+    """Replay every `BlockRecord`'s block_events on the free set {1 .. num_blocks - 1}: each
     allocation takes free blocks, each free gives back the tail of its holder's table, last
-    block first, and after each record the free set has its free_blocks. Returns the set."""
+    block first (so no block is freed that nobody was seen taking), and after each record the
+    free set has its free_blocks. Returns the set."""
     free, held = set(range(1, num_blocks)), {}
-    for r in trace:
+    for r in records:
         for kind, rid, ids in r.block_events:
+            assert kind in ("allocated", "freed"), kind
             if kind == "allocated":
                 assert free >= set(ids), (r.step, rid, ids)
                 free -= set(ids)
@@ -472,48 +391,168 @@ def replay_events(trace, num_blocks) -> set[int]:
     return free
 
 
-def test_trace_replays_the_pool(tiny):
-    """Replaying every record's block_events on a set of free blocks gives each record's
-    free_blocks, and each record's tables are blocks allocated and not freed since."""
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_a_failed_step_gives_its_blocks_back_and_the_trace_still_replays(tiny, block_size):
+    """A model run that raises (after writing its KV) while request a starts its chunked
+    prompt: `step()` raises, the plan is reverted (every request's block table and tokens as
+    before the step, the blocks the step took back in the free queue); the engine goes on
+    and both requests equal S05 and HF alone, and the `BlockTracer`'s block_events (the
+    failed plan's allocations included, then the revert's frees) replay to every record's
+    free_blocks."""
+    _, _, model, references = tiny
+    engine = build(model, 2, max_num_batched_tokens=8, block_size=block_size, num_blocks=80)
+    engine.runner = FailingRunner(engine.runner)
+    blocks = s12_engine.trace_blocks(engine)
+    tracer, check = block_checks(engine)
+    kv = engine.scheduler.kv
+    engine.add_request(PROMPTS[2], greedy(), request_id="b")       # 7 tokens
+    got = {"b": engine.step()}
+    engine.add_request(PROMPTS[5], greedy(), request_id="a")       # 50 tokens
+    before = ({rid: kv.block_table(rid) for rid in "ab"}, {rid: kv.num_tokens(rid)
+                                                          for rid in "ab"}, kv.num_free_blocks)
+    engine.runner.failures = 1
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()                              # b decodes, a's first chunk
+    kv.check()
+    assert ({rid: kv.block_table(rid) for rid in "ab"}, {rid: kv.num_tokens(rid)
+                                                         for rid in "ab"},
+            kv.num_free_blocks) == before
+    assert kv.block_table("a") == [] and engine.requests["a"].num_computed_tokens == 0
+    assert len(blocks.records) == len(tracer.records) == 1
+    call = 1
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        for o in outputs:
+            got.setdefault(o.request_id, []).append(o)
+        check(engine, call, outputs)
+        call += 1
+    assert tokens_of(got["a"]) == references[5][0].token_ids == references[5][1]
+    assert tokens_of(got["b"]) == references[2][0].token_ids == references[2][1]
+    assert [b.step for b in blocks.records] == [r.step for r in tracer.records]
+    assert len(replay_events(blocks.records, 80)) == 79 == kv.num_free_blocks
+
+
+def test_a_nan_row_gives_that_requests_blocks_back_and_the_others_go_on(tiny):
+    """A row S04 refuses (NaN logits for b's second token) while a starts its chunked
+    prompt: b ends alone ("abort", the error on its output) and its blocks are free after
+    that step; a's chunk is computed in the same step, and a equals S05 and HF alone."""
+    _, _, model, references = tiny
+    engine = build(model, 2, max_num_batched_tokens=8, block_size=4, num_blocks=80)
+    engine.runner = NaNRows(engine.runner, bad="b")
+    kv = engine.scheduler.kv
+    engine.add_request(PROMPTS[2], greedy(), request_id="b")       # 7 tokens
+    engine.step()
+    engine.add_request(PROMPTS[5], greedy(), request_id="a")       # 50 tokens
+    (out,) = engine.step()                         # b decodes (NaN), a's first chunk of 7
+    assert (out.request_id, out.finish_reason, out.new_token_ids) == ("b", "abort", [])
+    assert isinstance(out.error, ParameterError)
+    kv.check()
+    assert kv.block_table("b") == [] and len(kv.block_table("a")) == 2 == kv.num_used_blocks
+    seen = []
+    while engine.has_unfinished_requests():
+        seen += engine.step()
+        kv.check()
+    assert {o.request_id for o in seen} == {"a"}
+    assert tokens_of(seen) == references[5][0].token_ids == references[5][1]
+    assert kv.num_free_blocks == 79 and not kv.req_blocks
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_stale_kv_in_reused_blocks_never_reaches_attention(tiny, poison):
+    """Every free block (not the null block) filled with NaN or inf after a request
+    finished, then two requests of different lengths decode together (the masked batch
+    reads past the shorter one's context into the tail of its last block): their outputs
+    equal an unpoisoned run's, because a block is zeroed when it is handed out."""
     _, _, model, _ = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, max_num_batched_tokens=16,
-                       block_size=8, num_blocks=16)
-    drive(engine, [(id_text(p), greedy()) for p in PROMPTS[:6]], [0, 0, 0, 1, 2, 3])
-    for r in engine.trace:
-        for rid, table, slots, start in zip(r.running, r.block_tables, r.slot_mapping,
-                                            r.num_computed_tokens):
-            assert list(slots) == slot_mapping(table, start, len(slots), 8)
-    assert len(replay_events(engine.trace, 16)) == 15
-    text = format_block_table(engine.trace, max_rows=6)
-    assert "steps not shown" in text and "| " in text
+
+    def once(value):
+        engine = build(model, 2, max_context=64, block_size=4, num_blocks=20)
+        LLM(engine).generate([text(PROMPTS[3])], greedy(6))       # frees its blocks
+        if value is not None:
+            free = engine.scheduler.kv.pool.free_block_queue.block_ids()
+            assert NULL_BLOCK_ID not in free and len(free) == 19
+            engine.runner.cache.k[:, free] = value
+            engine.runner.cache.v[:, free] = value
+        out = LLM(engine).generate([text(PROMPTS[1]), text(PROMPTS[2][:6])], greedy(6))
+        return [o.token_ids for o in out]
+
+    assert once(poison) == once(None)
+
+
+def test_g4_a_stream_closed_mid_chunk_frees_its_blocks(tiny):
+    """G4 (vllm #24584 / PR #24586: a client that disconnects must not leave its request
+    holding KV). The `LLM` stream is closed after its first output while the 30-token prompt
+    is part-way through its chunks: every block is free before close returns, and once the
+    engine has handed over the aborted requests' last outputs the next request's greedy ids
+    equal S05's and HF's alone."""
+    _, _, model, references = tiny
+    engine = build(model, 2, max_num_batched_tokens=8, block_size=4, num_blocks=30)
+    kv = engine.scheduler.kv
+    stream = LLM(engine).stream([text(PROMPTS[1]), text(PROMPTS[4][:30])], greedy(30))
+    next(stream)
+    long = engine.requests["1"]
+    assert 0 < long.num_computed_tokens < 30 and kv.block_table("1")
+    stream.close()
+    assert kv.num_free_blocks == 29 and not kv.req_blocks and not engine.requests
+    while engine.has_unfinished_requests():
+        engine.step()
+    kv.check()
+    got = LLM(engine).generate([text(PROMPTS[2])], greedy())[0].token_ids
+    assert got == references[2][0].token_ids == references[2][1]
+    assert kv.num_free_blocks == 29
+
+
+def test_trace_replays_the_pool(tiny):
+    """Replaying every `BlockRecord`'s block_events on a set of free blocks gives each
+    record's free_blocks; each record's slot mapping is the closed form of its step's block
+    tables; the two tracers' records are of the same steps, and the table prints them."""
+    _, _, model, _ = tiny
+    engine = build(model, 3, max_num_batched_tokens=16, block_size=8, num_blocks=16)
+    blocks = s12_engine.trace_blocks(engine)
+    _, _, steps = run(engine, [(p, greedy()) for p in PROMPTS[:6]], [0, 0, 0, 1, 2, 3])
+    assert [b.step for b in blocks.records] == [r.step for r in steps.records]
+    for r, b in zip(steps.records, blocks.records):
+        assert (b.num_blocks, b.block_size) == (16, 8)
+        for table, slots, start, n in zip(r.block_tables, b.slot_mapping,
+                                          r.num_computed_tokens, r.num_scheduled_tokens):
+            assert list(slots) == slot_mapping(table, start, n, 8)
+    assert len(replay_events(blocks.records, 16)) == 15
+    table = format_block_table(steps.records, blocks.records, max_rows=6)
+    assert "steps not shown" in table and "| " in table
+    with pytest.raises(ValueError, match="of the same steps"):
+        format_block_table(steps.records[1:], blocks.records)
 
 
 def test_command_line_prints_the_block_tables(capsys, monkeypatch):
     """The block-table view; "at most N blocks in use" is the most held while a step ran
     (the plan's free blocks, before that step's finished requests gave theirs back), from
-    the trace the CLI drew; --kv-capacity is refused and not listed; a block size whose
-    pool cannot fit in memory ends with exit status 2 naming the rule."""
-    traces = []
+    the records the CLI drew; --kv-capacity is refused with a pointer to the pool's flags and
+    not listed in --help (the pool is counted in blocks); a block size whose pool cannot fit in memory ends with exit status 2 naming
+    the rule."""
+    drawn = []
     draw = s12_engine.format_block_table
     monkeypatch.setattr(s12_engine, "format_block_table",
-                        lambda trace, *a: traces.append(list(trace)) or draw(trace, *a))
-    main(["--max-tokens", "24", "--block-size", "4", "--num-blocks", "40", "--max-num-seqs",
-          "4"])
+                        lambda steps, blocks, *a: drawn.append((list(steps), list(blocks)))
+                        or draw(steps, blocks, *a))
+    s12_engine.main(["--max-tokens", "24", "--block-size", "4", "--num-blocks", "40",
+                     "--max-num-seqs", "4"])
     out = capsys.readouterr().out
     assert "KV pool 40 blocks of 4 tokens" in out and "block tables (id:[blocks]+tokens)" in out
-    (trace,) = traces
-    planned = max(39 - r.kv_free_tokens // 4 for r in trace)
-    after = max(39 - r.free_blocks for r in trace)
+    ((steps, blocks),) = drawn
+    planned = max(39 - r.kv_free_tokens // 4 for r in steps)
+    after = max(39 - b.free_blocks for b in blocks)
     assert planned > after, "this workload no longer tells the two apart"
     assert f"at most {planned} blocks in use" in out
+    with pytest.raises(SystemExit) as exit_info:
+        s12_engine.main(["--kv-capacity", "64"])
+    assert exit_info.value.code == 2
+    assert "--kv-capacity counts tokens; the paged engine's capacity is --num-blocks" in \
+        capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["--kv-capacity", "64"])
-    assert "--num-blocks" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["--help"])
+        s12_engine.main(["--help"])
     assert "--kv-capacity" not in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
-        main(["--block-size", str(10**8), "--max-tokens", "2"])
+        s12_engine.main(["--block-size", str(10**8), "--max-tokens", "2"])
     assert exit_info.value.code == 2
     assert "the KV pool would take" in capsys.readouterr().err
 
@@ -546,7 +585,7 @@ def test_the_figure_is_the_benchmarks_json_drawn_with_its_legend_off_the_data():
     for entry in figures["waste"]:
         b = entry["block_size"]
         held = [t for p, n in zip(w["prompt_lens"], w["output_lens"]) for t in range(p, p + n)]
-        allocated = sum(ceil_div(t, b) * b for t in held)
+        allocated = sum(cdiv(t, b) * b for t in held)
         assert entry["waste_share"] == pytest.approx((allocated - sum(held)) / allocated)
     assert "uptime_before" in figures and "load average" in figures["uptime_after"]
     done = subprocess.run([sys.executable, str(root / "scripts" / "s12_figure.py"), "--check"],

@@ -1,11 +1,16 @@
-"""Tests for chapter S13, prefix caching (code/s13_prefix_caching.py, code/s13_engine.py).
+"""Tests for chapter S13, prefix caching (code/s13_prefix_caching.py).
 
 Oracles: the byte encoding and the chain written out by hand (hashlib's SHA-256 of those
 bytes); a hit/miss/eviction sequence worked out by hand in the comments; S05 alone and HF
 `generate` alone (greedy ids, tests/engine_testing.py's tiny_references); the engine with the
 cache off (seeded runs; logits of the first token); closed forms (after everything is done,
-free blocks == usable blocks). tests/test_s13_properties.py holds the fake model that checks
-every KV position a request reads, and the forced-collision run.
+free blocks == usable blocks). The model-free tests run S13's manager under S11's scheduler
+with tests/scheduler_testing.py's `PagedFakeModel`, which checks every KV position a request
+reads; tests/test_s13_properties.py holds the state machine and the forced-collision run.
+
+The engine is S09's, built by `s13.build_engine`; hits, reference counts and the pool's
+changes are read from S09's `StepTracer`, S12's `BlockTracer` and S13's `CacheTracer`, logits
+from a `LogitsRecorder` around the runner (tests/engine_testing.py).
 
 Public bug reports (../shared/cases/public-bugs.md, section (h) and (g)), each a test below:
 H1 vllm #5543 (completions with prefix caching differ from without, and between runs of the
@@ -25,14 +30,20 @@ import numpy as np
 import pytest
 import torch
 
-import s04_sampling as s04
-import s08_static_batching as s08
-from engine_testing import id_text, tiny_references
-from s13_engine import LLMEngine, format_cache_table, main
-from s13_prefix_caching import (ROOT_HASH, PrefixCachingScheduler, encode_block,
+import s12_engine
+import s13_prefix_caching as s13
+from engine_testing import LogitsRecorder, drive, greedy, tiny_references
+from s01_generation_loop import ParameterError
+from s04_sampling import SamplingParams
+from s08_batch_variance import BATCH_TOLERANCE
+from s09_continuous_batching import Request
+from s09_trace import trace
+from s12_paged_attention import KVCacheManager
+from s13_prefix_caching import (ROOT_HASH, PrefixCachingKVCacheManager, encode_block,
                                 hash_block_tokens, hash_request_tokens)
+from scheduler_testing import (PagedFakeModel, alone_tokens, check_block_manager,
+                               chunked_scheduler)
 from test_s03_transformer import V, IdTokenizer
-from test_s13_properties import PagedFakeModel, Req, alone
 
 CODE = Path(__file__).resolve().parents[1] / "code"
 CONTEXT = 96
@@ -45,24 +56,27 @@ PROMPTS = [SYSTEM + rng.integers(2, V, size=n).tolist() for n in (3, 9, 17)] + [
     rng.integers(2, V, size=21).tolist()]                # shares nothing
 
 
-def greedy(max_tokens=NEW) -> s04.SamplingParams:
-    return s04.SamplingParams(temperature=0.0, max_tokens=max_tokens)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(S06 model, {prompt index: (S05 alone, HF alone)}) for a tiny random Qwen3."""
     directory = tmp_path_factory.mktemp("s13_qwen3")
     _, model, references = tiny_references("qwen3_gqa_tied", directory, PROMPTS, CONTEXT, NEW)
     return model, references
+
+
+def build(model, max_num_seqs=3, **options):
+    """S13's engine on a tiny model (IdTokenizer, context CONTEXT, blocks of BLOCK unless
+    given), the pool's events kept."""
+    options.setdefault("block_size", BLOCK)
+    return s13.build_engine(model, IdTokenizer(), max_context=CONTEXT,
+                            max_num_seqs=max_num_seqs, enable_kv_cache_events=True, **options)
+
+
+def model_free(max_num_seqs, budget, num_blocks, block_size, max_model_len=64, events=False):
+    """S13's manager under S11's scheduler, run by the fake model that checks every read."""
+    kv = PrefixCachingKVCacheManager(num_blocks, block_size, enable_kv_cache_events=events)
+    return PagedFakeModel(chunked_scheduler(kv, max_num_seqs, budget, max_model_len),
+                          max_model_len)
 
 
 # --- the hash chain -----------------------------------------------------------------------------
@@ -105,6 +119,10 @@ def test_the_chain_names_only_full_blocks_and_each_name_depends_on_all_before_it
     assert hash_request_tokens(ids, BLOCK, known=[h0]) == hashes
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
         hash_request_tokens(ids, 0)
+    # the manager names a request's blocks with the same chain, kept on the request
+    request = Request.for_tokens("r", ids, 2)
+    assert PrefixCachingKVCacheManager(4, BLOCK).block_hashes(request) == hashes
+    assert request.block_hashes == hashes
 
 
 def test_the_cache_salt_is_in_the_first_block_and_so_in_every_name():
@@ -131,57 +149,68 @@ def test_names_are_the_same_in_every_process_whatever_pythonhashseed():
     assert seen[0][1] != seen[1][1]          # the seed did change Python's own hash
 
 
-# --- what the scheduler refuses, and what it forgets ---------------------------------------
+# --- what the engine refuses, and what the manager forgets -----------------------------------
 
-def test_the_scheduler_refuses_bad_inputs_before_queueing_them():
+def test_bad_inputs_are_refused_before_anything_is_queued(tiny):
+    model, _ = tiny
     lone_surrogate = json.loads('"\\ud800"')           # what a JSON client can send
-    s = PrefixCachingScheduler(2, 16, 10, 4, 16)
-    with pytest.raises(ValueError, match="cache_salt must be valid Unicode text"):
-        s.add_request(Req("a", [1, 2, 3, 4, 5], 2, lone_surrogate))
-    with pytest.raises(ValueError, match="token ids must be ints in the int64 range"):
-        s.add_request(Req("b", [1, 2, 3, 2 ** 63], 2))
-    assert not s.waiting and not s.has_unfinished_requests()
-    for flag in ("false", 0, 1, None):
-        with pytest.raises(ValueError, match="enable_prefix_caching must be True or False"):
-            PrefixCachingScheduler(2, 16, 10, 4, 16, enable_prefix_caching=flag)
+    engine = build(model)
+    with pytest.raises(ParameterError, match="cache_salt must be valid Unicode text") as err:
+        engine.add_request(PROMPTS[0], greedy(), cache_salt=lone_surrogate)
+    assert err.value.parameter == "cache_salt"
+    with pytest.raises(ParameterError, match=r"prompt token ids must lie in \[0, V=97\)"):
+        engine.add_request([1, 2, 3, 2 ** 63], greedy())
+    assert not engine.requests and not engine.scheduler.has_unfinished_requests()
+    assert not engine.scheduler.kv.stats.requests
+    with pytest.raises(ParameterError, match="cache_salt must be valid Unicode text"):
+        Request.for_tokens("a", [1, 2, 3, 4, 5], 2, cache_salt=lone_surrogate)
+    for flag in ("false", 0, 1):
+        with pytest.raises(ParameterError, match="enable_prefix_caching must be None, True or "
+                                                 "False") as err:
+            build(model, enable_prefix_caching=flag)
+        assert err.value.parameter == "enable_prefix_caching"
 
 
 def test_a_request_that_outgrew_the_pool_leaves_no_block_hashes_behind():
     # 5 blocks of 2 (4 usable, 8 tokens). x's prompt fits (6 tokens); at its 9th token it
     # outgrows the pool and S10's capacity rule ends it. A new request reusing the id "x"
-    # with another prompt must name its blocks by its own tokens: then y, with that prompt,
-    # finds its first (5 - 1) // 2 = 2 blocks cached.
-    s = PrefixCachingScheduler(2, 16, 5, 2, 40)
-    model = PagedFakeModel(s)
-    model.add(Req("x", [1, 2, 3, 4, 5, 6], 10))
+    # with another prompt must name its blocks by its own tokens (its hashes live on the
+    # new Request): then y, with that prompt, finds its first (5 - 1) // 2 = 2 blocks cached.
+    model = model_free(2, 16, 5, 2, max_model_len=40)
+    s = model.scheduler
+    model.add(Request.for_tokens("x", [1, 2, 3, 4, 5, 6], 10))
     while s.has_unfinished_requests():
         model.step()
-    assert model.ended["x"] == "length" and "x" not in s._hashes
-    model.add(Req("x", [9, 8, 7, 6, 5], 2))
+    assert model.ended["x"] == "length" and "x" not in s.kv.req_entries
+    del model.ended["x"]                         # the id is free again
+    model.add(Request.for_tokens("x", [9, 8, 7, 6, 5], 2))
     while s.has_unfinished_requests():
         model.step()
-    model.add(Req("y", [9, 8, 7, 6, 5], 2))
-    assert s.schedule().num_cached_tokens == {"y": 4}
+    y = model.add(Request.for_tokens("y", [9, 8, 7, 6, 5], 2))
+    plan = model.step()
+    assert plan.scheduled_new_ids == ("y",) and plan.num_computed_tokens == {"y": 4}
+    assert y.num_cached_tokens == 4
 
 
-def test_check_finds_block_hashes_kept_for_a_request_that_left():
-    s = PrefixCachingScheduler(2, 16, 10, 2, 40)
-    model = PagedFakeModel(s)
-    model.add(Req("a", [1, 2, 3, 4, 5], 3))
+def test_check_finds_cache_entries_kept_for_a_request_that_left():
+    model = model_free(2, 16, 10, 2, max_model_len=40)
+    s, kv = model.scheduler, model.scheduler.kv
+    a = model.add(Request.for_tokens("a", [1, 2, 3, 4, 5], 3))
     model.step()
-    s.check()
-    kept = s._hashes["a"]
-    s.abort("a")
-    s.check()
-    s._hashes["a"] = kept                       # as if a leaving path had forgotten it
-    with pytest.raises(AssertionError, match="block hashes kept for 'a', which left"):
-        s.check()
-    del s._hashes["a"]
-    model.add(Req("b", [1, 2, 3, 4, 5], 3))
+    kv.check()
+    kept = list(kv.req_entries["a"])
+    assert kept and s.finish_requests(["a"]) == ["a"]
+    kv.check()
+    assert "a" not in kv.req_entries and a.block_hashes
+    kv.req_entries["a"] = kept                  # as if a leaving path had forgotten it
+    with pytest.raises(AssertionError, match="cache entries kept for 'a', which holds no KV"):
+        kv.check()
+    del kv.req_entries["a"]
+    model.add(Request.for_tokens("b", [1, 2, 3, 4, 5], 3))
     model.step()
-    s._hashes["b"] = hash_request_tokens([7, 7, 7, 7], 2)   # another request's chain
-    with pytest.raises(AssertionError, match="not its tokens'"):
-        s.check()
+    kv.req_entries["b"].append(99)              # more entries than full blocks held
+    with pytest.raises(AssertionError):
+        kv.check()
 
 
 # --- a hand-worked example, model-free ------------------------------------------------------
@@ -203,20 +232,21 @@ def test_hits_misses_and_lru_evictions_of_a_hand_worked_example():
     F = B again: block 1 hits; block 2 no longer holds [4..7] (evicted, reused by E): miss,
         so an evicted block never hits.                         hits 4 of 11
     In all: 6 requests, 3 with a hit, 66 tokens asked, 16 found."""
-    s = PrefixCachingScheduler(4, 64, 9, 4, 64)
-    model = PagedFakeModel(s)
+    model = model_free(4, 64, 9, 4, events=True)
+    s = model.scheduler
     runs = [("A", list(range(10)), None), ("B", list(range(8)) + [20, 21, 22], None),
             ("C", list(range(8)), None), ("D", list(range(10)), "x"),
             ("E", list(range(100, 116)), None), ("F", list(range(8)) + [20, 21, 22], None)]
     seen = {}
     for rid, prompt, salt in runs:
-        model.add(Req(rid, prompt, 1, salt))
+        request = model.add(Request.for_tokens(rid, prompt, 1, cache_salt=salt))
         out = model.step()
         assert not s.has_unfinished_requests()
-        events = out.block_events + tuple(s.kv.take_events())
-        seen[rid] = (out.num_cached_tokens[rid], out.block_tables[rid],
+        events = s.kv.take_events()              # the step's: hit, evicted, allocated, ...
+        seen[rid] = (out.num_computed_tokens[rid], out.block_tables[rid],
                      [e for e in events if e[1] == rid],
                      s.kv.pool.free_block_queue.block_ids())
+        assert request.num_cached_tokens == out.num_computed_tokens[rid]
     assert seen["A"] == (0, (1, 2, 3), [("allocated", "A", (1, 2, 3)), ("cached", "A", (1, 2)),
                                         ("freed", "A", (3, 2, 1))], [4, 5, 6, 7, 8, 3, 2, 1])
     assert seen["B"] == (8, (1, 2, 4), [("hit", "B", (1, 2)), ("allocated", "B", (4,)),
@@ -231,32 +261,32 @@ def test_hits_misses_and_lru_evictions_of_a_hand_worked_example():
                                            ("freed", "E", (5, 2, 4, 3))],
                          [1, 8, 7, 6, 5, 2, 4, 3])
     assert seen["F"][0] == 4 and seen["F"][1][0] == 1 and seen["F"][1][1] != 2
-    st = s.stats
+    st = s.kv.stats
     assert (st.requests, st.hit_requests, st.queries, st.hits) == (6, 3, 66, 16)
     assert st.hit_rate == 16 / 66 and st.request_hit_rate == 0.5
     # Idle: nothing held, yet cached blocks remain in the free queue: the cache, not a leak.
     assert s.kv.num_free_blocks == 8 and s.kv.pool.num_cached_free_blocks > 0
     cached = s.kv.pool.num_cached_blocks
-    assert s.reset_prefix_cache() == cached and s.kv.pool.num_cached_blocks == 0
+    assert s.kv.reset_prefix_cache() == cached and s.kv.pool.num_cached_blocks == 0
 
 
 def test_two_requests_share_blocks_with_ref_counts_and_the_last_one_frees_them():
     # Hand-worked: block_size 4. A (12 tokens) runs a step: blocks 1, 2, 3 cached once
     # computed (12 // 4 = 3 full). B shares A's first 8 tokens: hits 1, 2 (ref_cnt 2 each).
-    s = PrefixCachingScheduler(4, 64, 20, 4, 64)
-    model = PagedFakeModel(s)
-    model.add(Req("A", list(range(12)), 5))
+    model = model_free(4, 64, 20, 4)
+    s, pool = model.scheduler, model.scheduler.kv.pool
+    model.add(Request.for_tokens("A", list(range(12)), 5))
     model.step()
-    model.add(Req("B", list(range(8)) + [50, 51, 52], 5))
+    model.add(Request.for_tokens("B", list(range(8)) + [50, 51, 52], 5))
     out = model.step()
-    assert out.num_cached_tokens == {"B": 8}
-    assert [s.kv.pool.blocks[b].ref_cnt for b in (1, 2, 3)] == [2, 2, 1]
-    s.abort("A")
-    assert [s.kv.pool.blocks[b].ref_cnt for b in (1, 2, 3)] == [1, 1, 0]
-    assert 3 in s.kv.pool.free_block_queue.block_ids()          # freed but still named
-    s.abort("B")
-    assert s.kv.num_free_blocks == s.kv.pool.num_usable_blocks
-    assert {1, 2, 3} <= set(b.block_id for b in s.kv.pool.blocks if b.block_hash)
+    assert out.scheduled_new_ids == ("B",) and out.num_computed_tokens["B"] == 8
+    assert [pool.blocks[b].ref_cnt for b in (1, 2, 3)] == [2, 2, 1]
+    s.finish_requests(["A"])
+    assert [pool.blocks[b].ref_cnt for b in (1, 2, 3)] == [1, 1, 0]
+    assert 3 in pool.free_block_queue.block_ids()                # freed but still named
+    s.finish_requests(["B"])
+    assert s.kv.num_free_blocks == pool.num_usable_blocks
+    assert {1, 2, 3} <= set(b.block_id for b in pool.blocks if b.block_hash)
 
 
 def test_preemption_resumes_from_its_own_cached_blocks():
@@ -266,43 +296,59 @@ def test_preemption_resumes_from_its_own_cached_blocks():
     # [42,43], B's [40,41]). A's 11th token takes the front, evicting [42,43]. When A is done
     # B resumes with 5 tokens, capped at (5 - 1) // 2 = 2 blocks: [40,41] still cached (a hit
     # of 2 tokens), [42,43] evicted (a miss).
-    s = PrefixCachingScheduler(2, 16, 8, 2, 64)
-    model = PagedFakeModel(s)
-    model.add(Req("A", list(range(8)), 4))
-    model.add(Req("B", [40, 41, 42, 43], 8))
+    model = model_free(2, 16, 8, 2)
+    s = model.scheduler
+    model.add(Request.for_tokens("A", list(range(8)), 4))
+    b = model.add(Request.for_tokens("B", [40, 41, 42, 43], 8))
     resumed = []
     while s.has_unfinished_requests():
         out = model.step()
-        resumed += [(rid, out.num_cached_tokens[rid]) for rid in out.scheduled_resumed_ids]
+        resumed += [(rid, out.num_computed_tokens[rid]) for rid in out.scheduled_resumed_ids]
     assert s.num_preemptions == 1 and resumed == [("B", 2)]
-    assert model.by_id["B"].output_ids == alone([40, 41, 42, 43], 8)
-    assert model.by_id["A"].output_ids == alone(list(range(8)), 4)
+    assert b.num_cached_tokens == 0              # its hit at first admission; resumes aside
+    assert model.by_id["B"].output_ids == alone_tokens([40, 41, 42, 43], 8, 64)
+    assert model.by_id["A"].output_ids == alone_tokens(list(range(8)), 4, 64)
 
 
 # --- the engine on a tiny random model -----------------------------------------------------
 
-def run_engine(engine, prompts, params, every=1, salts=None):
-    """Add one prompt every `every` steps (0: all first); step until done. Returns the tokens
-    by prompt index; checks the pool's accounting and the ref counts after every step."""
-    ids, got, call = {}, {}, 0
-    while len(ids) < len(prompts) or engine.has_unfinished_requests():
-        while len(ids) < len(prompts) and call >= len(ids) * every:
-            k = len(ids)
-            ids[k] = engine.add_request(id_text(prompts[k]), params,
-                                        cache_salt=(salts or {}).get(k))
-        for out in engine.step():
-            got.setdefault(out.request_id, []).extend(out.new_token_ids)
-        call += 1
-        assert call < 1000
-        engine.scheduler.kv.check()
-        if engine.trace:
-            record = engine.trace[-1]
-            for table, refs in zip(record.block_tables, record.ref_cnts):
+def run_engine(engine, prompts, params, every=1, salts=None, hits=None):
+    """Add one prompt every `every` steps (0: all first); step until done (`drive`). After
+    every step: the manager's accounting and every block's ref_cnt == the block tables
+    holding it (`check_block_manager`), the same from the traced plan, and each output's
+    num_cached_tokens == its request's hit at first admission. At the end nothing is held
+    (G5). Returns the tokens by prompt index; hits, if a list, gets every admission's
+    (request id, cached tokens, tokens in all) (the `CacheRecord`s' cache_hits)."""
+    caching = isinstance(engine.scheduler.kv, PrefixCachingKVCacheManager)
+    steps = trace(engine)
+    cache = s13.trace_cache(engine) if caching else None     # the cache off: no hit ever
+    first_hits = {}
+    seen = [0]
+
+    def check(engine, call, outputs):
+        check_block_manager(engine.scheduler)
+        if cache is not None and len(steps.records) > seen[0]:
+            seen[0] = len(steps.records)
+            r, c = steps.records[-1], cache.records[-1]
+            assert r.step == c.step
+            for table, refs in zip(r.block_tables, c.ref_cnts):
                 for block, ref in zip(table, refs):   # held by exactly the tables holding it
-                    assert ref == sum(block in t for t in record.block_tables)
+                    assert ref == sum(block in t for t in r.block_tables)
+            first_hits.update((rid, n) for rid, n, _ in c.cache_hits if rid in r.joined)
+        for o in outputs:
+            assert o.num_cached_tokens == first_hits.get(o.request_id, 0), o
+
+    requests = [(p, params, {"cache_salt": (salts or {}).get(k)}) for k, p in enumerate(prompts)]
+    outputs, _ = drive(engine, requests, [k * every for k in range(len(prompts))], check=check)
     kv = engine.scheduler.kv
     assert not kv.req_blocks and kv.num_free_blocks == kv.pool.num_usable_blocks  # G5
-    return {k: got.get(rid, []) for k, rid in ids.items()}
+    assert all(b.ref_cnt == 0 for b in kv.pool.blocks[1:])
+    engine.observers.remove(steps)
+    if cache is not None:
+        engine.observers.remove(cache)
+    if hits is not None and cache is not None:
+        hits += [h for c in cache.records for h in c.cache_hits]
+    return {k: [t for o in outs for t in o.new_token_ids] for k, outs in outputs.items()}
 
 
 CONFIGS = {"sequential": dict(), "chunked": dict(max_num_batched_tokens=8),
@@ -312,25 +358,55 @@ CONFIGS = {"sequential": dict(), "chunked": dict(max_num_batched_tokens=8),
 @pytest.mark.parametrize("config", CONFIGS)
 def test_greedy_with_the_cache_equals_s05_and_hf_alone(tiny, config):
     model, references = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK, **CONFIGS[config])
-    got = run_engine(engine, PROMPTS, greedy())
+    engine = build(model, **CONFIGS[config])
+    got = run_engine(engine, PROMPTS, greedy(NEW))
     for k, (s05_alone, hf_alone) in references.items():
         assert got[k] == s05_alone.token_ids == hf_alone, (config, k)
-    assert engine.stats.hits >= 3 * 40 - BLOCK or config == "preempting"
-    assert engine.stats.hits > 0
+    stats = engine.scheduler.kv.stats
+    assert stats.hits >= 3 * 40 - BLOCK or config == "preempting"
+    assert stats.hits > 0
     if config == "preempting":
         assert engine.scheduler.num_preemptions > 0
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_seeded_outputs_are_the_same_with_the_cache_on_and_off(tiny, config):
+    """Seeded sampling with logprobs, the cache on and off: the same tokens, and logprobs
+    within S08's BATCH_TOLERANCE (a prefill that starts after a hit is a different matmul
+    shape, so not bitwise)."""
     model, _ = tiny
-    params = s04.SamplingParams(temperature=0.9, top_p=0.95, max_tokens=NEW, seed=13)
-    on = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK, **CONFIGS[config])
-    off = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK,
-                    enable_prefix_caching=False, **CONFIGS[config])
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=NEW, seed=13, logprobs=2)
+    on = build(model, **CONFIGS[config])
+    off = build(model, enable_prefix_caching=False, **CONFIGS[config])
+    assert isinstance(on.scheduler.kv, PrefixCachingKVCacheManager)
+    assert type(off.scheduler.kv) is KVCacheManager
+    on_recorder = LogprobsRecorder(on)
+    off_recorder = LogprobsRecorder(off)
     assert run_engine(on, PROMPTS, params) == run_engine(off, PROMPTS, params)
-    assert on.stats.hits > 0 and off.stats.queries == 0
+    assert on.scheduler.kv.stats.hits > 0
+    tol = BATCH_TOLERANCE[torch.float32]
+    assert on_recorder.logprobs.keys() == off_recorder.logprobs.keys()
+    for rid, entries in on_recorder.logprobs.items():
+        for a, b in zip(entries, off_recorder.logprobs[rid], strict=True):
+            assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < tol
+            assert [t for t, _ in a.top_logprobs] == [t for t, _ in b.top_logprobs]
+            assert all(abs(x - y) < tol for (_, x), (_, y) in zip(a.top_logprobs,
+                                                                   b.top_logprobs))
+
+
+class LogprobsRecorder:
+    """An observer keeping the logprobs entries of every output, per request id."""
+
+    def __init__(self, engine):
+        self.logprobs: dict[str, list] = {}
+        engine.observers.append(self)
+
+    def on_plan(self, engine, plan):
+        pass
+
+    def on_step(self, engine, result):
+        for o in result.outputs:
+            self.logprobs.setdefault(o.request_id, []).extend(o.logprobs or [])
 
 
 def test_h1_vllm_5543_outputs_equal_without_the_cache_in_every_run(tiny):
@@ -338,14 +414,13 @@ def test_h1_vllm_5543_outputs_equal_without_the_cache_in_every_run(tiny):
     the caching server. One engine, the same prompts twice (the second run finds a warm,
     dirty cache): every completion equals the cache-off one."""
     model, _ = tiny
-    off = run_engine(LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK,
-                               enable_prefix_caching=False), PROMPTS, greedy(), every=0)
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK)
-    first = run_engine(engine, PROMPTS, greedy(), every=0)
-    hits_first = engine.stats.hits
-    second = run_engine(engine, PROMPTS, greedy(), every=0)
+    off = run_engine(build(model, enable_prefix_caching=False), PROMPTS, greedy(NEW), every=0)
+    engine = build(model)
+    first = run_engine(engine, PROMPTS, greedy(NEW), every=0)
+    hits_first = engine.scheduler.kv.stats.hits
+    second = run_engine(engine, PROMPTS, greedy(NEW), every=0)
     assert first == second == off
-    assert engine.stats.hits - hits_first > hits_first      # the second run hits more
+    assert engine.scheduler.kv.stats.hits - hits_first > hits_first  # the second run hits more
 
 
 def test_h2_vllm_40896_first_and_repeated_identical_requests_agree(tiny):
@@ -353,23 +428,12 @@ def test_h2_vllm_40896_first_and_repeated_identical_requests_agree(tiny):
     (hits) differed. The same prompt three times, one after the other: all equal, equal to
     S05 alone, and the later ones were hits (capped one block short of the 43 tokens)."""
     model, references = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK)
-    outs = [run_engine(engine, [PROMPTS[0]], greedy())[0] for _ in range(3)]
+    engine = build(model)
+    outs, hits = [], []
+    for _ in range(3):
+        outs.append(run_engine(engine, [PROMPTS[0]], greedy(NEW), hits=hits)[0])
     assert outs[0] == outs[1] == outs[2] == references[0][0].token_ids
-    hits = [h for r in engine.trace for h in r.cache_hits]
     assert [n for _, n, _ in hits] == [0, 40, 40] and all(t == 43 for _, _, t in hits)
-
-
-class LogitsEngine(LLMEngine):
-    """Keeps each step's logits rows by request id (through the model seam only)."""
-
-    def execute_model(self, batch):
-        logits = super().execute_model(batch)
-        rows = sorted(self.scheduler_output.num_scheduled_tokens,
-                      key=lambda rid: self.requests[rid].slot)
-        self.logits = getattr(self, "logits", [])
-        self.logits.append(dict(zip(rows, logits.clone())))
-        return logits
 
 
 @pytest.mark.parametrize("case", ["same prompt twice", "shared system prompt"])
@@ -381,43 +445,46 @@ def test_h3_tenstorrent_vllm_415_a_hit_gives_the_logits_of_a_full_prefill(tiny, 
     logits of every later step."""
     model, _ = tiny
     warm, probe = (PROMPTS[0], PROMPTS[0]) if case == "same prompt twice" else (PROMPTS[0],
-                                                                                 PROMPTS[2])
-    on = LogitsEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK)
-    run_engine(on, [warm], greedy())
-    on.logits = []
-    run_engine(on, [probe], greedy())
-    assert on.trace[-NEW].cache_hits[0][1] == 40             # k = 40 cached tokens
-    off = LogitsEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK,
-                       enable_prefix_caching=False)
-    run_engine(off, [probe], greedy())
-    hit_rows = [next(iter(d.values())) for d in on.logits]
-    miss_rows = [next(iter(d.values())) for d in off.logits]
+                                                                                PROMPTS[2])
+    on = build(model)
+    on.runner = LogitsRecorder(on.runner)
+    run_engine(on, [warm], greedy(NEW))
+    on.runner.logits.clear()
+    hits = []
+    run_engine(on, [probe], greedy(NEW), hits=hits)
+    (hit,) = hits
+    assert hit[1] == 40                                      # k = 40 cached tokens
+    off = build(model, enable_prefix_caching=False)
+    off.runner = LogitsRecorder(off.runner)
+    run_engine(off, [probe], greedy(NEW))
+    (hit_rows,) = on.runner.logits.values()
+    (miss_rows,) = off.runner.logits.values()
     assert len(hit_rows) == len(miss_rows) == NEW
-    tol = s08.BATCH_TOLERANCE[torch.float32]
+    tol = BATCH_TOLERANCE[torch.float32]
     for a, b in zip(hit_rows, miss_rows):
         assert float((a - b).abs().max()) < tol
 
 
 def test_cache_salt_isolates_requests(tiny):
     model, _ = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK)
-    run_engine(engine, [PROMPTS[0]] * 4, greedy(), salts={0: "u1", 1: "u2", 2: "u1"})
-    hits = [n for r in engine.trace for _, n, _ in r.cache_hits]
-    assert hits == [0, 0, 40, 0]       # u1 miss, u2 miss, u1 hit, no salt: miss
-    with pytest.raises(ValueError, match="cache_salt must be a non-empty string or None"):
-        engine.add_request(id_text(PROMPTS[0]), greedy(), cache_salt="")
-    with pytest.raises(ValueError, match="cache_salt must be valid Unicode text"):
-        engine.add_request(id_text(PROMPTS[0]), greedy(), cache_salt=json.loads('"\\ud800"'))
+    engine = build(model)
+    hits = []
+    run_engine(engine, [PROMPTS[0]] * 4, greedy(NEW), salts={0: "u1", 1: "u2", 2: "u1"},
+               hits=hits)
+    assert [n for _, n, _ in hits] == [0, 0, 40, 0]       # u1 miss, u2 miss, u1 hit, no salt: miss
+    with pytest.raises(ParameterError, match="cache_salt must be a non-empty string or None"):
+        engine.add_request(PROMPTS[0], greedy(), cache_salt="")
+    with pytest.raises(ParameterError, match="cache_salt must be valid Unicode text"):
+        engine.add_request(PROMPTS[0], greedy(), cache_salt=json.loads('"\\ud800"'))
     assert not engine.has_unfinished_requests()        # nothing queued, the next step runs
-    engine.step()
+    assert engine.step() == []
 
 
 def test_g5_aborts_while_waiting_running_and_mid_chunk_leave_nothing_held(tiny):
     """sglang PR #2238 / #1674 / #6778: once idle, free + evictable cached == total."""
     model, _ = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, block_size=BLOCK,
-                       max_num_batched_tokens=8)
-    ids = [engine.add_request(id_text(p), greedy()) for p in PROMPTS[:4]]
+    engine = build(model, 2, max_num_batched_tokens=8)
+    ids = [engine.add_request(p, greedy(NEW)) for p in PROMPTS[:4]]
     engine.step()
     engine.step()                      # ids[0] mid-chunk (16 of 43), ids[2:] waiting
     assert engine.requests[ids[0]].num_computed_tokens == 16
@@ -425,9 +492,9 @@ def test_g5_aborts_while_waiting_running_and_mid_chunk_leave_nothing_held(tiny):
     aborted_running = False
     while engine.has_unfinished_requests():
         engine.step()
-        engine.scheduler.kv.check()
-        seq = engine.requests.get(ids[2])
-        if seq is not None and seq.status == "running" and not aborted_running:
+        check_block_manager(engine.scheduler)
+        request = engine.requests.get(ids[2])
+        if request is not None and request.status == "running" and not aborted_running:
             aborted_running = engine.abort(ids[2])
     assert aborted_running
     kv = engine.scheduler.kv
@@ -435,60 +502,66 @@ def test_g5_aborts_while_waiting_running_and_mid_chunk_leave_nothing_held(tiny):
     assert kv.pool.num_cached_free_blocks == kv.pool.num_cached_blocks > 0
 
 
-def test_aborting_a_request_still_waiting_drops_its_block_hashes(tiny):
-    """A waiting request the scheduler looked up (its hashes computed) but could not admit is
-    aborted through the engine: S09's abort takes it out through S10's scheduler
-    (`_drop_waiting` -> `finish_requests`), so its hashes go too and check() holds."""
+def test_aborting_a_request_still_waiting_leaves_nothing_behind(tiny):
+    """A waiting request the scheduler looked up (its block hashes computed, on the Request)
+    but could not admit is aborted through the engine: it holds no block and no cache entry,
+    and the manager's accounting holds at every step after."""
     model, _ = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 2, max_num_batched_tokens=16,
-                       block_size=4, num_blocks=12)          # 11 usable blocks = 44 tokens
-    engine.add_request(id_text(list(range(2, 38))), greedy(4), request_id="a")   # 9 blocks
+    engine = build(model, 2, max_num_batched_tokens=16, block_size=4,
+                   num_blocks=12)                        # 11 usable blocks = 44 tokens
+    kv = engine.scheduler.kv
+    engine.add_request(list(range(2, 38)), greedy(4), request_id="a")    # 9 blocks
     for _ in range(3):
         engine.step()
-    engine.add_request(id_text(list(range(40, 52))), greedy(4), request_id="b")  # needs 3, 2 free
+    engine.add_request(list(range(40, 52)), greedy(4), request_id="b")   # needs 3, 2 free
     engine.step()
-    assert engine.requests["b"].status == "waiting" and "b" in engine.scheduler._hashes
+    b = engine.requests["b"]
+    assert b.status == "waiting" and len(b.block_hashes) == 3
     assert engine.abort("b")
-    assert "b" not in engine.scheduler._hashes
-    engine.scheduler.check()
+    assert "b" not in kv.req_blocks and "b" not in kv.req_entries
+    kv.check()
     while engine.has_unfinished_requests():
         engine.step()
-        engine.scheduler.check()
+        check_block_manager(engine.scheduler)
 
 
 def test_the_engine_refuses_the_cache_in_batch_invariant_mode(tiny):
     model, _ = tiny
-    with pytest.raises(ValueError, match="enable_prefix_caching needs the fast mode"):
-        LLMEngine(model, IdTokenizer(), CONTEXT, 3, batch_invariant=True,
-                  enable_prefix_caching=True)
+    with pytest.raises(ParameterError, match="enable_prefix_caching needs the fast mode"):
+        build(model, batch_invariant=True, enable_prefix_caching=True)
     for flag in (False, None):                 # None, the default: off in that mode
-        engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, batch_invariant=True,
-                           enable_prefix_caching=flag)
-        assert engine.enable_prefix_caching is False
-    assert LLMEngine(model, IdTokenizer(), CONTEXT, 3).enable_prefix_caching is True
-    with pytest.raises(ValueError, match="enable_prefix_caching must be None, True or False"):
-        LLMEngine(model, IdTokenizer(), CONTEXT, 3, enable_prefix_caching="no")
+        engine = build(model, batch_invariant=True, enable_prefix_caching=flag)
+        assert type(engine.scheduler.kv) is KVCacheManager
+    assert isinstance(build(model).scheduler.kv, PrefixCachingKVCacheManager)
+    with pytest.raises(ParameterError, match="enable_prefix_caching must be None, True or False"):
+        build(model, enable_prefix_caching="no")
 
 
 def test_the_trace_table_shows_hits_shared_blocks_and_evictions(tiny):
     model, _ = tiny
-    engine = LLMEngine(model, IdTokenizer(), CONTEXT, 3, block_size=BLOCK, num_blocks=16)
-    run_engine(engine, PROMPTS, greedy())
-    text = format_cache_table(engine.trace)
-    assert "x2" in text and "evicted:" in text and "cached:" in text and "/43" in text
-    assert any(e[0] == "evicted" for r in engine.trace for e in r.block_events)
+    engine = build(model, num_blocks=16)
+    blocks = s12_engine.trace_blocks(engine)
+    steps, cache = trace(engine), s13.trace_cache(engine)
+    run_engine(engine, PROMPTS, greedy(NEW))
+    assert [r.step for r in steps.records] == [b.step for b in blocks.records] == [
+        c.step for c in cache.records]
+    table = s13.format_cache_table(steps.records, blocks.records, cache.records)
+    assert "x2" in table and "evicted:" in table and "cached:" in table and "/43" in table
+    assert any(e[0] == "evicted" for b in blocks.records for e in b.block_events)
     with pytest.raises(ValueError, match="max_rows must be an integer >= 2"):
-        format_cache_table(engine.trace, 1)
+        s13.format_cache_table(steps.records, blocks.records, cache.records, 1)
+    with pytest.raises(ValueError, match="of the same steps"):
+        s13.format_cache_table(steps.records, blocks.records, cache.records[1:])
 
 
 def test_command_line_runs_with_a_shared_prefix(capsys):
-    main(["--shared-prefix", "16", "--num-prompts", "3", "--max-tokens", "3", "--block-size",
-          "8", "--device", "cpu"])
+    s13.main(["--shared-prefix", "16", "--num-prompts", "3", "--max-tokens", "3",
+              "--block-size", "8", "--device", "cpu"])
     out = capsys.readouterr().out
     assert "prefix cache: " in out and "16 found cached at admission" in out
-    main(["--batch-invariant", "--num-prompts", "2", "--max-tokens", "2", "--device", "cpu"])
+    s13.main(["--batch-invariant", "--num-prompts", "2", "--max-tokens", "2", "--device", "cpu"])
     out = capsys.readouterr().out
-    assert "prefix cache off" in out and "0 of 0 prompt tokens hit" in out
+    assert "prefix cache off" in out and "prefix cache: " not in out
 
 
 # --- the chapter's figure ---------------------------------------------------------------------
@@ -499,7 +572,6 @@ def test_the_figure_is_the_benchmarks_json_drawn_with_its_legend_off_the_data():
     sharing s tokens finds s rounded down to whole blocks cached and computes the rest; chat
     turn t finds turn t - 1's prompt and answer cached, less the answer's last token (sampled,
     never computed), rounded down to whole blocks."""
-    import json
     import statistics
 
     from legend_check import covered_by_legends, describe
