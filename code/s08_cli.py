@@ -220,17 +220,17 @@ class ArrivalRun:
 def run_arrivals(engine, prompts: Sequence, params, priorities: Sequence[int],
                  arrival_every: int) -> ArrivalRun:
     """Add one prompt every arrival_every calls of `engine.step` (0: all before the first
-    step) and step until everything has finished. Every request is checked before the first
-    step (`engine.make_request`), so a bad prompt stops the run before anything runs."""
-    for prompt, priority in zip(prompts, priorities):   # an id of its own: none is used up
-        engine.make_request(prompt, params, "checked before the run", priority=priority)
+    step) and step until everything has finished. Every request is made, and so checked,
+    before the first step (`engine.make_request`), so a bad prompt stops the run before
+    anything runs; each is queued when it arrives (`engine.queue`)."""
+    made = [engine.make_request(prompt, params, priority=priority)
+            for prompt, priority in zip(prompts, priorities)]
     run, calls, start = ArrivalRun(), 0, time.perf_counter()
     while len(run.ids) < len(prompts) or engine.has_unfinished_requests():
         if len(run.ids) < len(prompts) and calls >= len(run.ids) * arrival_every:
-            k = len(run.ids)
-            rid = engine.add_request(prompts[k], params, priority=priorities[k])
-            run.ids.append(rid)
-            run.requests[rid] = engine.requests.get(rid)
+            request = made[len(run.ids)]
+            run.ids.append(engine.queue(request))
+            run.requests[request.request_id] = request
             continue
         calls += 1
         for out in engine.step():
