@@ -10,7 +10,8 @@ engine's trace and S08's per-batch step counts, which the page replays
 - the trace obeys continuous batching's rules, checked step by step: each request runs in
   exactly as many consecutive steps as it makes tokens, in one slot, joining in its first and
   leaving in its last; no two requests share a slot in a step; nobody waits while a slot is
-  free; requests join in arrival order; the tokens of a step are its joiners' prompts plus one
+  free (the free slots are the engine's KV manager's); requests join in arrival order and are
+  scheduled in admission order; the tokens of a step are its joiners' prompts plus one
   per other running request;
 - the static batches follow the closed form: batch b is requests bM .. bM + M - 1 and runs
   max(n) steps, with sum(max(n) - n_i) row-steps of finished rows.
@@ -43,11 +44,11 @@ def data():
 
 def test_each_request_equals_its_prompt_run_alone(data):
     model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
-    import s08_static_batching as s08
+    import s08_cli
     single = s06.Engine(model, tokenizer, model.config.max_position_embeddings)
     for work in data["workloads"]:
         seed = work["seed"]
-        prompts = s08.corpus_prompts(tokenizer, len(work["requests"]), seed,
+        prompts = s08_cli.corpus_prompts(tokenizer, len(work["requests"]), seed,
                                      min(model.config.max_position_embeddings, 4096))
         for req, prompt in zip(work["requests"], prompts):
             assert len(tokenizer.encode(prompt)) == req["prompt_len"]
@@ -65,9 +66,11 @@ def test_the_trace_follows_the_rules_of_continuous_batching(data):
         outputs = {r["id"]: len(r["generated"]) for r in work["requests"]}
         prompts = {r["id"]: r["prompt_len"] for r in work["requests"]}
         steps_of = {rid: [] for rid in outputs}
-        joined_order = []
+        joined_order, running = [], []                # running: admission order
         for k, rec in enumerate(trace):
             assert rec["step"] == k
+            assert rec["running"] == running + rec["joined"]       # schedule order
+            running = [r for r in rec["running"] if r not in rec["left"]]
             assert len(set(rec["slots"])) == len(rec["slots"]) <= m
             assert rec["free_slots"] == m - len(rec["running"])
             assert rec["waiting"] == 0 or rec["free_slots"] == 0       # no idle slot while waiting

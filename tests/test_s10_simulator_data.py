@@ -9,15 +9,16 @@ and the engine's trace, which the page replays (tests/test_s10_simulator_browser
   recompute) changed a token;
 - the trace keeps the scheduler's rules, checked step by step from the trace alone: seats, the
   token budget and the KV capacity never exceeded; a request computes its prompt when it joins,
-  its prompt and every output it had when it resumes, one token otherwise; nobody joins in a
-  step with a preemption; KV held equals the context of every running request; the victim of
-  a preemption is the last admitted (FCFS) or the lowest priority, latest arrival (priority);
-  first admissions in arrival order (FCFS) or priority order (priority); each request makes
-  one token in each step it is scheduled; every preemption is counted;
+  its prompt and every output it had when it resumes, one token otherwise; the running ones are
+  scheduled first, in admission order; nobody joins in a step with a preemption; KV held equals
+  the context of every running request; the victim of a preemption is the last admitted (FCFS)
+  or the lowest priority, latest arrival (priority); first admissions in arrival order (FCFS)
+  or priority order (priority); each request makes one token in each step it is scheduled;
+  every preemption is counted;
 - the workloads show what they are there to show: preemptions in each, and in "budget" steps
   where requests wait by a free seat because the token budget or KV is spent.
-- the command line the page shows for each workload, run through code/s10_engine.py's main,
-  makes the same run (steps, tokens, preemptions, every completion and finish reason).
+- the command line the page shows for each workload, run through code/s10_scheduler.py's
+  main, makes the same run (steps, tokens, preemptions, every completion and finish reason).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import pytest
 import s03_transformer as s03
 import s04_sampling as s04
 import s06_torch as s06
-import s08_static_batching as s08
+import s08_cli
 from sim_browser import load_exporter
 
 pytestmark = [pytest.mark.slow,
@@ -43,7 +44,7 @@ def test_each_request_equals_its_prompt_run_alone(data):
     model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
     for work in data["workloads"]:
         single = s06.Engine(model, tokenizer, work["max_context"])
-        prompts = s08.corpus_prompts(tokenizer, len(work["requests"]), work["seed"], 256)
+        prompts = s08_cli.corpus_prompts(tokenizer, len(work["requests"]), work["seed"], 256)
         for req, prompt in zip(work["requests"], prompts):
             assert len(tokenizer.encode(prompt)) == req["prompt_len"]
             alone = single.generate(prompt, s04.SamplingParams(temperature=0.0,
@@ -95,6 +96,9 @@ def test_the_trace_keeps_the_schedulers_rules(data):
                 assert not rec["joined"] and not rec["resumed"]      # no one joins this step
             order = [r for r in order if r not in rec["ended"]]
             admitted = rec["resumed"] + rec["joined"]
+            # schedule order: the running ones first, in admission order, then those admitted
+            assert rec["running"] == [r for r in order if r in tokens] + [
+                r for r in rec["running"] if r in admitted], (work["id"], k)
             if work["policy"] == "priority":
                 admitted = sorted(admitted, key=lambda r: key_of(work, reqs[r]))
                 waiting = [r for r in reqs if reqs[r]["arrival"] <= k and r not in done
@@ -139,28 +143,30 @@ def test_the_workloads_show_preemption_and_the_token_budget(data):
 
 
 def test_each_workloads_command_makes_the_same_run(data, capsys):
-    """The command the page shows for a workload, run through code/s10_engine.py's main, makes
-    the exported run: the same number of steps, tokens and preemptions, and every request's
-    prompt length, preemption count, completion text and finish reason."""
+    """The command the page shows for a workload, run through code/s10_scheduler.py's main,
+    makes the exported run: the same number of steps, tokens and preemptions, and every
+    request's prompt length, preemption count, completion text and finish reason."""
     import re
     import shlex
 
-    import s10_engine
+    import s10_scheduler
 
     for work in data["workloads"]:
         words = shlex.split(work["command"])
-        assert words[:2] == ["python", "code/s10_engine.py"], work["command"]
+        assert words[:2] == ["python", "code/s10_scheduler.py"], work["command"]
         assert ("--max-context" in words) == (work["max_context"] != 256)
         capsys.readouterr()
-        s10_engine.main(words[2:])
+        s10_scheduler.main(words[2:])
         out = capsys.readouterr().out
-        summary = re.search(r"^--- (\d+) tokens in (\d+) steps, [\d.]+ s, (\d+) preemptions? ---$",
-                            out, re.MULTILINE)
+        summary = re.search(r"^--- (\d+) tokens in (\d+) steps, [\d.]+ s ", out, re.MULTILINE)
         assert summary, out[-2000:]
+        header = out.splitlines()[0]
+        preemptions = re.search(r"; (\d+) preemptions?$", header)
+        assert preemptions, header
         made = sum(len(r["generated"]) for r in work["requests"])
-        assert tuple(map(int, summary.groups())) == (made, len(work["trace"]),
-                                                     work["num_preemptions"]), work["id"]
-        assert f"context {work['max_context']}," in out.splitlines()[0]
+        assert tuple(map(int, summary.groups() + preemptions.groups())) == (
+            made, len(work["trace"]), work["num_preemptions"]), work["id"]
+        assert f"context {work['max_context']};" in header
         for req in work["requests"]:
             head = re.search(rf"^--- request {req['id']}: prompt \((\d+) tokens?\), "
                              rf"(not preempted|preempted once|preempted (\d+) times) ---$",

@@ -50,9 +50,9 @@ def data(exporter):
 
 def prompts_of(exporter, tokenizer, work: dict) -> list[str]:
     import s07_workloads
-    import s08_static_batching as s08
+    import s08_cli
     order = next(w[2] for w in exporter.WORKLOADS if w[0] == work["id"])
-    chats = s08.corpus_prompts(tokenizer, 4, 0, exporter.MAX_CONTEXT)
+    chats = s08_cli.corpus_prompts(tokenizer, 4, 0, exporter.MAX_CONTEXT)
     long_prompt = s07_workloads.make_workload("long", tokenizer, 1, exporter.LONG_SEED,
                                               exporter.MAX_CONTEXT).requests[0].prompt
     return [long_prompt if o == "L" else chats[o] for o in order]
@@ -87,7 +87,7 @@ def test_the_trace_keeps_the_chunking_rules(data):
                 assert rec["num_tokens"] == sum(rec["num_scheduled_tokens"]) <= budget
                 assert rec["preempted"] == rec["resumed"] == rec["ended"] == []
                 # running ones first, in admission order, then those admitted in this step
-                assert rec["schedule_order"] == order + rec["joined"], (where, k)
+                assert rec["running"] == order + rec["joined"], (where, k)
                 order += rec["joined"]
                 assert set(rec["running"]) == set(order)          # nobody stalls
                 pieces = zip(rec["running"], rec["num_scheduled_tokens"], rec["kinds"],

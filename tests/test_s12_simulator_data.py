@@ -17,12 +17,12 @@ page replays (tests/test_s12_simulator_browser.py). Here:
   tokens after the plan holds ceil(t / block_size) blocks; no block in two tables, in a table
   and the free queue, or the null block anywhere; every slot written is the block-table
   arithmetic and no slot is written twice in a step; everything is free at the end;
-- every preemption's recorded cause agrees with the trace and S10's rule: the request that
-  asked held fewer blocks than its tokens need, more than were free; the victim is the last
-  admitted of those running (admission order rebuilt from the trace's joins and resumes); when
-  the victim
-  is another request, the asker's allocation is the pool's next change, and when it is the
-  asker itself (a self-preemption) it is not scheduled in the step;
+- every preemption's cause (which the exporter works out from the trace's pool changes and
+  schedule) agrees with the trace and S10's rule: the request that asked held fewer blocks
+  than its tokens need, more than were free; the victim is the last admitted of those running
+  (admission order rebuilt from the trace's joins and resumes); when the victim is another
+  request, the asker's allocation is the pool's next change, and when it is the asker itself
+  (a self-preemption) it is not scheduled in the step;
 - the workloads show what they are there to show: in "tight" requests are preempted, each
   preemption gives back every block of the victim, and a block given back is later handed to
   another request; in "roomy" nobody is preempted and blocks freed by a finish are reused.
@@ -55,10 +55,10 @@ def data(exporter):
 
 
 def test_each_request_equals_its_prompt_run_alone(data, exporter):
-    import s08_static_batching as s08
+    import s08_cli
     model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
     single = s06.Engine(model, tokenizer, data["max_context"])
-    chats = s08.corpus_prompts(tokenizer, 6, 0, exporter.MAX_CONTEXT)
+    chats = s08_cli.corpus_prompts(tokenizer, 6, 0, exporter.MAX_CONTEXT)
     for work, spec in zip(data["workloads"], exporter.WORKLOADS):
         assert work["id"] == spec[0]
         for req, corpus_index in zip(work["requests"], spec[2]):

@@ -1,8 +1,9 @@
 """Data for the S12 "Try it" block allocator: the KV pool, block by block, as requests grow,
 finish and are preempted.
 
-The page replays runs of S12's engine (`code/s12_engine.py`'s `LLMEngine`, over the block pool
-of `code/s12_paged_attention.py`) on the bundled model, made here at build time on the CPU in
+The page replays runs of S12's engine (`code/s12_engine.py`'s `build_engine`: S09's `LLMEngine`
+with S11's scheduler over the block manager of `code/s12_paged_attention.py`, its pool's changes
+kept: enable_kv_cache_events) on the bundled model, made here at build time on the CPU in
 float32, greedy, end-of-sequence ignored so that every request makes its max_tokens:
 
 - "tight": six corpus prompts arrive together; 4 seats, 32 tokens per step, blocks of 8
@@ -14,12 +15,13 @@ float32, greedy, end-of-sequence ignored so that every request makes its max_tok
 
 Per run: the settings; per request its prompt length, the step before which it was added, its
 max_tokens, the tokens it made, its text and finish reason; and per step, from the engine's
-trace (`StepRecord`): the scheduled requests in schedule order with the tokens each had
-computed and computes now, each one's block table and slot mapping, the pool's changes in
-order (`block_events`: "allocated" or "freed", request id, block ids), who was preempted,
-joined, resumed and finished, the free blocks after the step, and the free queue itself after
-the step, front first, read from the engine's pool (`scheduler.kv.pool.free_block_queue.block_ids()`).
-For each preemption, its cause, seen as the scheduler decided it (`WatchedScheduler`): the
+trace (S09's `StepRecord` and S12's `BlockRecord` of the step, from `StepTracer` and
+`BlockTracer`): the scheduled requests in schedule order with the tokens each had computed and
+computes now, each one's block table and slot mapping, the pool's changes in order
+(`block_events`: "allocated" or "freed", request id, block ids), who was preempted, joined,
+resumed and finished, the free blocks after the step, and the free queue itself after the
+step, front first, read from the engine's pool (`scheduler.kv.pool.free_block_queue.block_ids()`).
+For each preemption, its cause (`preemption_causes`, worked out from those records alone): the
 request that needed blocks, how many it held and needed, how many were free, and the victim
 chosen (under FCFS the request admitted last, which may be the one that asked: then it preempts
 itself, S10's rule).
@@ -46,8 +48,10 @@ if str(ROOT / "code") not in sys.path:
 import s03_transformer as s03  # noqa: E402  (code/ is not a package)
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
-import s08_static_batching as s08  # noqa: E402
+import s08_cli  # noqa: E402
+import s09_trace  # noqa: E402
 import s12_engine as s12  # noqa: E402
+import s12_paged_attention as s12_pool  # noqa: E402
 
 MAX_CONTEXT = 256              # the bundled model's window
 # (id, title, prompts (corpus indices), arrival step of each, max_tokens of each,
@@ -60,56 +64,68 @@ WORKLOADS = (
 )
 
 
-class WatchedScheduler(s12.PagedScheduler):
-    """S12's scheduler, recording why each preemption happens through two of S10's seams:
-    `num_new_tokens` (asked for the request about to allocate its blocks) and `_victim` (asked
-    whom to preempt when that allocation fails: the request admitted last, which may be the
-    one that asked). Nothing else changes. Each preemption appends to `causes` {"by": the
-    request that needed blocks, "victim", "tokens": what it would hold, "held": its blocks,
-    "needed": the blocks those tokens need, "free": free blocks}, read from the KV manager at
-    the moment `_victim` is asked (a failed allocation takes nothing, so it is the state the
-    allocation saw)."""
+def preemption_causes(rec, blocks, state: dict, block_size: int, budget: int,
+                      threshold: int) -> list[dict]:
+    """Why each preemption of a step happened, from the step's records (S09's `StepRecord` rec,
+    S12's `BlockRecord` blocks) and `state`, what the records before it left (updated here for
+    the next step): "free", the free blocks before the step; per running request, "tokens"
+    (KV tokens held), "blocks" (block table) and "length" (its token ids).
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.causes: list[dict] = []
-        self._asking: tuple[str, int] | None = None
+    S10's running loop goes through the running requests in admission order; a request whose
+    allocation fails preempts the last admitted until its blocks fit, or until it is itself
+    the last admitted (then it waits, and nobody after it is left to schedule). So in the
+    step's pool changes, each run of "freed" by preempted requests ends with the "allocated"
+    of the request that asked, or, at the end of the plan, with the asker's own "freed". Per
+    preemption: {"by": the asker, "victim", "tokens": what the asker would hold, "held": its
+    blocks, "needed": the blocks those tokens need, "free": free blocks before the victim's
+    went back}. The asker's new tokens are its scheduled ones, or, when it preempted itself,
+    S11's rule: min(what it has not computed, the budget the step left, the threshold)."""
+    scheduled = dict(zip(rec.running, rec.num_scheduled_tokens))
+    left = budget - rec.num_tokens
+    free, causes, pending = state["free"], [], []
 
-    def num_new_tokens(self, request, budget: int) -> int:
-        n = super().num_new_tokens(request, budget)
-        self._asking = (request.request_id, n)
-        return n
+    def settle(by: str) -> None:
+        held, n = state["tokens"][by], scheduled.get(by)
+        if n is None:                                # it preempted itself: never scheduled
+            n = min(state["length"][by] - held, left, threshold or left)
+        tokens = held + n
+        causes.extend({"by": by, "victim": victim, "tokens": tokens,
+                       "held": len(state["blocks"][by]),
+                       "needed": s12_pool.cdiv(tokens, block_size), "free": f}
+                      for victim, f in pending)
+        pending.clear()
 
-    def _victim(self):
-        chosen = super()._victim()
-        rid, n = self._asking
-        tokens = self.kv.num_tokens(rid) + n
-        self.causes.append({"by": rid, "victim": chosen.request_id, "tokens": tokens,
-                            "held": len(self.kv.block_table(rid)),
-                            "needed": s12.cdiv(tokens, self.kv.block_size),
-                            "free": self.kv.num_free_blocks})
-        return chosen
-
-
-class WatchedEngine(s12.LLMEngine):
-    """S12's engine over a `WatchedScheduler` (its `make_scheduler` seam)."""
-
-    def make_scheduler(self, max_num_seqs, max_num_batched_tokens, kv_capacity, max_model_len,
-                       policy) -> WatchedScheduler:
-        return WatchedScheduler(max_num_seqs, max_num_batched_tokens,
-                                self.runner.cache.num_blocks, self._block_size, max_model_len,
-                                policy, self._threshold)
+    for kind, rid, ids in blocks.block_events:
+        if kind == "allocated" and pending:
+            settle(rid)
+        elif kind == "freed" and rid in rec.preempted:
+            pending.append((rid, free))
+        free += len(ids) if kind == "freed" else -len(ids)
+    if pending:
+        settle(pending[-1][0])
+    # what this step leaves for the next one
+    for k, rid in enumerate(rec.running):
+        state["tokens"][rid] = rec.num_computed_tokens[k] + rec.num_scheduled_tokens[k]
+        state["blocks"][rid] = rec.block_tables[k]
+        state["length"][rid] = rec.request_num_tokens[k] + (rid in rec.sampled)
+    for rid in rec.preempted + rec.left:
+        for part in ("tokens", "blocks", "length"):
+            state[part].pop(rid, None)
+    state["free"] = blocks.free_blocks
+    return causes
 
 
 def run(model, tokenizer, prompts, arrivals, max_tokens, seats, budget, block_size,
         num_blocks) -> dict:
     """Add request i before step arrivals[i]; step until done; every output recorded."""
-    engine = WatchedEngine(model, tokenizer, MAX_CONTEXT, seats, max_num_batched_tokens=budget,
-                           block_size=block_size, num_blocks=num_blocks)
-    causes = engine.scheduler.causes
-    ids, made, texts, reasons, queues, preemptions = [], {}, {}, {}, [], []
+    engine = s12.build_engine(model, tokenizer, max_context=MAX_CONTEXT, max_num_seqs=seats,
+                              max_num_batched_tokens=budget, block_size=block_size,
+                              num_blocks=num_blocks, enable_kv_cache_events=True)
+    tracer, block_tracer = s09_trace.trace(engine), s12.trace_blocks(engine)
+    kv = engine.scheduler.kv
+    ids, made, texts, reasons, queues = [], {}, {}, {}, []
     while len(ids) < len(prompts) or engine.has_unfinished_requests():
-        step = len(engine.trace)                   # the StepRecord the next step() appends
+        step = len(tracer.records)                 # the StepRecord the next step() appends
         while len(ids) < len(prompts) and arrivals[len(ids)] <= step:
             i = len(ids)
             params = s04.SamplingParams(temperature=0.0, max_tokens=max_tokens[i],
@@ -122,34 +138,36 @@ def run(model, tokenizer, prompts, arrivals, max_tokens, seats, budget, block_si
             texts[out.request_id].append(out.text_delta)
             if out.finished:
                 reasons[out.request_id] = out.finish_reason
-        if len(engine.trace) != step + 1:
-            raise RuntimeError(f"step {step}: expected one StepRecord per step() call")
-        queues.append(engine.scheduler.kv.pool.free_block_queue.block_ids())
-        preemptions.append(causes[:])
-        causes.clear()
-        if [c["victim"] for c in preemptions[-1]] != list(engine.trace[-1].preempted):
-            raise RuntimeError(f"step {step}: the preemptions seen differ from the trace's")
-    kv = engine.scheduler.kv
+        if len(tracer.records) != step + 1 or len(block_tracer.records) != step + 1:
+            raise RuntimeError(f"step {step}: expected one record of each per step() call")
+        queues.append(kv.pool.free_block_queue.block_ids())
     if kv.num_free_blocks != kv.num_blocks - 1 or kv.block_tables():
         raise RuntimeError("every block must be free once every request has finished")
+    state = {"free": kv.num_blocks - 1, "tokens": {}, "blocks": {}, "length": {}}
+    threshold = engine.scheduler.config.long_prefill_token_threshold
     steps = []
-    for rec, queue, why in zip(engine.trace, queues, preemptions):
+    for rec, blocks, queue in zip(tracer.records, block_tracer.records, queues, strict=True):
         at = {rid: k for k, rid in enumerate(rec.running)}
         steps.append({
             "step": rec.step,
-            "scheduled": [[rid, rec.num_computed_tokens[at[rid]], rec.num_scheduled_tokens[at[rid]]]
-                          for rid in rec.schedule_order],
+            "scheduled": [[rid, rec.num_computed_tokens[k], rec.num_scheduled_tokens[k]]
+                          for rid, k in at.items()],
             "block_tables": {rid: list(rec.block_tables[k]) for rid, k in at.items()},
-            "slot_mapping": {rid: list(rec.slot_mapping[k]) for rid, k in at.items()},
-            "events": [[kind, rid, list(blocks)] for kind, rid, blocks in rec.block_events],
-            "preempted": list(rec.preempted), "preemptions": why, "joined": list(rec.joined),
-            "resumed": list(rec.resumed),
-            "left": list(rec.left), "free_blocks": rec.free_blocks, "free_queue": queue})
-    requests = [{"id": rid, "prompt_len": len(tokenizer.encode(prompts[k])), "arrival": arrivals[k],
-                 "max_tokens": max_tokens[k], "made": made[rid], "text": "".join(texts[rid]),
-                 "finish_reason": reasons[rid]} for k, rid in enumerate(ids)]
-    return {"block_size": block_size, "num_blocks": engine.num_blocks, "max_num_seqs": seats,
-            "max_num_batched_tokens": budget, "num_preemptions": engine.scheduler.num_preemptions,
+            "slot_mapping": {rid: list(blocks.slot_mapping[k]) for rid, k in at.items()},
+            "events": [[kind, rid, list(b)] for kind, rid, b in blocks.block_events],
+            "preempted": list(rec.preempted),
+            "preemptions": preemption_causes(rec, blocks, state, kv.block_size,
+                                             engine.scheduler.max_num_batched_tokens,
+                                             threshold),
+            "joined": list(rec.joined), "resumed": list(rec.resumed), "left": list(rec.left),
+            "free_blocks": blocks.free_blocks, "free_queue": queue})
+    requests = [{"id": rid, "prompt_len": len(tokenizer.encode(prompts[k])),
+                 "arrival": arrivals[k], "max_tokens": max_tokens[k], "made": made[rid],
+                 "text": "".join(texts[rid]), "finish_reason": reasons[rid]}
+                for k, rid in enumerate(ids)]
+    return {"block_size": block_size, "num_blocks": kv.num_blocks, "max_num_seqs": seats,
+            "max_num_batched_tokens": budget,
+            "num_preemptions": engine.scheduler.num_preemptions,
             "requests": requests, "steps": steps}
 
 
@@ -159,11 +177,12 @@ def export() -> dict:
         raise RuntimeError("the block allocator replays runs of the bundled model: "
                            "train it first (python scripts/train_bundled_model.py)")
     model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
-    chats = s08.corpus_prompts(tokenizer, 6, 0, MAX_CONTEXT)
-    data = {"source": "code/s12_engine.py (LLMEngine.step, trace) over code/s12_paged_attention.py "
-                      "(BlockPool, KVCacheManager, PagedScheduler) on the bundled model, greedy, "
-                      "float32 on the CPU",
-            "max_context": MAX_CONTEXT, "null_block": s12.NULL_BLOCK_ID, "workloads": []}
+    chats = s08_cli.corpus_prompts(tokenizer, 6, 0, MAX_CONTEXT)
+    data = {"source": "code/s12_engine.py (build_engine: S09's LLMEngine, S11's scheduler over "
+                      "code/s12_paged_attention.py's KVCacheManager and BlockPool; BlockTracer) "
+                      "and code/s09_trace.py (StepTracer) on the bundled model, greedy, float32 "
+                      "on the CPU",
+            "max_context": MAX_CONTEXT, "null_block": s12_pool.NULL_BLOCK_ID, "workloads": []}
     for key, title, order, arrivals, max_tokens, seats, budget, bs, nb in WORKLOADS:
         prompts = [chats[o] for o in order]
         item = run(model, tokenizer, prompts, arrivals, max_tokens, seats, budget, bs, nb)

@@ -3,12 +3,14 @@
  * stepping through a run of the real engine.
  *
  * The runs are real: export.py (beside this file) ran each workload at build time through
- * code/s12_engine.py's LLMEngine on the bundled model and recorded, per step, the scheduled
- * requests (tokens computed before the step and in it), their block tables and slot mappings,
- * the pool's changes in order ("allocated" or "freed", request, block ids), the preempted,
- * joined and finished requests, and the free queue after the step.
+ * code/s12_engine.py's engine (build_engine) on the bundled model and recorded, per step, from
+ * its step and block tracers and its pool: the scheduled requests (tokens computed before the
+ * step and in it), their block tables and slot mappings, the pool's changes in order
+ * ("allocated" or "freed", request, block ids), the preempted, joined and finished requests,
+ * each preemption's cause, and the free queue after the step.
  * The page recomputes the pool from the changes' kinds, requests and block COUNTS alone, with
- * the pool's rules:
+ * the pool's rules (the free queue is CourseSim.BlockPool, site/static/course.js, which S13's
+ * page shares):
  *   - the free queue starts as 1, 2, ..., num_blocks - 1 (block 0 is the null block: never
  *     handed out, never freed);
  *   - an allocation of k blocks takes the k at the front of the free queue, in order, and
@@ -23,16 +25,8 @@
 (function () {
   "use strict";
 
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var el = CourseSim.el, count = CourseSim.count, cdiv = CourseSim.cdiv, same = CourseSim.same;
 
-  function count(n, noun) { return n + " " + noun + (n === 1 ? "" : "s"); }
-  function cdiv(a, b) { return Math.floor((a + b - 1) / b); }
-  function same(a, b) { return JSON.stringify(a) === JSON.stringify(b); }
   function list(ids) { return ids.join(", "); }
   function ordinal(n) {
     var tens = n % 100, ones = n % 10;
@@ -43,9 +37,9 @@
 
   // One run of the pool's rules; one state (after the step) per step, and the problems found.
   function replay(spec) {
-    var bs = spec.block_size, queue = [], tables = {}, tokens = {}, status = {}, problems = [];
+    var bs = spec.block_size, pool = new CourseSim.BlockPool(spec.num_blocks), tables = {};
+    var tokens = {}, status = {}, problems = [];
     var states = [], order = spec.requests.map(function (r) { return r.id; });
-    for (var b = 1; b < spec.num_blocks; b++) queue.push(b);
     spec.steps.forEach(function (st, s) {
       var at = "step " + s + ": ", atPlan = {}, allocated = [], freed = [], log = [];
       order.forEach(function (rid, k) {
@@ -56,8 +50,8 @@
       st.events.forEach(function (ev) {
         var kind = ev[0], rid = ev[1], ids = ev[2], k = ids.length;
         if (kind === "allocated") {
-          if (k > queue.length) { problems.push(at + rid + " takes " + k + " of " + queue.length + " free"); return; }
-          var got = queue.splice(0, k);
+          if (k > pool.queue.length) { problems.push(at + rid + " takes " + k + " of " + pool.queue.length + " free"); return; }
+          var got = pool.allocate(k).blocks;
           if (!same(got, ids)) problems.push(at + rid + " took " + list(got) + ", the engine " + list(ids));
           tables[rid] = (tables[rid] || []).concat(got);
           allocated.push({rid: rid, ids: got});
@@ -67,7 +61,7 @@
           if (done[rid]) atPlan[rid] = table.slice();
           var back = table.slice(table.length - k).reverse();
           if (!same(back, ids)) problems.push(at + rid + " gave back " + list(back) + ", the engine " + list(ids));
-          queue = queue.concat(back);
+          pool.free(back);
           table.length = Math.max(0, table.length - k);
           if (!table.length) delete tables[rid];
           var why = st.preempted.indexOf(rid) >= 0 ? "preempted" : done[rid] ? "finished" : "gave back";
@@ -90,13 +84,13 @@
         if (!same(slots, st.slot_mapping[rid])) problems.push(at + rid + " slots");
       });
       st.left.forEach(function (rid) { status[rid] = "finished"; tokens[rid] = 0; });
-      if (queue.length !== st.free_blocks) problems.push(at + "free " + queue.length + " != " + st.free_blocks);
-      if (!same(queue, st.free_queue)) problems.push(at + "free queue");
+      if (pool.queue.length !== st.free_blocks) problems.push(at + "free " + pool.queue.length + " != " + st.free_blocks);
+      if (!same(pool.queue, st.free_queue)) problems.push(at + "free queue");
       var snapshot = {};
       Object.keys(tables).forEach(function (rid) { snapshot[rid] = tables[rid].slice(); });
       var stat = {}, tok = {};
       order.forEach(function (rid) { stat[rid] = status[rid] || "not yet"; tok[rid] = tokens[rid] || 0; });
-      states.push({tables: snapshot, queue: queue.slice(), status: stat, tokens: tok,
+      states.push({tables: snapshot, queue: pool.queue.slice(), status: stat, tokens: tok,
                    allocated: allocated, freed: freed, log: log, planTables: atPlan});
     });
     var last = states[states.length - 1];
@@ -111,7 +105,7 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = window.CourseSim.stepControls("ba-", {
+    var controls = CourseSim.stepControls("ba-", {
       choices: data.workloads.map(function (w) { return w.title; }),
       onChoose: choose,
       onStep: function (s) { step = s; render(); }
@@ -267,13 +261,8 @@
       index = {};
       spec.requests.forEach(function (r, k) { index[r.id] = k; });
       run = replay(spec);
-      if (run.problems.length) {
-        banner.hidden = false;
-        banner.textContent = "The page's pool disagrees with the engine's trace: " + run.problems.slice(0, 5).join("; ");
-        console.error("block-allocator: " + run.problems.join("; "));
-      } else {
-        banner.hidden = true;
-      }
+      CourseSim.report(banner, "block-allocator", "The page's pool disagrees with the engine's trace: ",
+                       run.problems, 5);
       config.textContent = spec.num_blocks + " blocks of " + count(spec.block_size, "token") + " (block " +
         data.null_block + " the null block, so " + (spec.num_blocks - 1) * spec.block_size + " positions), " +
         spec.max_num_seqs + " seats, " + spec.max_num_batched_tokens + " tokens per step; " +
@@ -286,5 +275,5 @@
     choose(0);
   }
 
-  window.CourseSim.register("block-allocator", mount);
+  CourseSim.register("block-allocator", mount);
 })();

@@ -225,12 +225,7 @@
       }).join("");
     }
   }
-  function make(tag, cls, text) {
-    var n = document.createElement(tag);
-    if (cls) n.className = cls;
-    if (text !== undefined) n.textContent = text;
-    return n;
-  }
+  var make = CourseSim.el;
 
   function mount(root, data) {
     var tok = new Tokenizer(data);

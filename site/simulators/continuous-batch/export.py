@@ -12,12 +12,17 @@ chapter engines on the CPU in float32, greedy:
   straggler of 40 (EOS ignored) in 4 slots;
 - per request: its prompt length, its generated ids with the text piece of each, its text and
   finish reason (from S09's `step()` outputs, the step that returned each token);
-- continuous: `engine.trace`, one `StepRecord` per step (running ids, their slots, joined,
-  left, tokens in the step and prompt tokens of them, waiting, free slots; timings left out);
+- continuous: S09's trace (code/s09_trace.py's `StepTracer`), one `StepRecord` per step: the
+  running ids in schedule order (admission order: FIFO never reorders them), their slots,
+  joined, left, tokens in the step and prompt tokens of them, waiting (timings left out); and
+  free_slots, the KV manager's free slots after each plan (`SlotKVManager.free_slots`, read by
+  a second observer, `FreeSlots`);
 - static: per batch, its request ids and the steps S08's `BatchStats` counted.
 
 The page recomputes both schedules from the output lengths alone (static: batch by batch;
-continuous: FIFO into the lowest free slot) and checks them against the exported ones on load
+continuous: S10's scheduler model in site/static/course.js with S09's settings, no token
+budget and no KV limit, FIFO into the lowest free slot) and checks them against the exported
+ones on load
 (console error and a visible banner otherwise). tests/test_s09_simulator_browser.py compares
 what it shows with these values; tests/test_s09_simulator_data.py holds this data against
 independent oracles (S06's engine alone, closed forms).
@@ -34,8 +39,10 @@ if str(ROOT / "code") not in sys.path:
 import s03_transformer as s03  # noqa: E402  (code/ is not a package)
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
+import s08_cli  # noqa: E402
 import s08_static_batching as s08  # noqa: E402
 import s09_continuous_batching as s09  # noqa: E402
+import s09_trace  # noqa: E402
 
 # (id, title, corpus prompts, workload seed, max_batch, max_tokens per request, ignore_eos)
 WORKLOADS = (
@@ -47,7 +54,7 @@ WORKLOADS = (
      [40] + [6] * 11, True),
 )
 TRACE_FIELDS = ("step", "running", "slots", "joined", "left", "num_tokens", "prefill_tokens",
-                "waiting", "free_slots")
+                "waiting")
 
 
 def params_of(max_tokens: list[int], ignore_eos: bool) -> list[s04.SamplingParams]:
@@ -55,29 +62,49 @@ def params_of(max_tokens: list[int], ignore_eos: bool) -> list[s04.SamplingParam
             for m in max_tokens]
 
 
+class FreeSlots:
+    """An observer beside S09's `StepTracer`: after each plan that does something (the steps
+    the tracer records), how many KV slots the engine's `SlotKVManager` has free."""
+
+    def __init__(self):
+        self.counts: list[int] = []
+
+    def on_plan(self, engine, plan) -> None:
+        if plan.planned:
+            self.counts.append(len(engine.scheduler.kv.free_slots))
+
+    def on_step(self, engine, result) -> None:
+        pass
+
+
 def run_continuous(model, tokenizer, prompts, params, max_batch: int, max_context: int) -> dict:
     """All requests added before the first step; step until done; every output recorded."""
-    engine = s09.LLMEngine(model, tokenizer, max_context, max_batch)
+    engine = s09.build_engine(model, tokenizer, max_context=max_context, max_num_seqs=max_batch)
+    tracer, free = s09_trace.trace(engine), FreeSlots()
+    engine.observers.append(free)
     ids = [engine.add_request(p, sp, request_id=str(i))
            for i, (p, sp) in enumerate(zip(prompts, params))]
     tokens = {rid: [] for rid in ids}               # request id: [[step, id, piece], ...]
     texts = {rid: [] for rid in ids}
     reasons = {}
     while engine.has_unfinished_requests():
-        step = len(engine.trace)                    # the StepRecord this step() will append
+        step = len(tracer.records)                  # the StepRecord this step() will append
         for out in engine.step():
             for token in out.new_token_ids:
                 tokens[out.request_id].append([step, token, tokenizer.decode([token])])
             texts[out.request_id].append(out.text_delta)
             if out.finished:
                 reasons[out.request_id] = out.finish_reason
-    if engine.num_free_slots != max_batch:
+        if len(tracer.records) != step + 1:
+            raise RuntimeError(f"step {step}: expected one StepRecord per step() call")
+    if len(engine.scheduler.kv.free_slots) != max_batch:
         raise RuntimeError("a slot is still taken after every request finished")
-    trace = [{f: (list(v) if isinstance(v := getattr(r, f), tuple) else v)
-              for f in TRACE_FIELDS} for r in engine.trace]
+    records = [{f: (list(v) if isinstance(v := getattr(r, f), tuple) else v)
+                for f in TRACE_FIELDS} | {"free_slots": n}
+               for r, n in zip(tracer.records, free.counts, strict=True)]
     return {"requests": [{"id": rid, "generated": tokens[rid], "text": "".join(texts[rid]),
                           "finish_reason": reasons[rid]} for rid in ids],
-            "trace": trace}
+            "trace": records}
 
 
 def run_static(model, tokenizer, prompts, params, max_batch: int, max_context: int) -> dict:
@@ -103,12 +130,13 @@ def export() -> dict:
                            "train it first (python scripts/train_bundled_model.py)")
     model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
     max_context = min(model.config.max_position_embeddings, 4096)
-    data = {"source": "code/s09_continuous_batching.py (LLMEngine.step, trace) and "
+    data = {"source": "code/s09_continuous_batching.py (build_engine, LLMEngine.step), "
+                      "code/s09_trace.py (StepTracer) and "
                       "code/s08_static_batching.py (Engine.generate, BatchStats) on the bundled "
                       "model, greedy, float32 on the CPU",
             "workloads": []}
     for key, title, num, seed, max_batch, max_tokens, ignore_eos in WORKLOADS:
-        prompts = s08.corpus_prompts(tokenizer, num, seed, max_context)
+        prompts = s08_cli.corpus_prompts(tokenizer, num, seed, max_context)
         params = params_of(max_tokens, ignore_eos)
         cont = run_continuous(model, tokenizer, prompts, params, max_batch, max_context)
         static = run_static(model, tokenizer, prompts, params, max_batch, max_context)

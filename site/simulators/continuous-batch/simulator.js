@@ -9,26 +9,19 @@
  *   - static: batch b holds requests b*M .. b*M + M - 1 in slots 0 .. M - 1 and runs max(n)
  *     steps (step 1 the prefill, which makes every row's first token); a row that has made its
  *     n tokens keeps its slot, computed for nothing, until the batch ends;
- *   - continuous: before every step, waiting requests take free slots, oldest first, lowest
- *     slot first; every running request makes one token per step; a request that has made its
- *     n tokens leaves at the end of that step and its slot is free for the next; the running
- *     requests are kept in slot order, as the engine keeps them.
+ *   - continuous: S10's scheduler model (CourseSim.Scheduler, site/static/course.js) with
+ *     S09's settings: no token budget, no KV limit, max_batch seats. Before every step,
+ *     waiting requests take free slots, oldest first, lowest slot first; every running request
+ *     makes one token per step; a request that has made its n tokens leaves at the end of that
+ *     step and its slot is free for the next; the running requests are kept in admission
+ *     order, as the engine's FIFO scheduler keeps them.
  * On load it checks its continuous schedule against the exported trace and its static step
  * counts against S08's BatchStats (console error and a visible banner if they disagree).
  */
 (function () {
   "use strict";
 
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
-
-  function show(piece) { return piece.replace(/\n/g, "\u21b5"); }
-
-  function sum(xs) { return xs.reduce(function (a, b) { return a + b; }, 0); }
+  var el = CourseSim.el, sum = CourseSim.sum, same = CourseSim.same, show = CourseSim.breaks;
 
   // Static: cells[slot][step - 1] = {req, kind} with kind "prefill" | "run" | "idle" | "free".
   function staticSchedule(outputs, M) {
@@ -50,36 +43,20 @@
     return {cells: cells, batches: batches, steps: cells[0].length};
   }
 
-  // Continuous: FIFO into the lowest free slot; one StepRecord-like object per step.
-  function continuousSchedule(outputs, M) {
-    var waiting = outputs.map(function (_, i) { return i; });
-    var free = [], running = [], left = {}, records = [], cells = [], s;
-    for (s = 0; s < M; s++) { free.push(s); cells.push([]); }
-    var made = outputs.map(function () { return 0; }), slotOf = {};
-    while (waiting.length || running.length) {
-      var joined = [];
-      while (waiting.length && free.length) {
-        var r = waiting.shift();
-        slotOf[r] = free.shift();
-        running.push(r);
-        joined.push(r);
-      }
-      running.sort(function (a, b) { return slotOf[a] - slotOf[b]; });   // the engine's slot order
-      var rec = {running: running.slice(), slots: running.map(function (q) { return slotOf[q]; }),
-                 joined: joined, left: [], waiting: waiting.length, free_slots: free.length};
+  // Continuous: cells[slot][step] = {req, kind}, and the scheduler model's records.
+  function continuousSchedule(requests, M) {
+    var sched = new CourseSim.Scheduler({maxNumSeqs: M});
+    var records = sched.run(requests.map(function (r) {
+      return {id: r.id, at: 0, tokens: r.prompt_len, target: r.generated.length};
+    }));
+    var cells = [], s;
+    for (s = 0; s < M; s++) cells.push([]);
+    records.forEach(function (rec) {
       for (s = 0; s < M; s++) cells[s].push({req: null, kind: "free"});
-      running.forEach(function (q) {
-        made[q] += 1;
-        cells[slotOf[q]][records.length] = {req: q, kind: joined.indexOf(q) >= 0 ? "prefill" : "run"};
-        if (made[q] >= outputs[q]) rec.left.push(q);
+      rec.scheduled.forEach(function (x) {
+        cells[x.slot][rec.step] = {req: Number(x.id), kind: x.kind === "prefill" ? "prefill" : "run"};
       });
-      rec.left.forEach(function (q) {
-        running.splice(running.indexOf(q), 1);
-        free.push(slotOf[q]);
-        free.sort(function (a, b) { return a - b; });
-      });
-      records.push(rec);
-    }
+    });
     return {cells: cells, records: records, steps: records.length};
   }
 
@@ -88,22 +65,24 @@
     this.M = spec.max_batch;
     this.outputs = spec.requests.map(function (r) { return r.generated.length; });
     this.st = staticSchedule(this.outputs, this.M);
-    this.cb = continuousSchedule(this.outputs, this.M);
+    this.cb = continuousSchedule(spec.requests, this.M);
     this.steps = Math.max(this.st.steps, this.cb.steps);
   }
 
   Workload.prototype.check = function () {
     var problems = [], self = this;
-    var ids = function (xs) { return JSON.stringify(xs.map(String)); };
     if (this.spec.trace.length !== this.cb.steps) problems.push("continuous step count");
     this.spec.trace.forEach(function (t, i) {
       var mine = self.cb.records[i];
       if (!mine) return;
-      if (ids(mine.running) !== JSON.stringify(t.running)) problems.push("step " + (i + 1) + " running");
-      if (JSON.stringify(mine.slots) !== JSON.stringify(t.slots)) problems.push("step " + (i + 1) + " slots");
-      if (ids(mine.joined) !== JSON.stringify(t.joined)) problems.push("step " + (i + 1) + " joined");
-      if (ids(mine.left) !== JSON.stringify(t.left)) problems.push("step " + (i + 1) + " left");
-      if (mine.waiting !== t.waiting || mine.free_slots !== t.free_slots) problems.push("step " + (i + 1) + " queue");
+      var at = "step " + (i + 1) + " ";
+      var ids = mine.scheduled.map(function (x) { return x.id; });
+      var slots = mine.scheduled.map(function (x) { return x.slot; });
+      if (!same(ids, t.running)) problems.push(at + "running");
+      if (!same(slots, t.slots)) problems.push(at + "slots");
+      if (!same(mine.joined, t.joined)) problems.push(at + "joined");
+      if (!same(mine.left, t.left)) problems.push(at + "left");
+      if (mine.waiting.length !== t.waiting || mine.freeSlots !== t.free_slots) problems.push(at + "queue");
     });
     var batches = this.spec.static.batches;
     if (batches.length !== this.st.batches.length) problems.push("static batch count");
@@ -138,7 +117,7 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = window.CourseSim.stepControls("cb-", {
+    var controls = CourseSim.stepControls("cb-", {
       min: 1,
       choices: data.workloads.map(function (w) { return w.title; }),
       onChoose: choose,
@@ -146,16 +125,10 @@
     });
     wrap.appendChild(controls.row);
 
-    var legend = el("p", "cb-legend");
-    [["cb-prefill", "joins: prompt computed, first token"], ["cb-run", "running: one token"],
-     ["cb-idle", "finished, slot still computed (static)"], ["cb-free", "slot empty"],
-     ["cb-future", "not yet"]].forEach(function (pair) {
-      var item = el("span", "cb-legend-item");
-      item.appendChild(el("span", "cb-swatch " + pair[0]));
-      item.appendChild(document.createTextNode(pair[1]));
-      legend.appendChild(item);
-    });
-    wrap.appendChild(legend);
+    wrap.appendChild(CourseSim.legend("cb-", [
+      ["cb-prefill", "joins: prompt computed, first token"], ["cb-run", "running: one token"],
+      ["cb-idle", "finished, slot still computed (static)"], ["cb-free", "slot empty"],
+      ["cb-future", "not yet"]]));
 
     var panels = {};
     [["static", "Static batches (S08)"], ["cont", "Continuous batching (S09)"]].forEach(function (p) {
@@ -249,14 +222,8 @@
 
     function choose(index) {
       work = new Workload(data.workloads[index]);
-      var problems = work.check();
-      if (problems.length) {
-        banner.hidden = false;
-        banner.textContent = "The page's schedule disagrees with the engine's trace: " + problems.join("; ");
-        console.error("continuous-batch: " + problems.join("; "));
-      } else {
-        banner.hidden = true;
-      }
+      CourseSim.report(banner, "continuous-batch",
+                       "The page's schedule disagrees with the engine's trace: ", work.check());
       controls.setLast(work.steps);
       controls.go(1);
     }
@@ -264,5 +231,5 @@
     choose(0);
   }
 
-  window.CourseSim.register("continuous-batch", mount);
+  CourseSim.register("continuous-batch", mount);
 })();

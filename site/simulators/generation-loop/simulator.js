@@ -207,12 +207,7 @@
     return JSON.stringify(s);
   }
 
-  function make(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var make = CourseSim.el;
 
   function mount(root, data) {
     var model = new Model(data);

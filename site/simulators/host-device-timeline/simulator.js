@@ -147,14 +147,9 @@
     return String(Number(x.toPrecision(4)));
   }
 
-  function plural(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
+  var plural = CourseSim.count;
 
-  function make(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var make = CourseSim.el;
 
   function field(label, control, cls) {
     var wrap = make("label", "hd-field" + (cls ? " " + cls : ""));

@@ -41,12 +41,7 @@
                     "flops", "weight_bytes", "kv_bytes_read", "kv_bytes_written"];
   var MEASURED_KEYS = ["weight_flops", "attention_flops", "kv_bytes_read"];
 
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var el = CourseSim.el;
 
   function exact(x) { return BigInt(x).toLocaleString("en-US"); }
 

@@ -1,9 +1,10 @@
 """Data for the S13 "Try it" prefix cache: requests that share a prefix, blocks found by hash,
 reference counts, the LRU free queue and evictions.
 
-The page replays runs of S13's engine (`code/s13_engine.py`'s `LLMEngine`, driven by
-`PrefixCachingScheduler` from code/s13_prefix_caching.py) on the bundled model, made here at
-build time on the CPU in float32, greedy, blocks of BLOCK_SIZE tokens. Three workloads:
+The page replays runs of S13's engine (`code/s13_prefix_caching.py`'s `build_engine`: S12's
+paged engine with the `PrefixCachingKVCacheManager`, its pool's changes kept) on the bundled
+model, made here at build time on the CPU in float32, greedy, blocks of BLOCK_SIZE tokens.
+Three workloads:
 
 - "system": five requests, each a shared system prompt (the first SYSTEM_TOKENS tokens of
   S07's "long" prompt) in front of a corpus line, arriving one after another while the
@@ -21,11 +22,13 @@ build time on the CPU in float32, greedy, blocks of BLOCK_SIZE tokens. Three wor
 
 Per workload: the settings; per request the prompt length, its arrival step, the names (the
 first 8 hex digits of the SHA-256 hash) of every full block of its final token ids (prompt and
-outputs), its generated text and finish reason; the trace, one `StepRecord` per step (the
-scheduled ids, their tokens and starts, each one's block table and the ref_cnt of each of its
-blocks when scheduled, the hits of the requests admitted, the pool's events in order: "hit",
-"evicted", "allocated", "cached", "freed", the cached blocks and the free queue after the
-step, the counters); and `summary`, worked out here from the trace alone.
+outputs), its generated text and finish reason; the trace, one record per step joining the
+three tracers' records of the step (S09's `StepRecord`: the scheduled ids in schedule order,
+their tokens and starts, each one's block table; S12's `BlockRecord`: the pool's events in
+order, "hit", "evicted", "allocated", "cached", "freed"; S13's `CacheRecord`: the ref_cnt of
+each scheduled block when scheduled, the hits of the requests admitted, the cached blocks and
+the free queue after the step, the counters); and `summary`, worked out here from the trace
+alone.
 
 The page recomputes the cache from the schedule alone (who is scheduled, with how many
 tokens, who finishes) and each request's block names: the longest run of cached names at
@@ -51,18 +54,20 @@ import s03_transformer as s03  # noqa: E402  (code/ is not a package)
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
 import s07_workloads  # noqa: E402
-import s08_static_batching as s08  # noqa: E402
-import s13_engine  # noqa: E402
+import s08_cli  # noqa: E402
+import s09_trace  # noqa: E402
+import s12_engine as s12  # noqa: E402
 import s13_prefix_caching as s13  # noqa: E402
 
 MAX_CONTEXT = 256              # the bundled model's window
 BLOCK_SIZE = 8
 SYSTEM_TOKENS = 40             # the shared system prompt: five blocks of 8
 HASH_DIGITS = 8
-TRACE_FIELDS = ("step", "running", "schedule_order", "num_scheduled_tokens",
-                "num_computed_tokens", "request_num_tokens", "joined", "left", "preempted",
-                "num_tokens", "block_tables", "ref_cnts", "cache_hits", "block_events",
-                "cached_blocks", "free_queue", "cache_stats")
+# the trace's fields, by the tracer whose records hold them
+STEP_FIELDS = ("step", "running", "num_scheduled_tokens", "num_computed_tokens",
+               "request_num_tokens", "joined", "left", "preempted", "num_tokens", "block_tables")
+BLOCK_FIELDS = ("block_events",)
+CACHE_FIELDS = ("ref_cnts", "cache_hits", "cached_blocks", "free_queue", "cache_stats")
 
 
 def listify(value):
@@ -77,9 +82,13 @@ class Run:
 
     def __init__(self, model, tokenizer, num_blocks: int, max_num_seqs: int):
         self.tokenizer = tokenizer
-        self.engine = s13_engine.LLMEngine(model, tokenizer, MAX_CONTEXT, max_num_seqs,
-                                           max_num_batched_tokens=MAX_CONTEXT,
-                                           block_size=BLOCK_SIZE, num_blocks=num_blocks)
+        self.engine = s13.build_engine(model, tokenizer, max_context=MAX_CONTEXT,
+                                       max_num_seqs=max_num_seqs,
+                                       max_num_batched_tokens=MAX_CONTEXT,
+                                       block_size=BLOCK_SIZE, num_blocks=num_blocks,
+                                       enable_kv_cache_events=True)
+        self.tracers = (s09_trace.trace(self.engine), s12.trace_blocks(self.engine),
+                        s13.trace_cache(self.engine))
         self.ids, self.arrivals, self.prompts, self.max_tokens = [], {}, {}, {}
         self.tokens, self.texts, self.reasons = {}, {}, {}
 
@@ -89,30 +98,35 @@ class Run:
         self.engine.add_request(prompt, params, request_id=rid)
         self.ids.append(rid)
         self.arrivals[rid], self.prompts[rid], self.max_tokens[rid] = (
-            len(self.engine.trace), prompt, max_tokens)
+            self.num_steps, prompt, max_tokens)
         self.tokens[rid], self.texts[rid] = [], []
         return rid
 
+    @property
+    def num_steps(self) -> int:
+        """Steps recorded so far (the number of the next)."""
+        return len(self.tracers[0].records)
+
     def step(self) -> None:
-        step = len(self.engine.trace)
+        step = self.num_steps
         for out in self.engine.step():
             self.tokens[out.request_id] += [[step, t] for t in out.new_token_ids]
             self.texts[out.request_id].append(out.text_delta)
             if out.finished:
                 self.reasons[out.request_id] = out.finish_reason
-        if len(self.engine.trace) != step + 1:
-            raise RuntimeError(f"step {step}: expected one StepRecord per step() call")
+        if any(len(tracer.records) != step + 1 for tracer in self.tracers):
+            raise RuntimeError(f"step {step}: expected one record of each per step() call")
 
     def done(self, rid: str) -> bool:
         return rid in self.reasons
 
     def export(self) -> dict:
-        engine, tok = self.engine, self.tokenizer
+        engine, tok, kv = self.engine, self.tokenizer, self.engine.scheduler.kv
         if engine.has_unfinished_requests():
             raise RuntimeError("the run must end")
         if engine.scheduler.num_preemptions:
             raise RuntimeError("the prefix-cache runs must not preempt (S12's page shows that)")
-        if engine.scheduler.kv.num_free_blocks != engine.num_blocks - 1:
+        if kv.num_free_blocks != kv.num_blocks - 1:
             raise RuntimeError("every block must be free once the run has ended")
         requests, names = [], {}
         for rid in self.ids:
@@ -128,10 +142,12 @@ class Run:
                 "generated": [[s, t, tok.decode([t])] for s, t in self.tokens[rid]],
                 "prompt": self.prompts[rid], "text": "".join(self.texts[rid]),
                 "finish_reason": self.reasons[rid]})
-        trace = [{f: listify(getattr(r, f)) for f in TRACE_FIELDS} for r in engine.trace]
-        return {"block_size": engine.block_size, "num_blocks": engine.num_blocks,
-                "max_num_seqs": engine.max_num_seqs, "requests": requests, "trace": trace,
-                "summary": summarize(requests, trace)}
+        trace = [{f: listify(getattr(record, f)) for record, fields in zip(
+                      records, (STEP_FIELDS, BLOCK_FIELDS, CACHE_FIELDS)) for f in fields}
+                 for records in zip(*(tracer.records for tracer in self.tracers), strict=True)]
+        return {"block_size": kv.block_size, "num_blocks": kv.num_blocks,
+                "max_num_seqs": engine.scheduler.max_num_seqs, "requests": requests,
+                "trace": trace, "summary": summarize(requests, trace)}
 
 
 def summarize(requests: list[dict], trace: list[dict]) -> dict:
@@ -157,12 +173,12 @@ def system_prompt(tokenizer) -> str:
 
 def workload_system(model, tokenizer) -> dict:
     head = system_prompt(tokenizer)
-    chats = s08.corpus_prompts(tokenizer, 5, 0, MAX_CONTEXT)
+    chats = s08_cli.corpus_prompts(tokenizer, 5, 0, MAX_CONTEXT)
     run = Run(model, tokenizer, num_blocks=64, max_num_seqs=8)
     arrivals = [0, 1, 2, 3, 4]
     added = 0
     while added < len(chats) or run.engine.has_unfinished_requests():
-        while added < len(chats) and arrivals[added] <= len(run.engine.trace):
+        while added < len(chats) and arrivals[added] <= run.num_steps:
             run.add(head + chats[added], 12)
             added += 1
         run.step()
@@ -171,7 +187,7 @@ def workload_system(model, tokenizer) -> dict:
 
 def workload_evict(model, tokenizer) -> dict:
     head = system_prompt(tokenizer)
-    chats = s08.corpus_prompts(tokenizer, 8, 3, MAX_CONTEXT)
+    chats = s08_cli.corpus_prompts(tokenizer, 8, 3, MAX_CONTEXT)
     run = Run(model, tokenizer, num_blocks=12, max_num_seqs=1)
     for prompt in (head + chats[0], chats[1], chats[2], head + chats[3]):
         rid = run.add(prompt, 8)
@@ -181,7 +197,7 @@ def workload_evict(model, tokenizer) -> dict:
 
 
 def workload_chat(model, tokenizer) -> dict:
-    chats = s08.corpus_prompts(tokenizer, 3, 2, MAX_CONTEXT)
+    chats = s08_cli.corpus_prompts(tokenizer, 3, 2, MAX_CONTEXT)
     run = Run(model, tokenizer, num_blocks=40, max_num_seqs=1)
     prompt = chats[0]
     for turn in range(3):
@@ -206,8 +222,10 @@ def export() -> dict:
         raise RuntimeError("the prefix cache replays runs of the bundled model: "
                            "train it first (python scripts/train_bundled_model.py)")
     model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
-    data = {"source": "code/s13_engine.py (LLMEngine.step, trace; PrefixCachingScheduler) on "
-                      "the bundled model, greedy, float32 on the CPU",
+    data = {"source": "code/s13_prefix_caching.py (build_engine: S12's paged engine with the "
+                      "PrefixCachingKVCacheManager; CacheTracer), code/s12_engine.py "
+                      "(BlockTracer) and code/s09_trace.py (StepTracer) on the bundled model, "
+                      "greedy, float32 on the CPU",
             "max_context": MAX_CONTEXT, "hash_digits": HASH_DIGITS, "workloads": []}
     for key, title, make in WORKLOADS:
         run = make(model, tokenizer)

@@ -3,10 +3,12 @@
  * finish, until an allocation takes them from the front and evicts their names.
  *
  * The runs are real: export.py (beside this file) ran each workload at build time through
- * code/s13_engine.py's LLMEngine (PrefixCachingScheduler) on the bundled model and recorded
- * every request's tokens, the names of its full blocks and the engine's trace. The page takes
- * the schedule from the trace (who runs in each step with how many tokens, who finishes) and
- * recomputes the cache itself, with S13's rules:
+ * code/s13_prefix_caching.py's engine (build_engine: the prefix-caching block manager) on the
+ * bundled model and recorded every request's tokens, the names of its full blocks and the
+ * engine's trace (its step, block and cache tracers' records). The page takes the schedule
+ * from the trace (who runs in each step with how many tokens, who finishes) and recomputes the
+ * cache itself, on S12's pool model with names (CourseSim.BlockPool, site/static/course.js),
+ * with S13's rules:
  *   - a request admitted looks up its first block names in the cache map and takes the longest
  *     run found, at most (its tokens - 1) // block size blocks (its last token is computed);
  *     each block hit gets ref_cnt + 1 and, if nobody held it, leaves the free queue;
@@ -26,60 +28,29 @@
 (function () {
   "use strict";
 
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
-
-  // "1 token", "2 tokens": a count and its noun, singular for exactly one.
-  function count(n, noun) { return n + " " + noun + (n === 1 ? "" : "s"); }
-
-  function show(piece) { return piece.replace(/\n/g, "\u21b5"); }
-
-  function same(a, b) { return JSON.stringify(a) === JSON.stringify(b); }
+  var el = CourseSim.el, count = CourseSim.count, same = CourseSim.same, show = CourseSim.breaks;
 
   // The cache, replayed from the schedule and the block names. One snapshot per step.
   function replay(work) {
-    var bs = work.block_size, n = work.num_blocks;
-    var reqs = {};
+    var bs = work.block_size, pool = new CourseSim.BlockPool(work.num_blocks);
+    var reqs = {}, tables = {}, held = {}, named = {};
     work.requests.forEach(function (r) { reqs[r.id] = r; });
-    var free = [], ref = [], name = {}, byName = {}, tables = {}, held = {}, named = {};
-    for (var b = 1; b < n; b++) { free.push(b); }
-    for (var b2 = 0; b2 < n; b2++) { ref.push(0); }
     var stats = {admissions: 0, hitRequests: 0, queries: 0, hits: 0};
     var snaps = [];
 
-    function take(k) {                                   // from the front, evicting names
-      var got = free.splice(0, k), evicted = [];
-      got.forEach(function (blk) {
-        ref[blk] = 1;
-        if (name[blk] !== undefined) {
-          evicted.push(blk);
-          delete byName[name[blk]];
-          delete name[blk];
-        }
-      });
-      return {blocks: got, evicted: evicted};
-    }
-
     work.trace.forEach(function (t) {
       var events = [], hitsNow = [], cachedNow = [], evictedNow = [], hitsOf = {};
-      t.schedule_order.forEach(function (rid) {
-        var k = t.running.indexOf(rid), num = t.num_scheduled_tokens[k];
-        var total = t.request_num_tokens[k], hashes = reqs[rid].hashes, got;
+      t.running.forEach(function (rid, k) {
+        var num = t.num_scheduled_tokens[k], total = t.request_num_tokens[k];
+        var hashes = reqs[rid].hashes, got;
         if (!(rid in tables)) {                          // admitted: the lookup
           var run = [], most = Math.floor((total - 1) / bs);
-          for (var i = 0; i < most && i < hashes.length && byName[hashes[i]] !== undefined; i++) {
-            run.push(byName[hashes[i]]);
+          for (var i = 0; i < most && i < hashes.length && pool.lookup(hashes[i]) !== undefined; i++) {
+            run.push(pool.lookup(hashes[i]));
           }
-          run.forEach(function (blk) {
-            if (ref[blk] === 0) free.splice(free.indexOf(blk), 1);
-            ref[blk] += 1;
-          });
+          pool.touch(run);
           var start = run.length * bs;
-          got = take(Math.ceil((start + num) / bs) - run.length);
+          got = pool.allocate(Math.ceil((start + num) / bs) - run.length);
           if (run.length) events.push(["hit", rid, run.slice()]);
           tables[rid] = run.concat(got.blocks);
           held[rid] = start + num;
@@ -91,7 +62,7 @@
           stats.queries += total;
           stats.hits += start;
         } else {                                         // running: blocks for its new tokens
-          got = take(Math.ceil((held[rid] + num) / bs) - tables[rid].length);
+          got = pool.allocate(Math.ceil((held[rid] + num) / bs) - tables[rid].length);
           tables[rid] = tables[rid].concat(got.blocks);
           held[rid] += num;
         }
@@ -99,22 +70,17 @@
         if (got.blocks.length) events.push(["allocated", rid, got.blocks]);
         evictedNow = evictedNow.concat(got.evicted);
       });
-      var scheduled = t.schedule_order.map(function (rid) {
+      var scheduled = t.running.map(function (rid) {
         return {id: rid, table: tables[rid].slice(),
-                refs: tables[rid].map(function (blk) { return ref[blk]; })};
+                refs: tables[rid].map(function (blk) { return pool.ref[blk]; })};
       });
-      t.schedule_order.forEach(function (rid) {         // after the model step: names
-        var k = t.running.indexOf(rid), hashes = reqs[rid].hashes;
+      t.running.forEach(function (rid, k) {             // after the model step: names
+        var hashes = reqs[rid].hashes;
         var full = Math.floor(Math.min(t.num_computed_tokens[k] + t.num_scheduled_tokens[k],
                                        held[rid], t.request_num_tokens[k]) / bs);
         var mine = [];
         for (var i = named[rid]; i < full; i++) {
-          var blk = tables[rid][i];
-          if (byName[hashes[i]] === undefined) {
-            byName[hashes[i]] = blk;
-            name[blk] = hashes[i];
-            mine.push(blk);
-          }
+          if (pool.cache(tables[rid][i], hashes[i])) mine.push(tables[rid][i]);
         }
         named[rid] = Math.max(named[rid], full);
         if (mine.length) events.push(["cached", rid, mine]);
@@ -123,16 +89,13 @@
       var freedNow = [];
       t.left.forEach(function (rid) {                   // finished: last block first
         var back = tables[rid].slice().reverse();
-        back.forEach(function (blk) {
-          ref[blk] -= 1;
-          if (ref[blk] === 0) free.push(blk);
-        });
+        pool.free(back);
         events.push(["freed", rid, back]);
         freedNow = freedNow.concat(back);
         delete tables[rid];
       });
-      var cached = Object.keys(name).map(Number).sort(function (a, c) { return a - c; })
-        .map(function (blk) { return [blk, name[blk]]; });
+      var cached = Object.keys(pool.name).map(Number).sort(function (a, c) { return a - c; })
+        .map(function (blk) { return [blk, pool.name[blk]]; });
       var holders = {};
       Object.keys(tables).forEach(function (rid) {
         tables[rid].forEach(function (blk) { holders[blk] = (holders[blk] || 0) + 1; });
@@ -140,8 +103,8 @@
       snaps.push({step: t.step, events: events, scheduled: scheduled, hitsOf: hitsOf,
                   hitsNow: hitsNow, cachedNow: cachedNow, evictedNow: evictedNow,
                   freedNow: freedNow, left: t.left.slice(), joined: t.joined.slice(),
-                  free: free.slice(), cached: cached, ref: ref.slice(),
-                  name: Object.assign({}, name), holders: holders,
+                  free: pool.queue.slice(), cached: cached, ref: pool.ref.slice(),
+                  name: Object.assign({}, pool.name), holders: holders,
                   tables: JSON.parse(JSON.stringify(tables)),
                   stats: Object.assign({}, stats)});
     });
@@ -156,8 +119,7 @@
       if (!same(s.events, t.block_events)) problems.push(at + "events");
       if (!same(s.free, t.free_queue)) problems.push(at + "free queue");
       if (!same(s.cached, t.cached_blocks)) problems.push(at + "cached blocks");
-      s.scheduled.forEach(function (x) {
-        var k = t.running.indexOf(x.id);
+      s.scheduled.forEach(function (x, k) {
         if (!same(x.table, t.block_tables[k])) problems.push(at + "block table of " + x.id);
         if (!same(x.refs, t.ref_cnts[k])) problems.push(at + "ref counts of " + x.id);
       });
@@ -177,7 +139,7 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = window.CourseSim.stepControls("pc-", {
+    var controls = CourseSim.stepControls("pc-", {
       choices: data.workloads.map(function (w) { return w.title; }),
       onChoose: choose,
       onStep: function (s) { step = s; render(); }
@@ -186,21 +148,14 @@
 
     var config = el("p", "pc-config");
     wrap.appendChild(config);
-    var legend = el("p", "pc-legend");
-    [["pc-held", "held by one request, no name yet (number: ref_cnt)"],
-     ["pc-held pc-named", "held and named (green bar): a new request can hit it"],
-     ["pc-shared pc-named", "held by several (a hit)"],
-     ["pc-cached-free", "free, still cached (a hit takes it back)"], ["pc-free", "free, no name"],
-     ["pc-null", "block 0, the null block"], ["pc-hit-now", "hit in this step"],
-     ["pc-evicted-now", "name evicted in this step"],
-     ["pc-cached-now", "named in this step (dark-green dot)"]].forEach(function (pair) {
-      var item = el("span", "pc-legend-item");
-      item.dataset.kind = pair[0];
-      item.appendChild(el("span", "pc-swatch " + pair[0]));
-      item.appendChild(document.createTextNode(pair[1]));
-      legend.appendChild(item);
-    });
-    wrap.appendChild(legend);
+    wrap.appendChild(CourseSim.legend("pc-", [
+      ["pc-held", "held by one request, no name yet (number: ref_cnt)"],
+      ["pc-held pc-named", "held and named (green bar): a new request can hit it"],
+      ["pc-shared pc-named", "held by several (a hit)"],
+      ["pc-cached-free", "free, still cached (a hit takes it back)"], ["pc-free", "free, no name"],
+      ["pc-null", "block 0, the null block"], ["pc-hit-now", "hit in this step"],
+      ["pc-evicted-now", "name evicted in this step"],
+      ["pc-cached-now", "named in this step (dark-green dot)"]]));
     var body = el("div", "pc-body");
     wrap.appendChild(body);
 
@@ -314,13 +269,8 @@
       work = data.workloads[index];
       snaps = replay(work);
       var problems = check(work, snaps);
-      if (problems.length) {
-        banner.hidden = false;
-        banner.textContent = "The page's cache disagrees with the engine's trace: " + problems.join("; ");
-        console.error("prefix-cache: " + problems.join("; "));
-      } else {
-        banner.hidden = true;
-      }
+      CourseSim.report(banner, "prefix-cache", "The page's cache disagrees with the engine's trace: ",
+                       problems);
       config.textContent = "The same bundled model, greedy; blocks of " + count(work.block_size, "token") +
         ", a pool of " + count(work.num_blocks, "block") + " (block 0 is the null block), at most " +
         work.max_num_seqs + " running. A block is named once it is full and its KV written; its name is the first " +
@@ -332,5 +282,5 @@
     choose(0);
   }
 
-  window.CourseSim.register("prefix-cache", mount);
+  CourseSim.register("prefix-cache", mount);
 })();

@@ -38,12 +38,7 @@
 
   var SVG = "http://www.w3.org/2000/svg";
 
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var el = CourseSim.el;
 
   function svg(tag, attrs, text) {
     var node = document.createElementNS(SVG, tag);

@@ -323,12 +323,7 @@
   }
 
   // ---- the page -------------------------------------------------------------------------
-  function make(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var make = CourseSim.el;
 
   function show(token) {
     return token.replace(/\n/g, "\u21b5").replace(/ /g, "\u2423");

@@ -21,14 +21,9 @@
 (function () {
   "use strict";
 
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var el = CourseSim.el;
 
-  function count(n, noun) { return n + " " + noun + (n === 1 ? "" : "s"); }
+  var count = CourseSim.count;
 
   function show(text) { return JSON.stringify(text); }
 
@@ -107,11 +102,8 @@
     wrap.appendChild(banner);
     var problems = [];
     data.scenarios.forEach(function (sc) { problems = problems.concat(check(sc)); });
-    if (problems.length) {
-      banner.hidden = false;
-      banner.textContent = "The page's reading of the stream disagrees with the recorded run: " + problems.join("; ");
-      console.error("sse-stream: " + problems.join("; "));
-    }
+    CourseSim.report(banner, "sse-stream",
+                     "The page's reading of the stream disagrees with the recorded run: ", problems);
 
     var controls = window.CourseSim.stepControls("sse-", {
       choices: data.scenarios.map(function (s) { return s.title; }),

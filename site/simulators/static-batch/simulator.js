@@ -21,14 +21,9 @@
   var KINDS = {".": "sb-pad", "P": "sb-prompt", "G": "sb-gen", "-": "sb-idle"};
   var FIELDS = ["kind", "rows", "columns", "useful", "padding", "idle", "masked_keys"];
 
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var el = CourseSim.el;
 
-  function show(piece) { return piece.replace(/\n/g, "\u21b5"); }
+  var show = CourseSim.breaks;
 
   function Batch(spec, eosId) {
     this.spec = spec;

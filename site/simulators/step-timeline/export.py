@@ -1,8 +1,9 @@
 """Data for the S11 "Try it" step timeline: prompt chunks and decodes sharing each step's budget.
 
-The page replays runs of S11's engine (`code/s11_chunked_prefill.py`'s `LLMEngine`, driven by
-its `ChunkedScheduler`) on the bundled model, made here at build time on the CPU in float32,
-greedy. Each workload is a pair of runs of the same requests, drawn one above the other:
+The page replays runs of S11's engine (`code/s11_chunked_prefill.py`'s `build_engine`: S09's
+`LLMEngine` with its `ChunkedScheduler`) on the bundled model, made here at build time on the
+CPU in float32, greedy. Each workload is a pair of runs of the same requests, drawn one above
+the other:
 
 - "stall": four short corpus prompts arrive one per step and decode; a long prompt arrives
   in step 6. Run A has S10's budget (nothing is chunked: the long prompt runs whole in one
@@ -13,20 +14,22 @@ greedy. Each workload is a pair of runs of the same requests, drawn one above th
   decodes leave, so the short prompts wait behind it); run B caps every request at 8 tokens
   a step (`long_prefill_token_threshold`), so the short prompts join beside it.
 
-Per run: the settings, and per request the prompt length, the step before which it was added,
-its generated ids with the text piece of each and the step that returned it, its text and
-finish reason; the trace, one `StepRecord` per step (scheduled ids in batch order with their
-tokens, kinds, starts and lengths, who sampled, joined, left, tokens in all, the budget;
-timings left out); and `summary`, computed here from the trace alone: each request's first-
-token step, and the worst "gap", the tokens computed in the steps between two consecutive
+Per run: the settings (the budget, the per-request limit, the KV capacity in tokens), and per
+request the prompt length, the step before which it was added, its generated ids with the text
+piece of each and the step that returned it, its text and finish reason; the trace, one
+`StepRecord` per step from S09's `StepTracer` (scheduled ids in schedule order with their
+tokens, kinds, starts, lengths and slots, who sampled, joined, left, tokens in all, the budget;
+timings left out); and `summary`, computed here from the trace alone: each request's
+first-token step, and the worst "gap", the tokens computed in the steps between two consecutive
 tokens of one request (the work a decoding request waits behind: the machine-independent face
 of inter-token latency).
 
 The page recomputes every step from the request lengths, arrivals and output counts alone with
-the chunked scheduler's rule (running requests first, in admission order, while budget is
-left, each min(tokens left, budget left, threshold), nothing kept back for those after it;
-then waiting requests while a seat and budget are left; a request samples only when its new
-tokens reach the end of its token ids) and checks it against the exported trace on load
+S10's scheduler model (`CourseSim.Scheduler` in site/static/course.js) grown by the chunked
+scheduler's one rule, as the Python grows it (running requests first, in admission order, while
+budget is left, each min(tokens left, budget left, threshold), nothing kept back for those
+after it; then waiting requests while a seat and budget are left; a request samples only when
+its new tokens reach the end of its token ids) and checks it against the exported trace on load
 (console error and a visible banner otherwise). tests/test_s11_simulator_browser.py compares
 what it shows with these values; tests/test_s11_simulator_data.py holds this data against
 independent oracles (S06's engine alone, the chunking rules checked step by step).
@@ -44,7 +47,8 @@ import s03_transformer as s03  # noqa: E402  (code/ is not a package)
 import s04_sampling as s04  # noqa: E402
 import s06_torch as s06  # noqa: E402
 import s07_workloads  # noqa: E402
-import s08_static_batching as s08  # noqa: E402
+import s08_cli  # noqa: E402
+import s09_trace  # noqa: E402
 import s11_chunked_prefill as s11  # noqa: E402
 
 MAX_CONTEXT = 256              # the bundled model's window
@@ -61,45 +65,48 @@ WORKLOADS = (
      (("A: no per-request limit", 32, 0), ("B: at most 8 tokens per request", 32, 8))),
 )
 TRACE_FIELDS = ("step", "running", "num_scheduled_tokens", "kinds", "num_computed_tokens",
-                "request_num_tokens", "sampled", "schedule_order", "joined", "left",
-                "num_tokens", "prefill_tokens", "waiting", "token_budget",
-                "long_prefill_token_threshold", "preempted", "resumed", "ended")
+                "request_num_tokens", "sampled", "slots", "joined", "left", "num_tokens",
+                "prefill_tokens", "waiting", "token_budget", "preempted", "resumed", "ended")
 
 
 def run_pair_member(model, tokenizer, prompts, arrivals, max_tokens, budget, threshold
                     ) -> dict:
     """Add request i before step arrivals[i]; step until done; every output recorded."""
-    engine = s11.LLMEngine(model, tokenizer, MAX_CONTEXT, MAX_NUM_SEQS,
-                           max_num_batched_tokens=budget,
-                           long_prefill_token_threshold=threshold)
-    ids, seqs, tokens, texts, reasons = [], {}, {}, {}, {}
+    engine = s11.build_engine(model, tokenizer, max_context=MAX_CONTEXT,
+                              max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=budget,
+                              long_prefill_token_threshold=threshold)
+    tracer = s09_trace.trace(engine)
+    ids, prompt_lens, tokens, texts, reasons = [], {}, {}, {}, {}
     while len(ids) < len(prompts) or engine.has_unfinished_requests():
-        step = len(engine.trace)                   # the StepRecord the next step() appends
+        step = len(tracer.records)                 # the StepRecord the next step() appends
         while len(ids) < len(prompts) and arrivals[len(ids)] <= step:
             i = len(ids)
             params = s04.SamplingParams(temperature=0.0, max_tokens=max_tokens[i])
             rid = engine.add_request(prompts[i], params, request_id=str(i))
             ids.append(rid)
-            seqs[rid], tokens[rid], texts[rid] = engine.requests[rid], [], []
+            prompt_lens[rid] = len(engine.requests[rid].prompt_ids)
+            tokens[rid], texts[rid] = [], []
         for out in engine.step():
             for token in out.new_token_ids:
                 tokens[out.request_id].append([step, token, tokenizer.decode([token])])
             texts[out.request_id].append(out.text_delta)
             if out.finished:
                 reasons[out.request_id] = out.finish_reason
-        if len(engine.trace) != step + 1:
+        if len(tracer.records) != step + 1:
             raise RuntimeError(f"step {step}: expected one StepRecord per step() call")
-    if engine.scheduler.num_preemptions or engine.num_free_slots != MAX_NUM_SEQS:
+    scheduler = engine.scheduler
+    if scheduler.num_preemptions or len(scheduler.kv.free_slots) != MAX_NUM_SEQS:
         raise RuntimeError("the timeline's runs must not preempt, and must free every slot")
     trace = [{f: (list(v) if isinstance(v := getattr(r, f), tuple) else v)
-              for f in TRACE_FIELDS} for r in engine.trace]
-    requests = [{"id": rid, "prompt_len": len(seqs[rid].prompt_ids), "arrival": arrivals[k],
+              for f in TRACE_FIELDS} for r in tracer.records]
+    requests = [{"id": rid, "prompt_len": prompt_lens[rid], "arrival": arrivals[k],
                  "max_tokens": max_tokens[k], "generated": tokens[rid],
                  "text": "".join(texts[rid]), "finish_reason": reasons[rid]}
                 for k, rid in enumerate(ids)]
     return {"requests": requests, "trace": trace,
-            "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
-            "long_prefill_token_threshold": engine.long_prefill_token_threshold,
+            "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+            "long_prefill_token_threshold": scheduler.config.long_prefill_token_threshold,
+            "kv_capacity": scheduler.kv_capacity,
             "summary": summarize(requests, trace)}
 
 
@@ -125,11 +132,12 @@ def export() -> dict:
         raise RuntimeError("the step timeline replays runs of the bundled model: "
                            "train it first (python scripts/train_bundled_model.py)")
     model, tokenizer = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
-    chats = s08.corpus_prompts(tokenizer, 4, 0, MAX_CONTEXT)          # 29, 14, 9, 28 tokens
+    chats = s08_cli.corpus_prompts(tokenizer, 4, 0, MAX_CONTEXT)          # 29, 14, 9, 28 tokens
     long_prompt = s07_workloads.make_workload("long", tokenizer, 1, LONG_SEED,
                                               MAX_CONTEXT).requests[0].prompt
-    data = {"source": "code/s11_chunked_prefill.py (LLMEngine.step, trace; ChunkedScheduler) "
-                      "on the bundled model, greedy, float32 on the CPU",
+    data = {"source": "code/s11_chunked_prefill.py (build_engine: S09's LLMEngine with the "
+                      "ChunkedScheduler), traced by code/s09_trace.py's StepTracer, on the "
+                      "bundled model, greedy, float32 on the CPU",
             "max_context": MAX_CONTEXT, "max_num_seqs": MAX_NUM_SEQS, "workloads": []}
     for key, title, order, arrivals, max_tokens, runs in WORKLOADS:
         prompts = [long_prompt if o == "L" else chats[o] for o in order]

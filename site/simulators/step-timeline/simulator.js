@@ -3,10 +3,12 @@
  * (or the wait that a per-request limit removes) shows side by side.
  *
  * The runs are real: export.py (beside this file) ran each workload at build time through
- * code/s11_chunked_prefill.py's LLMEngine, driven by its ChunkedScheduler, on the bundled
- * model, and recorded every request's tokens and the engine's trace (one StepRecord per step).
- * The page recomputes every step from the request lengths, arrival steps and output counts
- * alone, with the chunked scheduler's rule:
+ * code/s11_chunked_prefill.py's build_engine (S09's LLMEngine with the ChunkedScheduler) on the
+ * bundled model, and recorded every request's tokens and the engine's trace (S09's StepTracer,
+ * one StepRecord per step). The page recomputes every step from the request lengths, arrival
+ * steps and output counts alone with S10's scheduler model (CourseSim.Scheduler, in
+ * site/static/course.js) grown as the Python grows it: ChunkedScheduler below changes one rule,
+ * numNewTokens, and keeps every other:
  *   - requests arrive before their step and join the back of the waiting queue;
  *   - first the running requests, in admission order, while budget is left: each computes
  *     min(tokens left, budget left, the per-request limit if there is one). Nothing is kept
@@ -25,72 +27,31 @@
 (function () {
   "use strict";
 
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
+  var el = CourseSim.el, count = CourseSim.count, sum = CourseSim.sum, same = CourseSim.same;
+  var show = CourseSim.breaks;
+
+  // S11's scheduler: S10's with one rule changed (code/s11_chunked_prefill.py's
+  // ChunkedScheduler): a request computes min(what it has not computed, the budget left, the
+  // per-request limit when there is one). config: S10's, and threshold (0: no limit).
+  function ChunkedScheduler(config) {
+    CourseSim.Scheduler.call(this, config);
+    this.threshold = config.threshold || 0;
   }
+  ChunkedScheduler.prototype = Object.create(CourseSim.Scheduler.prototype);
+  ChunkedScheduler.prototype.numNewTokens = function (request, computed, budget) {
+    var n = Math.min(request.tokens - computed, budget);
+    return this.threshold ? Math.min(n, this.threshold) : n;
+  };
 
-  function sum(xs) { return xs.reduce(function (a, b) { return a + b; }, 0); }
-
-  // "1 token", "2 tokens": a count and its noun, singular for exactly one.
-  function count(n, noun) { return n + " " + noun + (n === 1 ? "" : "s"); }
-
-  function show(piece) { return piece.replace(/\n/g, "\u21b5"); }
-
-  // One run of the chunked scheduler's rule; returns one record per step.
-  function replay(run, seats) {
-    var budgetMax = run.max_num_batched_tokens, cap = run.long_prefill_token_threshold || Infinity;
-    var reqs = run.requests.map(function (r) {
-      return {id: r.id, at: r.arrival, promptLen: r.prompt_len, target: r.generated.length,
-              tokens: r.prompt_len, computed: 0, made: 0, madeAt: [], leftAt: null};
-    });
-    var waiting = [], running = [], records = [], finished = 0;
-    for (var step = 0; finished < reqs.length; step++) {
-      if (step > 10000) throw new Error("the replay does not end");
-      reqs.forEach(function (r) { if (r.at === step) waiting.push(r); });
-      var budget = budgetMax, sched = [], joined = [];
-      for (var i = 0; i < running.length && budget > 0; i++) {
-        var r = running[i], n = Math.min(r.tokens - r.computed, budget, cap);
-        sched.push({req: r, n: n, start: r.computed, total: r.tokens});
-        budget -= n;
-      }
-      while (waiting.length && running.length < seats) {
-        var w = waiting[0], m = Math.min(w.tokens - w.computed, budget, cap);
-        if (m <= 0) break;                                 // the budget is spent
-        waiting.shift();
-        running.push(w);
-        joined.push(w.id);
-        sched.push({req: w, n: m, start: w.computed, total: w.tokens});
-        budget -= m;
-      }
-      var sampled = [], left = [];
-      sched.forEach(function (s) {                         // the model step
-        var q = s.req;
-        // "decode": one token after a step in which the request sampled (S11's rule; these
-        // runs have no preemption, so a request's only prefill is its prompt)
-        s.kind = q.made > 0 && s.total - s.start === 1 ? "decode" : "prefill";
-        q.computed = s.start + s.n;
-        if (q.computed === q.tokens) {                     // its new tokens reach its end
-          s.sampled = true;
-          sampled.push(q.id);
-          q.made += 1;
-          q.tokens += 1;
-          q.madeAt.push(step);
-          if (q.made >= q.target) {
-            running.splice(running.indexOf(q), 1);
-            q.leftAt = step;
-            left.push(q.id);
-            finished += 1;
-          }
-        }
-      });
-      records.push({step: step, scheduled: sched, joined: joined, sampled: sampled, left: left,
-                    waiting: waiting.map(function (q) { return q.id; }),
-                    tokens: sum(sched.map(function (s) { return s.n; }))});
-    }
-    return {records: records, reqs: reqs};
+  // One run of the chunked scheduler; one record per step (CourseSim.Scheduler's).
+  function replay(run, seats, maxContext) {
+    var sched = new ChunkedScheduler({
+      maxNumSeqs: seats, budget: run.max_num_batched_tokens, capacity: run.kv_capacity,
+      slotSize: maxContext, threshold: run.long_prefill_token_threshold});
+    var records = sched.run(run.requests.map(function (r) {
+      return {id: r.id, at: r.arrival, tokens: r.prompt_len, target: r.generated.length};
+    }));
+    return {records: records, reqs: sched.requests};
   }
 
   // The worst gap (tokens computed between two consecutive tokens of one request) and each
@@ -108,9 +69,9 @@
     return {first_token_step: first, worst_gap: worst, steps: work.length, tokens_computed: sum(work)};
   }
 
-  function Run(spec, seats) {
+  function Run(spec, seats, maxContext) {
     this.spec = spec;
-    var run = replay(spec, seats);
+    var run = replay(spec, seats, maxContext);
     this.records = run.records;
     this.reqs = run.reqs;
     this.steps = run.records.length;
@@ -119,22 +80,22 @@
 
   Run.prototype.check = function () {
     var problems = [], self = this, label = this.spec.label.split(":")[0];
-    var same = function (a, b) { return JSON.stringify(a) === JSON.stringify(b); };
     if (this.spec.trace.length !== this.steps) problems.push(label + ": step count " + this.steps + " != " + this.spec.trace.length);
     this.spec.trace.forEach(function (t, i) {
       var mine = self.records[i];
       if (!mine) return;
-      var want = {}, got = {};
-      t.running.forEach(function (rid, k) { want[rid] = [t.num_scheduled_tokens[k], t.kinds[k], t.num_computed_tokens[k]]; });
-      mine.scheduled.forEach(function (s) { got[s.req.id] = [s.n, s.kind, s.start]; });
-      var keys = function (o) { return Object.keys(o).sort().map(function (k) { return [k, o[k]]; }); };
-      if (!same(keys(want), keys(got))) problems.push(label + " step " + i + " scheduled tokens");
-      if (!same(mine.scheduled.map(function (s) { return s.req.id; }), t.schedule_order)) problems.push(label + " step " + i + " order");
-      if (!same(mine.sampled.slice().sort(), t.sampled.slice().sort())) problems.push(label + " step " + i + " sampled");
-      if (!same(mine.joined, t.joined)) problems.push(label + " step " + i + " joined");
-      if (!same(mine.left.slice().sort(), t.left.slice().sort())) problems.push(label + " step " + i + " left");
-      if (mine.tokens !== t.num_tokens) problems.push(label + " step " + i + " tokens");
-      if (mine.waiting.length !== t.waiting) problems.push(label + " step " + i + " waiting");
+      var at = label + " step " + i + " ";
+      var want = t.running.map(function (rid, k) {
+        return [rid, t.num_scheduled_tokens[k], t.kinds[k], t.num_computed_tokens[k],
+                t.request_num_tokens[k], t.slots[k]];
+      });
+      var got = mine.scheduled.map(function (x) { return [x.id, x.n, x.kind, x.start, x.total, x.slot]; });
+      if (!same(want, got)) problems.push(at + "scheduled tokens");
+      ["sampled", "joined", "left", "preempted", "resumed", "ended"].forEach(function (f) {
+        if (!same(mine[f], t[f])) problems.push(at + f);
+      });
+      if (mine.tokens !== t.num_tokens) problems.push(at + "tokens");
+      if (mine.waiting.length !== t.waiting) problems.push(at + "waiting");
     });
     this.spec.requests.forEach(function (r, k) {
       if (!same(self.reqs[k].madeAt, r.generated.map(function (g) { return g[0]; }))) problems.push(label + " request " + r.id + " token steps");
@@ -148,7 +109,7 @@
     var q = this.reqs[k], rec = this.records[s];
     if (s >= this.steps) return ["after", ""];
     if (s < q.at) return ["absent", ""];
-    var mine = rec.scheduled.find(function (x) { return x.req === q; });
+    var mine = rec.scheduled.find(function (x) { return x.id === q.id; });
     if (mine) {
       if (mine.kind === "decode") return ["decode", ""];
       return [mine.sampled ? "last-chunk" : "chunk", String(mine.n)];
@@ -163,7 +124,7 @@
     banner.hidden = true;
     wrap.appendChild(banner);
 
-    var controls = window.CourseSim.stepControls("st-", {
+    var controls = CourseSim.stepControls("st-", {
       choices: data.workloads.map(function (w) { return w.title; }),
       onChoose: choose,
       onStep: function (s) { step = s; render(); }
@@ -172,16 +133,10 @@
 
     var config = el("p", "st-config");
     wrap.appendChild(config);
-    var legend = el("p", "st-legend");
-    [["st-decode", "decodes one token"], ["st-chunk", "prompt chunk (its tokens), nothing sampled"],
-     ["st-last-chunk", "last chunk: samples the first token"], ["st-wait", "waiting"],
-     ["st-done", "finished"], ["st-future", "not yet"]].forEach(function (pair) {
-      var item = el("span", "st-legend-item");
-      item.appendChild(el("span", "st-swatch " + pair[0]));
-      item.appendChild(document.createTextNode(pair[1]));
-      legend.appendChild(item);
-    });
-    wrap.appendChild(legend);
+    wrap.appendChild(CourseSim.legend("st-", [
+      ["st-decode", "decodes one token"], ["st-chunk", "prompt chunk (its tokens), nothing sampled"],
+      ["st-last-chunk", "last chunk: samples the first token"], ["st-wait", "waiting"],
+      ["st-done", "finished"], ["st-future", "not yet"]]));
     var panels = el("div", "st-panels");
     wrap.appendChild(panels);
 
@@ -266,9 +221,9 @@
         var decs = r.scheduled.filter(function (x) { return x.kind === "decode"; });
         var chunks = r.scheduled.filter(function (x) { return x.kind === "prefill"; });
         var parts = ["Step " + step + ": " + r.tokens + " of " + spec.max_num_batched_tokens + " tokens"];
-        if (decs.length) parts.push(count(decs.length, "decode") + " (" + decs.map(function (x) { return x.req.id; }).join(", ") + ")");
+        if (decs.length) parts.push(count(decs.length, "decode") + " (" + decs.map(function (x) { return x.id; }).join(", ") + ")");
         chunks.forEach(function (x) {
-          parts.push("request " + x.req.id + " computes " + count(x.n, "prompt token") + ", " +
+          parts.push("request " + x.id + " computes " + count(x.n, "prompt token") + ", " +
             (x.start + x.n) + " of " + x.total + (x.sampled ? ", complete: samples its first token" : ", samples nothing"));
         });
         var who = function (ids) { return (ids.length === 1 ? "request " : "requests ") + ids.join(", "); };
@@ -312,33 +267,18 @@
         var p = panel(run, i);
         panels.appendChild(p.box);
         if (keep[i] !== undefined) p.gridBox.scrollLeft = keep[i];
-        showColumn(p.gridBox, p.head.children[step + 1]);
+        CourseSim.scrollToColumn(p.gridBox, p.head.children[step + 1]);
       });
-    }
-
-    // Scroll a grid sideways, only as far as needed, so that the current step's column shows.
-    function showColumn(gridBox, th) {
-      var box = gridBox.getBoundingClientRect(), cell = th.getBoundingClientRect();
-      var left = cell.left - box.left + gridBox.scrollLeft, margin = 3 * cell.width;
-      if (left - margin < gridBox.scrollLeft) {
-        gridBox.scrollLeft = Math.max(0, left - margin);
-      } else if (left + cell.width + margin > gridBox.scrollLeft + gridBox.clientWidth) {
-        gridBox.scrollLeft = left + cell.width + margin - gridBox.clientWidth;
-      }
     }
 
     function choose(index) {
       var spec = data.workloads[index];
-      work = {long_id: spec.long_id, runs: spec.runs.map(function (r) { return new Run(r, data.max_num_seqs); })};
+      work = {long_id: spec.long_id, runs: spec.runs.map(function (r) {
+        return new Run(r, data.max_num_seqs, data.max_context); })};
       var problems = [];
       work.runs.forEach(function (run) { problems = problems.concat(run.check()); });
-      if (problems.length) {
-        banner.hidden = false;
-        banner.textContent = "The page's schedule disagrees with the engine's trace: " + problems.join("; ");
-        console.error("step-timeline: " + problems.join("; "));
-      } else {
-        banner.hidden = true;
-      }
+      CourseSim.report(banner, "step-timeline",
+                       "The page's schedule disagrees with the engine's trace: ", problems);
       maxSteps = Math.max.apply(null, work.runs.map(function (r) { return r.steps; }));
       maxTokens = Math.max.apply(null, work.runs.map(function (r) {
         return Math.max.apply(null, r.records.map(function (x) { return x.tokens; })); }));
@@ -352,5 +292,5 @@
     choose(0);
   }
 
-  window.CourseSim.register("step-timeline", mount);
+  CourseSim.register("step-timeline", mount);
 })();

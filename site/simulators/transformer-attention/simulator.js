@@ -34,12 +34,7 @@
     ".ta-note { font-size: 0.88em; margin: 0.4rem 0; }"
   ].join("\n");
 
-  function el(tag, cls, text) {
-    var node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
-    return node;
-  }
+  var el = CourseSim.el;
 
   function show(token) {   // make whitespace visible in labels
     return token.replace(/\n/g, "\u21b5").replace(/ /g, "\u2423");
