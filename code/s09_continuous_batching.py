@@ -87,8 +87,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import torch
-
 import s01_generation_loop as s01
 import s06_torch as s06
 import s08_static_batching as s08
@@ -309,6 +307,9 @@ class SlotKVManager:
         return [], 0
 
     def allocate_slots(self, request, num_new_tokens: int, computed_blocks=()) -> bool:
+        """Room for num_new_tokens more tokens of the request, in its slot (the lowest free
+        one on its first call); False, nothing taken, when no slot is free or the slot
+        would overflow. computed_blocks: S13's prefix hit, nothing here."""
         rid = request.request_id
         held = self.tokens.get(rid, 0) + num_new_tokens
         if held > self.slot_size or (rid not in self.slots and not self.free_slots):
@@ -319,6 +320,8 @@ class SlotKVManager:
         return True
 
     def free(self, request) -> None:
+        """The request's slot back to the free list, its tokens forgotten (nothing for a
+        request that holds no slot)."""
         rid = request.request_id
         slot = self.slots.pop(rid, None)
         self.tokens.pop(rid, None)
@@ -326,6 +329,7 @@ class SlotKVManager:
             bisect.insort(self.free_slots, slot)
 
     def trim(self, request, num_tokens: int) -> None:
+        """The request holds num_tokens tokens again (no more than it held), in its slot."""
         if request.request_id in self.tokens:
             self.tokens[request.request_id] = min(num_tokens, self.tokens[request.request_id])
 
@@ -384,11 +388,11 @@ class FIFOScheduler:
     The interface the engine uses (S10's `Scheduler` has the same): `check_request`,
     `add_request`, `schedule() -> SchedulerOutput`, `update_from_output(plan, finished_ids)`,
     `finish_requests(ids)`, `revert(plan)`, `has_unfinished_requests()`; `waiting` (deque),
-    `running` (list, admission order), `kv` (the manager), `num_steps`. Raises ValueError for
-    a max_num_seqs that is not an integer >= 1.
+    `running` (list, admission order), `kv` (the manager), `num_steps`. Raises
+    ParameterError for a max_num_seqs that is not an integer >= 1.
     """
 
-    max_num_batched_tokens = None    # no token budget: every running request's tokens run
+    max_num_batched_tokens = None    # no token budget (S10's has one): all running tokens run
 
     def __init__(self, max_num_seqs: int, kv: SlotKVManager):
         if not s01.is_int(max_num_seqs) or max_num_seqs < 1:
@@ -409,8 +413,8 @@ class FIFOScheduler:
 
     def schedule(self) -> SchedulerOutput:
         for request in self.running:   # what it has not computed: the token sampled last step
-            n = request.num_tokens - request.num_computed_tokens
-            assert self.kv.allocate_slots(request, n), "a slot holds max_context positions"
+            fits = self.kv.allocate_slots(request, request.num_tokens - request.num_computed_tokens)
+            assert fits, "a slot holds max_context positions; the stop rules end a request there"
         new = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
@@ -565,10 +569,10 @@ class LLMEngine:
         (default: 16 tokens, greedy). request_id: a non-empty str no unfinished request uses
         (default: the next number no request holds; each request made gets a new one, so
         several may be made before they are queued). priority: an int, lower first (S10's
-        "priority" policy). cache_salt: None or a non-empty str (S13). Raises ParameterError naming the
-        parameter: a bad id, params or prompt (Part I's rules, token ids in [0, V)), a stop
-        token id outside the vocabulary, a bad priority or salt, or a prompt the KV pool
-        could never hold (the scheduler's rule)."""
+        "priority" policy). cache_salt: None or a non-empty str (S13). Raises ParameterError
+        naming the parameter: a bad id, params or prompt (Part I's rules, token ids in
+        [0, V)), a stop token id outside the vocabulary, a bad priority or salt, or a prompt
+        the KV pool could never hold (the scheduler's rule)."""
         auto = request_id is None       # the next number no request holds, given once
         if auto:
             while self._taken(str(self._next_id)):

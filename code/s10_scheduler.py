@@ -126,6 +126,8 @@ class TokenKVPool(SlotKVManager):
                                  "would block every request behind it)", "prompt")
 
     def allocate_slots(self, request, num_new_tokens: int, computed_blocks=()) -> bool:
+        """Room for num_new_tokens more tokens while they fit the capacity (and S09's slot
+        rules), all or nothing: False, nothing taken, when they do not."""
         if num_new_tokens > self.num_free_tokens:
             return False
         return super().allocate_slots(request, num_new_tokens)
@@ -180,14 +182,35 @@ class SchedulerConfig:
 
 
 @dataclass
-class _Ids:
-    """The lists one `schedule` call fills in."""
+class _Plan:
+    """What one `schedule` call fills in: the tokens left in the step's budget, each
+    scheduled request's tokens and start (schedule order), and the ids by what happened."""
 
+    budget: int
+    scheduled: dict[str, int] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)
     running: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+
+    def add(self, request: Request, n: int, start: int, group: list[str]) -> None:
+        """Schedule n tokens of the request from `start`, listed in `group`."""
+        self.scheduled[request.request_id], self.starts[request.request_id] = n, start
+        group.append(request.request_id)
+        self.budget -= n
+
+    def drop(self, request: Request) -> None:
+        """Take a preempted request out of this step's plan (it may have been scheduled),
+        giving its tokens back to the budget."""
+        rid = request.request_id
+        self.budget += self.scheduled.pop(rid, 0)
+        self.starts.pop(rid, None)
+        for group in (self.running, self.new, self.resumed):
+            if rid in group:
+                group.remove(rid)
+        self.preempted.append(rid)
 
 
 class Scheduler:
@@ -252,71 +275,70 @@ class Scheduler:
         runs out), then, if nobody was preempted, waiting requests in policy order while
         max_num_seqs, the token budget and KV allow. See the module docstring; the KV for
         every scheduled token is allocated here."""
-        budget = self.max_num_batched_tokens
-        scheduled: dict[str, int] = {}
-        starts: dict[str, int] = {}
-        ids = _Ids()
+        step = _Plan(self.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_waiting(step)
+        plan = SchedulerOutput(
+            self.num_steps, step.scheduled, step.starts,
+            {rid: tuple(self.kv.block_table(rid)) for rid in step.scheduled},
+            tuple(step.new), tuple(step.resumed), tuple(step.running), tuple(step.preempted),
+            tuple(step.finished), tuple(self.kv.take_new_blocks()))
+        if plan.planned:                       # an idle call is not a step
+            self.num_steps += 1
+        return plan
+
+    def _schedule_running(self, step: _Plan) -> None:
+        """The running requests, in admission order, each with its new tokens while the
+        budget lasts; when one cannot get KV for them, preempt (`_victim`) until it can, or
+        until it is the victim itself. One that outgrew the whole pool is ended."""
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and step.budget > 0:
             request = self.running[i]
-            rid = request.request_id
-            n = self.num_new_tokens(request, request.num_computed_tokens, budget)
-            if n > budget:
+            n = self.num_new_tokens(request, request.num_computed_tokens, step.budget)
+            if n > step.budget:
                 break
             if request.num_tokens > self.kv_capacity:   # held + all it has not computed:
                 self.running.pop(i)                     # it can never run again
-                self._end(request, ids)
+                self._end(request, step)
                 continue
             while not self.kv.allocate_slots(request, n):
                 victim = self._victim()
                 at = self.running.index(victim)
                 self.running.pop(at)
-                budget += scheduled.pop(victim.request_id, 0)    # it may have been scheduled
-                starts.pop(victim.request_id, None)
-                for group in (ids.running, ids.new, ids.resumed):
-                    if victim.request_id in group:
-                        group.remove(victim.request_id)
+                step.drop(victim)
                 self._preempt(victim)
-                ids.preempted.append(victim.request_id)
                 if victim is request:      # it was the one to go: it waits
                     break
                 if at < i:
                     i -= 1
             if request.status == RequestStatus.PREEMPTED:
                 continue     # the next running request may use what it freed (vLLM V1 stops)
-            scheduled[rid], starts[rid] = n, request.num_computed_tokens
-            ids.running.append(rid)
-            budget -= n
+            step.add(request, n, request.num_computed_tokens, step.running)
             i += 1
-        while not ids.preempted and self.waiting and len(self.running) < self.max_num_seqs:
+
+    def _schedule_waiting(self, step: _Plan) -> None:
+        """Waiting requests in policy order while a seat, the budget and KV allow, the KV
+        manager asked first for what its cache already holds (S13's prefix hit; nothing
+        before). Stops at the first that does not fit: nobody overtakes the head."""
+        while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            rid = request.request_id
             if request.num_tokens > self.kv_capacity:   # a resumed request that outgrew it
                 self.waiting.popleft()
-                self._end(request, ids)
+                self._end(request, step)
                 continue
             blocks, num_cached = self.kv.get_computed_blocks(request)   # S13's prefix hit
-            n = self.num_new_tokens(request, num_cached, budget)
-            if n == 0 or n > budget or not self.kv.allocate_slots(request, n, blocks):
-                break                          # strict order: nobody overtakes the head
+            n = self.num_new_tokens(request, num_cached, step.budget)
+            if n == 0 or n > step.budget or not self.kv.allocate_slots(request, n, blocks):
+                break
             self.waiting.popleft()
             if request.status == RequestStatus.PREEMPTED:
-                ids.resumed.append(rid)
+                group = step.resumed
             else:
-                ids.new.append(rid)
-                request.num_cached_tokens = num_cached
+                group, request.num_cached_tokens = step.new, num_cached
             request.status, request.num_computed_tokens = RequestStatus.RUNNING, num_cached
             self.running.append(request)
-            scheduled[rid], starts[rid] = n, num_cached
-            budget -= n
-        plan = SchedulerOutput(
-            self.num_steps, scheduled, starts,
-            {rid: tuple(self.kv.block_table(rid)) for rid in scheduled},
-            tuple(ids.new), tuple(ids.resumed), tuple(ids.running), tuple(ids.preempted),
-            tuple(ids.finished), tuple(self.kv.take_new_blocks()))
-        if plan.planned:                       # an idle call is not a step
-            self.num_steps += 1
-        return plan
+            step.add(request, n, num_cached, group)
 
     def update_from_output(self, plan: SchedulerOutput, finished_ids: Sequence[str] = ()
                            ) -> None:
@@ -359,10 +381,10 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         self._to_waiting(request, front=True)
 
-    def _end(self, request: Request, ids: _Ids) -> None:
+    def _end(self, request: Request, step: _Plan) -> None:
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
-        ids.finished.append(request.request_id)
+        step.finished.append(request.request_id)
 
     def _to_waiting(self, request: Request, front: bool) -> None:
         """FCFS: a new request at the back, a preempted one at the front. Priority: at its

@@ -126,8 +126,8 @@ class BlockPool:
     block's ref_cnt goes down by one, and the blocks that reach 0 go to the back of the free
     queue in the order given. `touch(blocks)`: each block's ref_cnt goes up by one (a block
     in the free queue leaves it): a second holder of a block (S13's prefix hit, a fork).
-    Raises ValueError for sizes that are not integers (num_blocks >= 2: the null block and one
-    usable block; block_size >= 1) and BlockPoolError for a block this pool cannot take.
+    Raises ParameterError for sizes that are not integers (num_blocks >= 2: the null block and
+    one usable block; block_size >= 1) and BlockPoolError for a block this pool cannot take.
     """
 
     def __init__(self, num_blocks: int, block_size: int):

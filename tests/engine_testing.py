@@ -44,7 +44,7 @@ def run_in_turns(streams):
 
 
 def id_text(ids) -> str:
-    """Token ids as the text IdTokenizer (tests/test_s03_transformer.py) encodes back to them."""
+    """Token ids as the text IdTokenizer (tests/model_testing.py) encodes back to them."""
     return " ".join(map(str, ids))
 
 
@@ -58,7 +58,7 @@ def tiny_references(name: str, directory, prompts, context: int, max_new_tokens:
     import s04_sampling as s04
     import s05_kv_cache as s05
     import s06_torch as s06
-    from test_s03_transformer import EOS_UNUSED, PAD, IdTokenizer, build_tiny
+    from model_testing import EOS_UNUSED, PAD, IdTokenizer, build_tiny
 
     hf = build_tiny(name, directory)
     model = s06.TorchTransformer.from_pretrained(directory)
@@ -81,9 +81,11 @@ def greedy(max_tokens: int = 8, **kwargs):
     return s04.SamplingParams(temperature=0.0, max_tokens=max_tokens, **kwargs)
 
 
-def tiny_fixture(prefix: str, names, prompts, context: int, max_new_tokens: int):
+def tiny_fixture(prefix: str, names, prompts, context: int, max_new_tokens: int, *,
+                 with_directory: bool = False):
     """A module-scoped pytest fixture over the tiny random models `names`: (name, HF model,
-    S06 model, {prompt index: (S05 alone, HF alone)}) for each (`tiny_references`)."""
+    S06 model, {prompt index: (S05 alone, HF alone)}) for each (`tiny_references`), and the
+    checkpoint directory last if with_directory (to load the model again, on another device)."""
     import pytest
 
     @pytest.fixture(scope="module", params=list(names))
@@ -91,6 +93,8 @@ def tiny_fixture(prefix: str, names, prompts, context: int, max_new_tokens: int)
         directory = tmp_path_factory.mktemp(f"{prefix}_{request.param}")
         hf, model, references = tiny_references(request.param, directory, prompts, context,
                                                 max_new_tokens)
+        if with_directory:
+            return request.param, hf, model, references, directory
         return request.param, hf, model, references
 
     return tiny

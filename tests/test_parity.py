@@ -31,8 +31,8 @@ import s10_scheduler as s10
 import s11_chunked_prefill as s11
 import s12_engine as s12
 import s13_prefix_caching as s13
+from model_testing import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 from s09_llm import LLM
-from test_s03_transformer import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 
 MAX_CONTEXT = 96
 NEW_TOKENS = 24

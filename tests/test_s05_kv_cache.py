@@ -16,19 +16,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import s01_generation_loop as s01
-from engine_testing import counting_engine, run_in_turns
 import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
+from engine_testing import counting_engine, run_in_turns
+from model_testing import (
+    EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny, first_difference, hf_greedy, hf_logits,
+)
 from s01_generation_loop import Engine as LoopEngine
 from s03_transformer import Transformer, TransformerConfig
 from s05_kv_cache import (
     CachedTransformer, CountingArray, Engine, KVCache, Work, count_work, generation_work,
     kv_cache_bytes, main, matmul_macs, step_work,
-)
-# The tiny random HF models of S03's tests and their helpers: one definition for both chapters.
-from test_s03_transformer import (
-    EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny, first_difference, hf_greedy, hf_logits,
 )
 
 CONTEXT = 96       # max_position_embeddings of every tiny model

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from model_testing import V, build_tiny
 from s06_torch import CachedTransformer, TorchTransformer
-from test_s03_transformer import V, build_tiny
 
 NOT_INTEGERS = "token ids must be integers"
 NOT_A_SEQUENCE = "forward needs a non-empty 1-D sequence of token ids"

@@ -27,18 +27,18 @@ import pytest
 import torch
 
 import s01_generation_loop as s01
-from engine_testing import counting_engine, run_in_turns
 import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
 import s05_kv_cache as s05
+from engine_testing import counting_engine, run_in_turns
+from model_testing import (
+    EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny, first_difference, hf_greedy, hf_logits,
+)
 from s06_sampler import DeviceSampler
 from s06_torch import (
     CachedTransformer, Engine, KVCache, StepTimes, TorchTransformer, attention, decode_attention,
     load, main, resolve_device_dtype, rms_norm, same_device,
-)
-from test_s03_transformer import (
-    EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny, first_difference, hf_greedy, hf_logits,
 )
 
 CONTEXT = 96       # max_position_embeddings of every tiny model

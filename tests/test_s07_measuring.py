@@ -368,7 +368,7 @@ def test_results_json_schema(tmp_path):
     clock = FakeClock()
     run = run_benchmark(StreamClient("fake", FakeEngine(clock, sizes=(1, 2))), FAKE_WORKLOAD,
                         model="fake-model", clock=clock, progress=False)
-    from test_s07_roofline import HAND
+    from roofline_testing import HAND
     attach_floor(run, HAND, MachinePeaks(100.0, 1000.0, "hand bw", "hand mm"))
     machine = s07.machine_facts()
     path = write_results(tmp_path / "out" / "r.json",

@@ -9,18 +9,13 @@ import struct
 
 import pytest
 
-import s03_transformer as s03
 import s07_roofline as roof
 from s07_measuring import BenchmarkRun, RequestResult
 from s07_roofline import (MachinePeaks, StepCost, attach_floor, bandwidth_floor_s,
                           decode_step_cost, prefill_cost, roofline_floor_s)
+from roofline_testing import HAND
 
-# V=10, C=4, L=1, H=2, Hkv=1, D=2, I=6, tied head, q/k norms, no biases.
-HAND = s03.TransformerConfig(model_type="qwen3", vocab_size=10, hidden_size=4,
-                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                             head_dim=2, intermediate_size=6, max_position_embeddings=16,
-                             norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0,
-                             qk_norm=True)
+# HAND: V=10, C=4, L=1, H=2, Hkv=1, D=2, I=6, tied head, q/k norms, no biases.
 
 
 def test_decode_step_cost_by_hand():

@@ -15,21 +15,18 @@ from hypothesis import strategies as st
 
 import s04_sampling as s04
 import s06_torch as s06
+from model_testing import V, IdTokenizer, build_tiny
 from s08_batch_variance import BATCH_TOLERANCE, follows_batch_rule
 from s08_static_batching import Engine
-from test_s03_transformer import V, IdTokenizer, build_tiny
 
 CONTEXT = 96
 
 
 @pytest.fixture(scope="module", params=["gpt2", "qwen3_gqa_tied"])
 def model(request, tmp_path_factory):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     directory = tmp_path_factory.mktemp(f"s08_prop_{request.param}")
     build_tiny(request.param, directory)
-    yield s06.TorchTransformer.from_pretrained(directory)
-    torch.set_num_threads(before)
+    return s06.TorchTransformer.from_pretrained(directory)
 
 
 @st.composite

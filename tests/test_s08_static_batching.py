@@ -24,11 +24,12 @@ import pytest
 import torch
 
 import s01_generation_loop as s01
-import s03_checkpoint
 import s03_transformer as s03
 import s04_sampling as s04
 import s05_kv_cache as s05
 import s06_torch as s06
+from engine_testing import greedy, id_text, run_in_turns, tiny_fixture
+from model_testing import EOS_UNUSED, PAD, TINY, V, IdTokenizer
 from s08_batch_variance import (
     BATCH_TOLERANCE, first_close_call, follows_batch_rule, format_variance_table,
     measure_batch_variance, record_logits, top2_gaps,
@@ -37,20 +38,10 @@ from s08_static_batching import (
     BatchKVCache, BatchRunner, BatchStats, BatchStream, Engine, attention_allowed,
     batched_attention, format_waste_table, left_pad, main, position_ids_from_mask,
 )
-from engine_testing import run_in_turns
-from test_s03_transformer import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 
 CONTEXT = 96          # max_position_embeddings of every tiny model
 NEW = 10
 BATCH_SIZES = (1, 2, 3, 8, 32)
-
-
-def greedy(max_tokens=NEW, **kwargs) -> s04.SamplingParams:
-    return s04.SamplingParams(temperature=0.0, max_tokens=max_tokens, **kwargs)
-
-
-def text(ids) -> str:
-    return " ".join(map(str, ids))
 
 
 def first_difference(name, ours, reference) -> str:
@@ -68,35 +59,10 @@ PROMPTS = [np.random.default_rng(100 + n).integers(2, V, size=n).tolist() for n 
 BATCHES = {1: [31], 2: [0, 28], 3: [5, 0, 30], 8: [3, 29, 0, 12, 20, 7, 26, 17],
            32: list(range(31, -1, -1))}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread, as the chapter's scripts: on ops this small, threads wait for each
-    other (and the test machine is shared). Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module", params=sorted(TINY))
-def tiny(request, tmp_path_factory):
-    """(name, HF model, S06 TorchTransformer, per-prompt references {index: (S05 alone, HF
-    alone)}, checkpoint directory) for one tiny random model."""
-    directory = tmp_path_factory.mktemp(f"s08_{request.param}")
-    hf = build_tiny(request.param, directory)
-    model = s06.TorchTransformer.from_pretrained(directory)
-    numpy_model = s03.Transformer.from_pretrained(directory)
-    s05_engine = s05.Engine(numpy_model, IdTokenizer(), CONTEXT)
-    references = {}
-    for i, ids in enumerate(PROMPTS):
-        alone = s05_engine.generate(text(ids), greedy())
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
-                              dtype=torch.long), max_new_tokens=min(NEW, CONTEXT - len(ids)),
-                              do_sample=False, eos_token_id=EOS_UNUSED, pad_token_id=PAD)
-        references[i] = (alone, out[0, len(ids):].tolist())
-    return request.param, hf, model, references, directory
+text = id_text
+# (name, HF model, S06 TorchTransformer, {prompt index: (S05 alone, HF alone)}, checkpoint
+# directory) for each tiny random model.
+tiny = tiny_fixture("s08", sorted(TINY), PROMPTS, CONTEXT, NEW, with_directory=True)
 
 
 def hf_left_padded(hf, prompts, max_new_tokens):
@@ -171,7 +137,7 @@ def test_each_row_equals_s05_and_hf_alone(tiny, batch_size):
     name, hf, model, references, _ = tiny
     batch = BATCHES[batch_size]
     engine = Engine(model, IdTokenizer(), CONTEXT)
-    results = engine.generate([text(PROMPTS[i]) for i in batch], greedy())
+    results = engine.generate([text(PROMPTS[i]) for i in batch], greedy(NEW))
     assert len(results) == batch_size
     for i, got in zip(batch, results):
         alone, hf_alone = references[i]
@@ -192,7 +158,7 @@ def test_same_tokens_as_hf_batched_generate_with_left_padding(tiny, batch_size):
     fitting = [p for p in PROMPTS if len(p) + NEW <= CONTEXT]
     batch = [fitting[(7 * j) % len(fitting)] for j in range(batch_size)]
     expected = hf_left_padded(hf, batch, NEW)
-    got = Engine(model, IdTokenizer(), CONTEXT).generate([text(p) for p in batch], greedy())
+    got = Engine(model, IdTokenizer(), CONTEXT).generate([text(p) for p in batch], greedy(NEW))
     for j, (ours, theirs) in enumerate(zip(got, expected)):
         assert ours.token_ids == theirs, first_difference(f"{name} row {j}", ours.token_ids,
                                                           theirs)
@@ -231,11 +197,11 @@ def test_batch_invariant_logits_are_bitwise_those_of_the_request_alone(tiny):
     batch = [text(PROMPTS[i]) for i in BATCHES[8]]
     together = Engine(model, IdTokenizer(), CONTEXT, batch_invariant=True)
     together_logits = record_logits(together)
-    results = together.generate(batch, greedy())
+    results = together.generate(batch, greedy(NEW))
     for row, prompt in enumerate(batch):
         alone = Engine(model, IdTokenizer(), CONTEXT, batch_invariant=True)
         alone_logits = record_logits(alone)
-        single = alone.generate([prompt], greedy())[0]
+        single = alone.generate([prompt], greedy(NEW))[0]
         assert single.token_ids == results[row].token_ids
         for step in range(len(single.token_ids)):
             assert torch.equal(together_logits[step][row], alone_logits[step][0]), (name, row)
@@ -245,7 +211,7 @@ def test_batch_invariant_logits_are_bitwise_those_of_the_request_alone(tiny):
 def test_fast_mode_follows_the_stated_rule_against_the_reference(tiny):
     name, hf, model, *_ = tiny
     batch = [text(PROMPTS[i]) for i in BATCHES[32]]
-    params = greedy(logprobs=2)
+    params = greedy(NEW, logprobs=2)
     fast = Engine(model, IdTokenizer(), CONTEXT).generate(batch, params)
     reference = Engine(model, IdTokenizer(), CONTEXT, batch_invariant=True).generate(batch, params)
     for f, r in zip(fast, reference):
@@ -258,8 +224,8 @@ def test_permuted_batch_gives_permuted_results(tiny):
     order = [5, 2, 7, 0, 3, 6, 1, 4]
     for invariant in (True, False):
         engine = Engine(model, IdTokenizer(), CONTEXT, batch_invariant=invariant)
-        straight = engine.generate(batch, greedy())
-        permuted = engine.generate([batch[j] for j in order], greedy())
+        straight = engine.generate(batch, greedy(NEW))
+        permuted = engine.generate([batch[j] for j in order], greedy(NEW))
         assert [p.token_ids for p in permuted] == [straight[j].token_ids for j in order]
 
 
@@ -413,7 +379,7 @@ def test_cached_batch_logits_equal_a_full_recompute(tiny):
     batch = [PROMPTS[i] for i in BATCHES[3]]
     engine = Engine(model, IdTokenizer(), CONTEXT)
     recorded = record_logits(engine)
-    results = engine.generate([text(p) for p in batch], greedy())
+    results = engine.generate([text(p) for p in batch], greedy(NEW))
     for row, (prompt, got) in enumerate(zip(batch, results)):
         context = prompt + got.token_ids
         full = model.forward(context[:-1])[len(prompt) - 1:]         # (n, V), no cache
@@ -447,7 +413,7 @@ def test_context_limit_ends_each_row_with_length_and_never_overruns_the_cache(ti
     assert runners[0][1] == 59 + 60 - 1 and engine.last_batch.steps
     assert runners[0][0].cache is None               # freed when the batch ended
     with pytest.raises(ValueError, match="prompt 1: prompt is 75 tokens but max_context is 64"):
-        engine.generate([text(prompts[0]), text(prompts[2])], greedy())
+        engine.generate([text(prompts[0]), text(prompts[2])], greedy(NEW))
 
 
 # --- the waste table ------------------------------------------------------------------------
@@ -515,9 +481,9 @@ class NeverRuns(Engine):
     (["1 2"] * 5, None, {}, "a batch holds at most max_batch_size=4 prompts"),
     (["1 2", ""], None, {}, "prompt 1: prompt must be a non-empty string"),
     (["1 2", " ".join(["3"] * 97)], None, {}, "prompt 1: prompt is 97 tokens but max_context"),
-    (["1 2", "3"], [greedy()], {}, r"a list of exactly one per prompt \(got 1 for 2"),
-    (["1 2", "3"], [greedy(), {"max_tokens": 3}], {}, r"params\[1\] must be a SamplingParams"),
-    (["1 2"], [greedy()], {"temperature": 0.5}, "either a list of params objects or keyword"),
+    (["1 2", "3"], [greedy(NEW)], {}, r"a list of exactly one per prompt \(got 1 for 2"),
+    (["1 2", "3"], [greedy(NEW), {"max_tokens": 3}], {}, r"params\[1\] must be a SamplingParams"),
+    (["1 2"], [greedy(NEW)], {"temperature": 0.5}, "either a list of params objects or keyword"),
     (["1 2"], "greedy", {}, "params must be a SamplingParams, a list of one per prompt"),
     (["1 2"], 5, {"max_tokens": 6}, "max_tokens was given twice"),
     (["1 2"], None, {"max_tokens": 0}, "max_tokens must be an integer >= 1"),
@@ -546,10 +512,10 @@ def test_a_prompt_that_fills_the_context_finishes_on_arrival_without_a_row(tiny)
     name, hf, model, references, _ = tiny
     engine = Engine(model, IdTokenizer(), 8)
     full, short = text(PROMPTS[LENGTHS.index(8)]), text(PROMPTS[LENGTHS.index(3)])
-    done = engine.generate([full, short], greedy(ignore_eos=True))
+    done = engine.generate([full, short], greedy(NEW, ignore_eos=True))
     assert done[0].token_ids == [] and done[0].finish_reason == "length"
     assert len(done[1].token_ids) == 5 and engine.last_batch.batch_size == 1
-    only_full = engine.generate([full], greedy())
+    only_full = engine.generate([full], greedy(NEW))
     assert only_full[0].finish_reason == "length" and engine.last_batch.steps == []
 
 
@@ -565,7 +531,7 @@ def test_a_bad_row_fails_the_batch_with_s04s_message(tiny):
 
     engine = type("NaNEngine", (Engine,), {"runner_class": NaNRow})(model, IdTokenizer(), CONTEXT)
     with pytest.raises(ValueError, match="logits must not contain NaN or"):
-        engine.generate([text(PROMPTS[2]), text(PROMPTS[4])], greedy())
+        engine.generate([text(PROMPTS[2]), text(PROMPTS[4])], greedy(NEW))
     with pytest.raises(ValueError, match="logits must not contain NaN or"):
         engine.generate([text(PROMPTS[2]), text(PROMPTS[4])],
                         s04.SamplingParams(temperature=1.0, seed=1, max_tokens=3))
@@ -676,16 +642,16 @@ def test_a_bad_row_is_named_by_index_and_uses_no_request_id(tiny):
     engine = NeverRuns(model, IdTokenizer(), CONTEXT)
     prompts = ["1 2", "3", "4 5 6", "7"]
     for params, message in [
-            ([greedy()] * 2 + [greedy(stop_token_ids=[V])] + [greedy()],
+            ([greedy(NEW)] * 2 + [greedy(NEW, stop_token_ids=[V])] + [greedy(NEW)],
              r"^params\[2\]: stop_token_ids must lie in \[0, V=97\)"),
-            ([greedy(), LaterParams(beam_width=4), greedy(), greedy()],
+            ([greedy(NEW), LaterParams(beam_width=4), greedy(NEW), greedy(NEW)],
              r"^params\[1\]: this engine does not implement \['beam_width'\]")]:
         with pytest.raises(ValueError, match=message):
             engine.generate(prompts, params)
         assert engine._request_count == 0
     with pytest.raises(ValueError, match=r"^stop_token_ids must lie in"):   # one for all rows
-        engine.generate(prompts, greedy(stop_token_ids=[V]))
-    seqs = Engine(model, IdTokenizer(), CONTEXT).add_requests(prompts, greedy())
+        engine.generate(prompts, greedy(NEW, stop_token_ids=[V]))
+    seqs = Engine(model, IdTokenizer(), CONTEXT).add_requests(prompts, greedy(NEW))
     assert [seq.request_id for seq in seqs] == ["0", "1", "2", "3"]
 
 
@@ -856,7 +822,7 @@ def test_cuda_batch_follows_the_rule_against_the_cuda_reference(tiny, dtype):
     name, hf, model, references, directory = tiny
     cuda_model = s06.TorchTransformer.from_pretrained(directory, "cuda", dtype)
     batch = [text(PROMPTS[i]) for i in BATCHES[32]]
-    params = greedy(logprobs=2)
+    params = greedy(NEW, logprobs=2)
     fast = Engine(cuda_model, IdTokenizer(), CONTEXT).generate(batch, params)
     ref = Engine(cuda_model, IdTokenizer(), CONTEXT, batch_invariant=True).generate(batch, params)
     assert all(follows_batch_rule(f, r, BATCH_TOLERANCE[dtype]) for f, r in zip(fast, ref))

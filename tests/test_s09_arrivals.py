@@ -11,8 +11,8 @@ import s04_sampling as s04
 import s06_torch as s06
 import s07_workloads
 import s09_continuous_batching as s09
+from model_testing import V, IdTokenizer, build_tiny
 from s09_arrivals import poisson_arrivals, run_arrivals
-from test_s03_transformer import V, IdTokenizer, build_tiny
 
 CONTEXT = 96
 PROMPTS = [np.random.default_rng(400 + n).integers(2, V, size=n).tolist() for n in (1, 5, 20, 60)]

@@ -41,12 +41,12 @@ import s08_static_batching as s08
 import s09_continuous_batching as s09
 from engine_testing import (FailingRunner, LogitsRecorder, NaNRows, drive, fifo_step_check,
                             greedy, id_text, run_in_turns, text_of, tiny_fixture, tokens_of)
+from model_testing import V, IdTokenizer
 from s01_generation_loop import ParameterError
 from s09_continuous_batching import FINISH_ABORT, Request, SchedulerOutput, SlotKVManager
 from s09_llm import LLM
 from s09_ragged import RaggedBatch, RaggedRunner, SlotKVCache
 from s09_trace import format_occupancy_table, trace
-from test_s03_transformer import V, IdTokenizer
 
 CONTEXT = 96
 NEW = 8

@@ -23,9 +23,9 @@ import s04_sampling as s04
 import s06_torch as s06
 import s09_continuous_batching as s09
 from engine_testing import drive, fifo_step_check, id_text, tokens_of
+from model_testing import V, IdTokenizer, build_tiny
 from s08_batch_variance import BATCH_TOLERANCE, follows_batch_rule
 from s09_continuous_batching import FINISH_ABORT
-from test_s03_transformer import V, IdTokenizer, build_tiny
 
 CONTEXT = 96
 

@@ -35,13 +35,13 @@ import s09_continuous_batching as s09
 import s10_scheduler as s10
 from engine_testing import (FailingRunner, NaNRows, drive, greedy, id_text, tiny_fixture,
                             tokens_of)
+from model_testing import V, IdTokenizer
 from s01_generation_loop import ParameterError
 from s09_continuous_batching import RequestStatus
 from s09_llm import LLM
 from s09_trace import StepRecord, trace
 from s10_scheduler import TABLE_ID_COLUMNS, format_schedule_table
 from scheduler_testing import check_invariants
-from test_s03_transformer import V, IdTokenizer
 
 CONTEXT = 96
 NEW = 8

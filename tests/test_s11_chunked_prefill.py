@@ -44,13 +44,13 @@ import s10_scheduler as s10
 import s11_chunked_prefill as s11
 from engine_testing import (FailingRunner, LogitsRecorder, NaNRows, drive, greedy, id_text,
                             tiny_fixture, tokens_of)
+from model_testing import V, IdTokenizer
 from s01_generation_loop import ParameterError
 from s04_sampling import SamplingParams
 from s08_batch_variance import BATCH_TOLERANCE, follows_batch_rule
 from s09_llm import LLM
 from s09_trace import DECODE, PREFILL, StepRecord, StepTracer, trace
 from scheduler_testing import ObservedFakeModel, chunked_scheduler, make_request
-from test_s03_transformer import V, IdTokenizer
 
 CONTEXT = 96
 NEW = 8

@@ -32,12 +32,12 @@ import s05_kv_cache as s05
 import s06_torch as s06
 import s11_chunked_prefill as s11
 from engine_testing import greedy, id_text
+from model_testing import V, IdTokenizer, build_tiny
 from s01_generation_loop import ParameterError
 from s09_trace import DECODE, PREFILL, StepTracer, trace
 from s10_scheduler import POLICIES, TokenKVPool
 from scheduler_testing import (ObservedFakeModel, abort_drawn, check_invariants,
                                check_outputs_alone, chunked_scheduler, drain, make_request)
-from test_s03_transformer import V, IdTokenizer, build_tiny
 
 MAX_MODEL_LEN = 24
 

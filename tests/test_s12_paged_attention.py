@@ -26,6 +26,7 @@ import s11_chunked_prefill as s11
 import s12_engine
 from engine_testing import (FailingRunner, LogitsRecorder, NaNRows, drive, greedy, id_text,
                             tiny_fixture, tokens_of)
+from model_testing import V, IdTokenizer
 from s01_generation_loop import ParameterError
 from s09_llm import LLM
 from s09_trace import trace
@@ -33,7 +34,6 @@ from s12_engine import PagedKVCache, format_block_table
 from s12_paged_attention import (MAX_NUM_BLOCKS, NULL_BLOCK_ID, BlockPool, BlockPoolError,
                                  KVCacheManager, cdiv, slot_mapping)
 from scheduler_testing import chunked_scheduler, make_request
-from test_s03_transformer import V, IdTokenizer
 
 CONTEXT = 96
 NEW = 8

@@ -32,7 +32,8 @@ import torch
 
 import s12_engine
 import s13_prefix_caching as s13
-from engine_testing import LogitsRecorder, drive, greedy, tiny_references
+from engine_testing import LogitsRecorder, drive, greedy, tiny_fixture
+from model_testing import V, IdTokenizer
 from s01_generation_loop import ParameterError
 from s04_sampling import SamplingParams
 from s08_batch_variance import BATCH_TOLERANCE
@@ -43,7 +44,6 @@ from s13_prefix_caching import (ROOT_HASH, PrefixCachingKVCacheManager, encode_b
                                 hash_block_tokens, hash_request_tokens)
 from scheduler_testing import (PagedFakeModel, alone_tokens, check_block_manager,
                                chunked_scheduler)
-from test_s03_transformer import V, IdTokenizer
 
 CODE = Path(__file__).resolve().parents[1] / "code"
 CONTEXT = 96
@@ -56,12 +56,8 @@ PROMPTS = [SYSTEM + rng.integers(2, V, size=n).tolist() for n in (3, 9, 17)] + [
     rng.integers(2, V, size=21).tolist()]                # shares nothing
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """(S06 model, {prompt index: (S05 alone, HF alone)}) for a tiny random Qwen3."""
-    directory = tmp_path_factory.mktemp("s13_qwen3")
-    _, model, references = tiny_references("qwen3_gqa_tied", directory, PROMPTS, CONTEXT, NEW)
-    return model, references
+# (name, HF model, S06 model, {prompt index: (S05 alone, HF alone)}) for a tiny random Qwen3.
+tiny = tiny_fixture("s13", ["qwen3_gqa_tied"], PROMPTS, CONTEXT, NEW)
 
 
 def build(model, max_num_seqs=3, **options):
@@ -152,7 +148,7 @@ def test_names_are_the_same_in_every_process_whatever_pythonhashseed():
 # --- what the engine refuses, and what the manager forgets -----------------------------------
 
 def test_bad_inputs_are_refused_before_anything_is_queued(tiny):
-    model, _ = tiny
+    _, _, model, _ = tiny
     lone_surrogate = json.loads('"\\ud800"')           # what a JSON client can send
     engine = build(model)
     with pytest.raises(ParameterError, match="cache_salt must be valid Unicode text") as err:
@@ -357,7 +353,7 @@ CONFIGS = {"sequential": dict(), "chunked": dict(max_num_batched_tokens=8),
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_greedy_with_the_cache_equals_s05_and_hf_alone(tiny, config):
-    model, references = tiny
+    _, _, model, references = tiny
     engine = build(model, **CONFIGS[config])
     got = run_engine(engine, PROMPTS, greedy(NEW))
     for k, (s05_alone, hf_alone) in references.items():
@@ -374,7 +370,7 @@ def test_seeded_outputs_are_the_same_with_the_cache_on_and_off(tiny, config):
     """Seeded sampling with logprobs, the cache on and off: the same tokens, and logprobs
     within S08's BATCH_TOLERANCE (a prefill that starts after a hit is a different matmul
     shape, so not bitwise)."""
-    model, _ = tiny
+    _, _, model, _ = tiny
     params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=NEW, seed=13, logprobs=2)
     on = build(model, **CONFIGS[config])
     off = build(model, enable_prefix_caching=False, **CONFIGS[config])
@@ -413,7 +409,7 @@ def test_h1_vllm_5543_outputs_equal_without_the_cache_in_every_run(tiny):
     """vllm #5543: completions differed with and without prefix caching, and between runs of
     the caching server. One engine, the same prompts twice (the second run finds a warm,
     dirty cache): every completion equals the cache-off one."""
-    model, _ = tiny
+    _, _, model, _ = tiny
     off = run_engine(build(model, enable_prefix_caching=False), PROMPTS, greedy(NEW), every=0)
     engine = build(model)
     first = run_engine(engine, PROMPTS, greedy(NEW), every=0)
@@ -427,7 +423,7 @@ def test_h2_vllm_40896_first_and_repeated_identical_requests_agree(tiny):
     """vllm #40896: at temperature 0 the first request (a miss) and later identical ones
     (hits) differed. The same prompt three times, one after the other: all equal, equal to
     S05 alone, and the later ones were hits (capped one block short of the 43 tokens)."""
-    model, references = tiny
+    _, _, model, references = tiny
     engine = build(model)
     outs, hits = [], []
     for _ in range(3):
@@ -443,7 +439,7 @@ def test_h3_tenstorrent_vllm_415_a_hit_gives_the_logits_of_a_full_prefill(tiny, 
     tokens equal those of the same prompt prefilled whole (cache off), within S08's
     BATCH_TOLERANCE (a chunk is a different matmul shape, so not bitwise), and so do the
     logits of every later step."""
-    model, _ = tiny
+    _, _, model, _ = tiny
     warm, probe = (PROMPTS[0], PROMPTS[0]) if case == "same prompt twice" else (PROMPTS[0],
                                                                                 PROMPTS[2])
     on = build(model)
@@ -466,7 +462,7 @@ def test_h3_tenstorrent_vllm_415_a_hit_gives_the_logits_of_a_full_prefill(tiny, 
 
 
 def test_cache_salt_isolates_requests(tiny):
-    model, _ = tiny
+    _, _, model, _ = tiny
     engine = build(model)
     hits = []
     run_engine(engine, [PROMPTS[0]] * 4, greedy(NEW), salts={0: "u1", 1: "u2", 2: "u1"},
@@ -482,7 +478,7 @@ def test_cache_salt_isolates_requests(tiny):
 
 def test_g5_aborts_while_waiting_running_and_mid_chunk_leave_nothing_held(tiny):
     """sglang PR #2238 / #1674 / #6778: once idle, free + evictable cached == total."""
-    model, _ = tiny
+    _, _, model, _ = tiny
     engine = build(model, 2, max_num_batched_tokens=8)
     ids = [engine.add_request(p, greedy(NEW)) for p in PROMPTS[:4]]
     engine.step()
@@ -506,7 +502,7 @@ def test_aborting_a_request_still_waiting_leaves_nothing_behind(tiny):
     """A waiting request the scheduler looked up (its block hashes computed, on the Request)
     but could not admit is aborted through the engine: it holds no block and no cache entry,
     and the manager's accounting holds at every step after."""
-    model, _ = tiny
+    _, _, model, _ = tiny
     engine = build(model, 2, max_num_batched_tokens=16, block_size=4,
                    num_blocks=12)                        # 11 usable blocks = 44 tokens
     kv = engine.scheduler.kv
@@ -526,7 +522,7 @@ def test_aborting_a_request_still_waiting_leaves_nothing_behind(tiny):
 
 
 def test_the_engine_refuses_the_cache_in_batch_invariant_mode(tiny):
-    model, _ = tiny
+    _, _, model, _ = tiny
     with pytest.raises(ParameterError, match="enable_prefix_caching needs the fast mode"):
         build(model, batch_invariant=True, enable_prefix_caching=True)
     for flag in (False, None):                 # None, the default: off in that mode
@@ -538,7 +534,7 @@ def test_the_engine_refuses_the_cache_in_batch_invariant_mode(tiny):
 
 
 def test_the_trace_table_shows_hits_shared_blocks_and_evictions(tiny):
-    model, _ = tiny
+    _, _, model, _ = tiny
     engine = build(model, num_blocks=16)
     blocks = s12_engine.trace_blocks(engine)
     steps, cache = trace(engine), s13.trace_cache(engine)
