@@ -50,9 +50,9 @@ What it does not handle yet
     step, continuous batching). A finished row keeps its slot and its compute to the end, and
     padding costs full compute in prefill and masked keys in every decode step: ragged batches
     (S09) remove both. The cache is allocated per batch for its longest possible row (S12
-    pages it). One row's error (a NaN row, a penalty overflow) fails the whole batch (S09/S10
-    abort one request; the failed step leaves every row's sampler, random stream included, as
-    it was). A request whose prompt already fills the context finishes on arrival
+    pages it). One row's error (a NaN row, a penalty overflow) fails the whole batch
+    (`RowsRefused`; S09's engine ends that request alone: the failed call leaves every row's
+    sampler, random stream included, as it was, so the others sample again as they would have). A request whose prompt already fills the context finishes on arrival
     (Part I's rule: "length", no token) and takes no row.
 
 Run it
