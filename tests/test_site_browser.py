@@ -325,7 +325,7 @@ def test_simulator_rejects_a_prompt_longer_than_the_context(sites, browser):
 
 
 @pytest.mark.parametrize("prompt, message", [
-    ("", "prompt must be a non-empty string (got '')"),
+    ("", "prompt must be a non-empty string or a non-empty list of token ids (got '')"),
     # Whitespace other than a line break encodes to no token: Engine.check_request's message.
     ("  \t ", "prompt must contain at least one token (the tokenizer encodes it to none)"),
 ])

@@ -252,9 +252,11 @@ def test_second_turn_runs_only_its_new_tokens(models):
 
 
 @pytest.mark.points(1)
-def test_a_diverging_prompt_truncates_the_cache(models):
+def test_a_diverging_prompt_truncates_the_cache(models, monkeypatch):
     """Turn 2 edits token 4 of turn 1's prompt: only 4 positions can be kept. Then a request
-    that fails (an id outside the vocabulary) must leave the cache and cached_ids agreeing."""
+    whose step fails half way (a layer raises, after the cache was truncated to the common
+    prefix) must leave the cache and cached_ids agreeing. (An id outside the vocabulary no
+    longer gets that far: the engine refuses it at the door.)"""
     _, _, model = models
     reuse = ex.PrefixReuseEngine(model, IdTokenizer(), max_context=128)
     plain = Engine(model, IdTokenizer(), max_context=128)
@@ -265,8 +267,11 @@ def test_a_diverging_prompt_truncates_the_cache(models):
     out = reuse.generate(text(edited), GREEDY)
     assert reuse.computed_tokens[0] == len(edited) - 4 and set(reuse.computed_tokens[1:]) == {1}
     assert out.token_ids == plain.generate(text(edited), GREEDY).token_ids
-    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 41\)"):
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, V=41\)"):
         reuse.generate(text(first[:6] + [99]), GREEDY)
+    with monkeypatch.context() as patched, pytest.raises(ZeroDivisionError):
+        patched.setattr(model.blocks[1], "finish", lambda x, attn: 1 / 0)
+        reuse.generate(text(first[:6] + [7]), GREEDY)
     assert reuse.runner.cache.num_cached == len(reuse.cached_ids) == 4   # the common prefix
     again = reuse.generate(text(first), GREEDY)
     assert again.token_ids == plain.generate(text(first), GREEDY).token_ids

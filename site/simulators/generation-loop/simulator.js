@@ -135,7 +135,7 @@
     }
     checkTemperature(T, tText === undefined ? String(T) : tText);
     if (typeof prompt !== "string" || !prompt) {
-      throw new Error("prompt must be a non-empty string (got " +
+      throw new Error("prompt must be a non-empty string or a non-empty list of token ids (got " +
                       (typeof prompt === "string" ? "''" : "a " + typeof prompt) + ")");
     }
     this.model = model;
