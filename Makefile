@@ -29,8 +29,10 @@ chapter: venv
 	@test -n "$(N)" && ls code/s$(N)_*.py >/dev/null 2>&1 || { echo "usage: make chapter N=01 (two digits; chapters: $$(ls code | sed -n 's/^s\([0-9][0-9]\)_.*/\1/p' | uniq | tr '\n' ' '))"; exit 2; }
 	@script=code/$$(basename chapters/s$(N)-*.md .md | tr - _).py; echo "$(PY) $$script"; $(PY) $$script
 
+# One pytest process per core (pytest-xdist), each test file whole in one of them, so a
+# file's module fixtures are built once; `pytest` alone runs everything in one process.
 test: venv
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadfile
 
 grade: venv
 	$(PY) exercises/grade.py

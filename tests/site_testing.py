@@ -8,8 +8,11 @@
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -154,10 +157,35 @@ def built(name: str, src: Path | None = None, out: Path | None = None):
         return _BUILDS[name]
     build = site_module("build")
     if name == "repo":
-        src, out = ROOT, build.DEFAULT_OUT
+        out = build.DEFAULT_OUT
+        result = shared_build(build, ROOT, out)
     elif name == "fixture":
         tmp = Path(tempfile.mkdtemp(prefix="course-site-fixture-"))
         src, out = make_fixture_tree(tmp / "src"), tmp / "html"
-    result = build.build(src, out)
+        result = build.build(src, out)
     _BUILDS[name] = (result, Path(out))
     return _BUILDS[name]
+
+
+def shared_build(build, src: Path, out: Path) -> subprocess.CompletedProcess:
+    """`build.build(src, out)`, once per test run even when pytest-xdist runs test modules in
+    several processes: the first process to get the lock builds and records the result; the
+    others wait on the lock and read it (the folder and the notebooks' execution cache are
+    shared, so two builds at once would write over each other)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:                      # one process: nothing to share
+        return build.build(src, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = out.parent / f".{out.name}-test-build.json"
+    with open(out.parent / f".{out.name}-test-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if record.exists():
+            saved = json.loads(record.read_text())
+            if saved["run"] == run:
+                return subprocess.CompletedProcess(saved["args"], saved["returncode"],
+                                                   saved["stdout"], saved["stderr"])
+        result = build.build(src, out)
+        record.write_text(json.dumps(dict(run=run, args=[str(a) for a in result.args],
+                                          returncode=result.returncode,
+                                          stdout=result.stdout, stderr=result.stderr)))
+        return result
