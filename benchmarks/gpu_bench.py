@@ -252,6 +252,21 @@ def best_times(report: Report, what: str, runs: dict, repeats: int, device, benc
 # The parts
 # ---------------------------------------------------------------------------------------------
 
+def setup(args, report: Report, part: str, with_hf: bool = True):
+    """What every model benchmark starts with: the device and dtype, the part's workload, the
+    measured copy bandwidth (recorded in the report), the model (and HF's, with_hf) built
+    from the seed, the report saved once. Returns (torch, bench06, device, dtype, work, copy,
+    hf, ours, tokenizer, config)."""
+    torch, bench06 = course_imports()
+    device, dtype = resolve(args)
+    work = WORKLOADS[args.shape][part]
+    copy, copy_how = copy_bandwidth(args, device)
+    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
+    hf, ours, tokenizer, config = build_model(args, device, dtype, report, with_hf=with_hf)
+    report.save()
+    return torch, bench06, device, dtype, work, copy, hf, ours, tokenizer, config
+
+
 def part_bandwidth(args, report: Report) -> None:
     torch, _ = course_imports()
     import s07_roofline
@@ -274,13 +289,8 @@ def part_bandwidth(args, report: Report) -> None:
 
 def part_s06(args, report: Report) -> None:
     import s07_roofline
-    torch, bench06 = course_imports()
-    device, dtype = resolve(args)
-    work = WORKLOADS[args.shape]["s06"]
-    copy, copy_how = copy_bandwidth(args, device)
-    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
-    hf, ours, tokenizer, config = build_model(args, device, dtype, report)
-    report.save()
+    torch, bench06, device, dtype, work, copy, hf, ours, tokenizer, config = setup(
+        args, report, "s06")
     prompt = random_prompts(1, work["prompt"], config.vocab_size, args.seed)[0]
     n = work["tokens"]
     engines = {"ours": bench06.OurEngine(ours, tokenizer, prompt, n),
@@ -315,13 +325,8 @@ def part_s08(args, report: Report) -> None:
     import s04_sampling as s04
     import s07_roofline
     import s08_static_batching as s08
-    torch, bench06 = course_imports()
-    device, dtype = resolve(args)
-    work = WORKLOADS[args.shape]["s08"]
-    copy, copy_how = copy_bandwidth(args, device)
-    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
-    hf, ours, tokenizer, config = build_model(args, device, dtype, report)
-    report.save()
+    torch, bench06, device, dtype, work, copy, hf, ours, tokenizer, config = setup(
+        args, report, "s08")
     n, width = work["tokens"], torch.empty((), dtype=dtype).element_size()
     prompts = random_prompts(max(work["batch_sizes"]), work["prompt"], config.vocab_size,
                              args.seed)
@@ -410,13 +415,8 @@ def part_s09(args, report: Report) -> None:
     import s08_static_batching as s08
     import s09_continuous_batching as s09
     from s09_llm import LLM
-    torch, bench06 = course_imports()
-    device, dtype = resolve(args)
-    work = WORKLOADS[args.shape]["s09"]
-    copy, copy_how = copy_bandwidth(args, device)
-    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
-    _, ours, tokenizer, config = build_model(args, device, dtype, report, with_hf=False)
-    report.save()
+    torch, bench06, device, dtype, work, copy, _, ours, tokenizer, config = setup(
+        args, report, "s09", with_hf=False)
     width = torch.empty((), dtype=dtype).element_size()
     rng = np.random.default_rng(args.seed)
     lengths = rng.integers(work["min_tokens"], work["max_tokens"] + 1,
@@ -473,13 +473,8 @@ def part_s12(args, report: Report) -> None:
     import s04_sampling as s04
     import s09_continuous_batching as s09
     import s12_engine as s12
-    torch, bench06 = course_imports()
-    device, dtype = resolve(args)
-    work = WORKLOADS[args.shape]["s12"]
-    copy, copy_how = copy_bandwidth(args, device)
-    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
-    _, ours, tokenizer, config = build_model(args, device, dtype, report, with_hf=False)
-    report.save()
+    torch, bench06, device, dtype, work, copy, _, ours, tokenizer, config = setup(
+        args, report, "s12", with_hf=False)
     width = torch.empty((), dtype=dtype).element_size()
     rng = np.random.default_rng(args.seed)
     b, p = work["batch"], work["prompt"]
