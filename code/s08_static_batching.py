@@ -1,4 +1,4 @@
-"""S08, static batching: many requests in one forward pass; padding, masks and position ids.
+r"""S08, static batching: many requests in one forward pass; padding, masks and position ids.
 
 What is new since S07
     Part I served one request at a time, so a decode step multiplied every weight matrix by a
@@ -57,7 +57,7 @@ What it does not handle yet
 
 Run it
     python code/s08_static_batching.py                          # 8 corpus prompts, bundled model
-    python code/s08_static_batching.py --prompt "O Romeo, Romeo! wherefore art thou" \\
+    python code/s08_static_batching.py --prompt "O Romeo, Romeo! wherefore art thou" \
         --prompt "To be, or not" --max-tokens 30
     python code/s08_static_batching.py --batch-invariant --num-prompts 4
     python benchmarks/bench_s08_static_batching.py --quick      # tokens/s against B, vs HF

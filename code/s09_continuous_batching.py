@@ -1,4 +1,4 @@
-"""S09, continuous batching: iteration-level scheduling, one engine built from components.
+r"""S09, continuous batching: iteration-level scheduling, one engine built from components.
 
 What is new since S08
     A static batch runs until its last row finishes: a short request that is done keeps its
@@ -48,7 +48,7 @@ What it does not handle yet
 Run it
     python code/s09_continuous_batching.py                          # 8 corpus prompts, staggered
     python code/s09_continuous_batching.py --arrival-every 2 --max-num-seqs 3 --num-prompts 6
-    python code/s09_continuous_batching.py --prompt "O Romeo, Romeo! wherefore art thou" \\
+    python code/s09_continuous_batching.py --prompt "O Romeo, Romeo! wherefore art thou" \
         --prompt "To be, or not"
     python benchmarks/bench_s09_continuous_batching.py --quick      # vs S08 and HF, TTFT / ITL
 

@@ -1,4 +1,4 @@
-"""S10, the scheduler: who runs in each step and how many tokens, tested without a model.
+r"""S10, the scheduler: who runs in each step and how many tokens, tested without a model.
 
 What is new since S09
     S09's `FIFOScheduler` runs every running request's new tokens in every step and admits
@@ -49,8 +49,8 @@ What it does not handle yet
 
 Run it
     python code/s10_scheduler.py --kv-capacity 96 --max-num-seqs 4      # preemptions, traced
-    python code/s10_scheduler.py --policy priority --kv-capacity 120 --priorities 1,0,1,0,1,0,1,0
-    python code/s10_scheduler.py --max-context 64 --max-num-batched-tokens 64 \\
+    python code/s10_scheduler.py --policy priority --kv-capacity 96 --priorities 1,0,1,0,1,0,1,0
+    python code/s10_scheduler.py --max-context 64 --max-num-batched-tokens 64 \
         --kv-capacity 128 --arrival-every 0 --seed 4 --max-tokens 24    # the budget decides
     python benchmarks/bench_s10_scheduler.py --quick                     # KV capacity, policy
 

@@ -57,7 +57,7 @@ What it does not handle yet
 
 Run it
     python code/s11_chunked_prefill.py --max-num-batched-tokens 32 --num-prompts 4
-    python code/s11_chunked_prefill.py --long-prefill-token-threshold 16
+    python code/s11_chunked_prefill.py --max-num-batched-tokens 32 --long-prefill-token-threshold 8
     python benchmarks/bench_s11_chunked_prefill.py --quick   # ITL and TTFT against chunk size
 
 Tests

@@ -1,4 +1,4 @@
-"""S13, prefix caching: full KV blocks named by a chained hash, shared by reference count.
+r"""S13, prefix caching: full KV blocks named by a chained hash, shared by reference count.
 
 What is new since S12
     S12 gives every request blocks of its own: two requests with the same 1,000-token system
@@ -63,7 +63,8 @@ What it does not handle yet
 
 Run it
     python code/s13_prefix_caching.py --shared-prefix 24 --num-prompts 4 --block-size 8
-    python code/s13_prefix_caching.py --shared-prefix 24 --block-size 8 --no-prefix-caching
+    python code/s13_prefix_caching.py --shared-prefix 24 --num-prompts 4 --block-size 8 \
+        --no-prefix-caching
     python benchmarks/bench_s13_prefix_caching.py --quick   # TTFT against the shared fraction
 
 Tests

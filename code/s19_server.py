@@ -1,4 +1,4 @@
-"""S19, serving: an OpenAI-compatible streaming HTTP server over the step engine.
+r"""S19, serving: an OpenAI-compatible streaming HTTP server over the step engine.
 
 What is new since S13
     Part II built an engine that takes requests at any time (`add_request`), advances all of
@@ -58,8 +58,8 @@ What it does not handle yet
 Run it
     python code/s19_server.py                       # the bundled model on 127.0.0.1:8000
     python code/s19_server.py --port 8001 --max-num-seqs 16 --max-num-batched-tokens 64
-    curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
-        -d '{"model": "bundled", "prompt": "ROMEO.\\n", "max_tokens": 20, "stream": true}'
+    curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
+        -d '{"model": "bundled", "prompt": "ROMEO.\n", "max_tokens": 20, "stream": true}'
     python benchmarks/bench_s19_server.py --quick   # TTFT / ITL over HTTP vs in-process
 
 Tests
