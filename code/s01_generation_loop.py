@@ -568,6 +568,13 @@ class CompletionStream:
             self._error = err
             raise
 
+    def close(self) -> None:
+        """Stop the stream now: its source's `close` runs (a Part I generator's, or S09's
+        `LLM`'s, which aborts the request and frees its KV). Nothing more is yielded."""
+        close = getattr(self._outputs, "close", None)
+        if close is not None:
+            close()
+
     @property
     def result(self) -> Completion:
         """The finished request. Raises ValueError while the stream is not exhausted, or when
@@ -658,12 +665,14 @@ class Engine:
 
     def __init__(self, model, tokenizer, max_context: int):
         if not is_int(max_context) or max_context < 1:
-            raise ValueError(f"max_context must be an integer >= 1 (got {max_context!r})")
+            raise ParameterError(f"max_context must be an integer >= 1 (got {max_context!r})",
+                                 "max_context", max_context)
         # A model that knows its window (S03's config) is never asked to read past it.
         window = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         if window is not None and max_context > window:
-            raise ValueError(f"max_context ({max_context}) must be <= the model's "
-                             f"max_position_embeddings ({window})")
+            raise ParameterError(f"max_context ({max_context}) must be <= the model's "
+                                 f"max_position_embeddings ({window})", "max_context",
+                                 max_context)
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = int(max_context)
@@ -794,6 +803,11 @@ class Engine:
         [0, V) of the model (a tokenizer may know more ids than the model has rows) and there
         may be at most max_context of them (no silent truncation). Raises ParameterError
         (parameter "prompt") naming the rule."""
+        if isinstance(prompt, np.ndarray):       # token ids as an array: the same ids
+            if prompt.ndim != 1:
+                raise ParameterError(f"prompt token ids must be 1-D (got an array of shape "
+                                     f"{prompt.shape})", "prompt")
+            prompt = prompt.tolist()
         ids = isinstance(prompt, (list, tuple)) and all(is_int(i) for i in prompt)
         if not prompt or not (ids or isinstance(prompt, str)):
             got = (repr(prompt) if isinstance(prompt, (str, list, tuple)) and not prompt

@@ -516,8 +516,8 @@ class Engine(s02.Engine):
     def __init__(self, model, tokenizer, max_context: int, logprobs_mode: str = "raw_logprobs"):
         super().__init__(model, tokenizer, max_context)
         if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES} "
-                             f"(got {logprobs_mode!r})")
+            raise ParameterError(f"logprobs_mode must be one of {LOGPROBS_MODES} "
+                                 f"(got {logprobs_mode!r})", "logprobs_mode", logprobs_mode)
         self.logprobs_mode = logprobs_mode
 
     def make_params(self, max_tokens=16, temperature=None, seed=None, **options):

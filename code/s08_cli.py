@@ -122,6 +122,8 @@ def check_request_arguments(parser: argparse.ArgumentParser, args: argparse.Name
     try:
         for prompt in args.prompt or []:
             s01.check_text(prompt, "--prompt")
+            if not prompt:
+                parser.error("--prompt must be a non-empty string")
         params = s04.SamplingParams(temperature=args.temperature, seed=args.seed,
                                     max_tokens=args.max_tokens)
     except ValueError as err:

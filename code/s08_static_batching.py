@@ -693,27 +693,31 @@ class Engine(s06.Engine):
         so a bad request raises ValueError naming the rule and its index (see the class
         docstring) with nothing computed and no request id used."""
         if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a list of strings (or one string); got "
-                             f"{type(prompts).__name__}")
+            raise s01.ParameterError(f"prompts must be a list of strings (or one string); "
+                                     f"got {type(prompts).__name__}", "prompt")
         if not prompts:
-            raise ValueError("prompts must hold at least one prompt (got an empty list)")
+            raise s01.ParameterError("prompts must hold at least one prompt (got an empty "
+                                     "list)", "prompt")
         if len(prompts) > self.max_batch_size:
-            raise ValueError(f"a batch holds at most max_batch_size={self.max_batch_size} "
-                             f"prompts (got {len(prompts)}): split them or raise the limit")
+            raise s01.ParameterError(f"a batch holds at most max_batch_size="
+                                     f"{self.max_batch_size} prompts (got {len(prompts)}): "
+                                     "split them or raise the limit", "prompt")
         all_params = self.make_batch_params(len(prompts), params, temperature, seed, options)
         prompt_ids = []
         for i, prompt in enumerate(prompts):   # every prompt checked before any Sequence
             try:
                 prompt_ids.append(self.check_prompt(prompt))
-            except ValueError as err:
-                raise ValueError(f"prompt {i}: {err}") from None
+            except s01.ParameterError as err:
+                raise s01.ParameterError(f"prompt {i}: {err}", err.parameter, err.value) \
+                    from None
         seqs = []
         for i, (ids, p) in enumerate(zip(prompt_ids, all_params)):
             try:   # the rules that need the model (stop ids in [0, V), ...): no id taken yet
                 seqs.append(self.make_sequence(str(self._request_count + i), ids, p))
-            except ValueError as err:
+            except s01.ParameterError as err:
                 shared = not isinstance(params, (list, tuple))
-                raise ValueError(str(err) if shared else f"params[{i}]: {err}") from None
+                raise s01.ParameterError(str(err) if shared else f"params[{i}]: {err}",
+                                         err.parameter, err.value) from None
         self._request_count += len(seqs)
         for seq in seqs:
             self.finish_if_stopped(seq)        # a prompt that fills the context: done at once
@@ -723,29 +727,32 @@ class Engine(s06.Engine):
         """The params of each of num_prompts requests (see the class docstring)."""
         if isinstance(params, (list, tuple)):
             if temperature is not None or seed is not None or options:
-                raise ValueError("pass either a list of params objects or keyword fields, "
-                                 "not both")
+                raise s01.ParameterError("pass either a list of params objects or keyword "
+                                         "fields, not both", "params")
             if len(params) != num_prompts:
-                raise ValueError(f"params must be one SamplingParams for all prompts or a list "
-                                 f"of exactly one per prompt (got {len(params)} for "
-                                 f"{num_prompts} prompts)")
+                raise s01.ParameterError(f"params must be one SamplingParams for all prompts "
+                                         f"or a list of exactly one per prompt (got "
+                                         f"{len(params)} for {num_prompts} prompts)", "params")
             made = []
             for i, p in enumerate(params):
                 if not isinstance(p, s01.GenerationParams):
-                    raise ValueError(f"params[{i}] must be a SamplingParams (got "
-                                     f"{type(p).__name__})")
+                    raise s01.ParameterError(f"params[{i}] must be a SamplingParams (got "
+                                             f"{type(p).__name__})", "params")
                 try:
                     made.append(self.make_params(p))
-                except ValueError as err:
-                    raise ValueError(f"params[{i}]: {err}") from None
+                except s01.ParameterError as err:
+                    raise s01.ParameterError(f"params[{i}]: {err}", err.parameter,
+                                             err.value) from None
             return made
         if params is None:
             params = options.pop("max_tokens", 16)
         elif "max_tokens" in options:
-            raise ValueError("max_tokens was given twice (as params and as a keyword)")
+            raise s01.ParameterError("max_tokens was given twice (as params and as a "
+                                     "keyword)", "max_tokens")
         if not isinstance(params, s01.GenerationParams) and not s01.is_int(params):
-            raise ValueError(f"params must be a SamplingParams, a list of one per prompt, or "
-                             f"max_tokens as an int (got {type(params).__name__})")
+            raise s01.ParameterError(f"params must be a SamplingParams, a list of one per "
+                                     f"prompt, or max_tokens as an int (got "
+                                     f"{type(params).__name__})", "params")
         return [self.make_params(params, temperature, seed, **options)] * num_prompts
 
     # --- the loop ----------------------------------------------------------------------

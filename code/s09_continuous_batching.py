@@ -79,19 +79,22 @@ import os
 # (set OPENBLAS_NUM_THREADS in the environment to choose another count).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import bisect
 import enum
+import heapq
 import sys
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Sequence
 
 import s01_generation_loop as s01
+import s04_sampling as s04
 import s06_torch as s06
 import s08_static_batching as s08
 from s01_generation_loop import ParameterError
-from s09_ragged import RaggedRunner, SlotKVCache
+from s09_ragged import RAGGED_ATTENTION, RaggedRunner, SlotKVCache
 
 DEFAULT_MAX_NUM_SEQS = 32
 FINISH_ABORT = "abort"
@@ -275,7 +278,10 @@ class SlotKVManager:
             if not s01.is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
         self.num_slots, self.slot_size = int(num_slots), int(slot_size)
-        self.free_slots: list[int] = list(range(self.num_slots))
+        # The free slots: those given back (a heap) and all from `_unused` on, never taken
+        # yet (so building a manager of many slots costs nothing); the lowest is taken first.
+        self._given_back: list[int] = []
+        self._unused = 0
         self.slots: dict[str, int] = {}        # request id -> its slot
         self.tokens: dict[str, int] = {}       # request id -> tokens it holds
 
@@ -295,6 +301,15 @@ class SlotKVManager:
     def num_tokens(self, request_id: str) -> int:
         return self.tokens.get(request_id, 0)
 
+    @property
+    def free_slots(self) -> list[int]:
+        """The free slots, lowest first (all of them: a list as long as they are many)."""
+        return sorted(self._given_back) + list(range(self._unused, self.num_slots))
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._given_back) + self.num_slots - self._unused
+
     def check_fits(self, num_tokens: int) -> None:
         """A prompt of num_tokens tokens fits one slot, or it could never run
         (ParameterError, parameter "prompt")."""
@@ -312,10 +327,13 @@ class SlotKVManager:
         would overflow. computed_blocks: S13's prefix hit, nothing here."""
         rid = request.request_id
         held = self.tokens.get(rid, 0) + num_new_tokens
-        if held > self.slot_size or (rid not in self.slots and not self.free_slots):
+        if held > self.slot_size or (rid not in self.slots and not self.num_free_slots):
             return False
         if rid not in self.slots:
-            self.slots[rid] = self.free_slots.pop(0)
+            if self._given_back:         # every slot given back is below `_unused`
+                self.slots[rid] = heapq.heappop(self._given_back)
+            else:
+                self.slots[rid], self._unused = self._unused, self._unused + 1
         self.tokens[rid] = held
         return True
 
@@ -326,7 +344,7 @@ class SlotKVManager:
         slot = self.slots.pop(rid, None)
         self.tokens.pop(rid, None)
         if slot is not None:
-            bisect.insort(self.free_slots, slot)
+            heapq.heappush(self._given_back, slot)
 
     def trim(self, request, num_tokens: int) -> None:
         """The request holds num_tokens tokens again (no more than it held), in its slot."""
@@ -490,6 +508,23 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ParameterError(f"{name} must be a bool (got {getattr(self, name)!r})",
                                      name)
+        for name, allowed in (("attention", RAGGED_ATTENTION),
+                              ("logprobs_mode", s04.LOGPROBS_MODES)):
+            if getattr(self, name) not in allowed:
+                raise ParameterError(f"{name} must be one of {allowed} (got "
+                                     f"{getattr(self, name)!r})", name, getattr(self, name))
+
+    @classmethod
+    def of(cls, model: s06.TorchTransformer, options: dict) -> "EngineConfig":
+        """The config a `build_engine` makes from the keyword options it does not take
+        itself, max_context filled in (`for_model`). Raises ParameterError naming an option
+        that is no field of this config (the builder takes no such option) or a bad value."""
+        known = {f.name for f in dataclass_fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ParameterError(f"unknown option {unknown[0]!r}: build_engine takes its own "
+                                 f"options and EngineConfig's {sorted(known)}", unknown[0])
+        return cls(**options).for_model(model)
 
     def for_model(self, model: s06.TorchTransformer) -> "EngineConfig":
         """This config with max_context filled in: the model's window when None."""
@@ -544,8 +579,10 @@ class LLMEngine:
         self.scheduler, self.runner = scheduler, runner
         self.requests: dict[str, Request] = {}
         self.observers: list = []
-        self._final: list[RequestOutput] = []   # last outputs of requests that ended between
-        self._next_id = 0                        # steps (aborted, or done on arrival)
+        self._pending: list[RequestOutput] = []  # outputs the next step returns first: last
+        self._pending_ids: set[str] = set()      # outputs of requests that ended between steps
+        self._made = weakref.WeakSet()           # requests made, not yet queued
+        self._next_id = 0
         self._arrivals = 0
 
     @property
@@ -594,6 +631,7 @@ class LLMEngine:
         if not seq.finished:
             self.scheduler.check_request(request)
         self._next_id += auto
+        self._made.add(request)
         return request
 
     def add_request(self, prompt: str | list[int], params=None, request_id: str | None = None,
@@ -603,15 +641,23 @@ class LLMEngine:
                                             cache_salt=cache_salt))
 
     def queue(self, request: Request) -> str:
-        """Queue a request `make_request` made (a request finished on arrival gets its last
-        output, no token, from the next `step`). Returns its id."""
-        assert not self._taken(request.request_id), "make_request checks the id"
+        """Queue a request this engine's `make_request` made (a request finished on arrival
+        gets its last output, no token, from the next `step`). Returns its id. Raises
+        ParameterError for any other request (another engine's: its checks were not this
+        engine's; or one already queued) and for an id taken since it was made."""
+        if request not in self._made:
+            raise ParameterError("queue takes a request this engine's make_request made and "
+                                 "has not queued yet", "request")
+        if self._taken(request.request_id):
+            raise ParameterError(f"request_id {request.request_id!r} was taken after this "
+                                 "request was made", "request_id")
+        self._made.discard(request)
         request.arrival, self._arrivals = self._arrivals, self._arrivals + 1
         if request.finished:
             request.status = RequestStatus.FINISHED
-            self._final.append(self._output(request, s01.RequestOutput(
+            self._hold([self._output(request, s01.RequestOutput(
                 request.request_id, [], "", True, request.seq.finish_reason,
-                request.seq.stop_reason)))
+                request.seq.stop_reason))])
         else:
             self.scheduler.add_request(request)
             self.requests[request.request_id] = request
@@ -630,31 +676,35 @@ class LLMEngine:
         if request is None:
             return False
         self.scheduler.finish_requests([request_id])
-        self._final.append(self._end(request, FINISH_ABORT))
+        self._hold([self._end(request, FINISH_ABORT)])
         return True
 
     def has_unfinished_requests(self) -> bool:
         """True while a request waits or runs, or a last output is still to be returned."""
-        return bool(self.requests or self._final)
+        return bool(self.requests or self._pending)
 
     # --- one step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Plan, compute, sample, stop, report. Returns the step's outputs: the last outputs
-        of requests that ended between steps first, then those the scheduler ended, then one
-        per request that sampled, in batch order ([] when there is nothing to do). If the
-        model run raises, the plan is reverted (KV as before) and nothing is lost: the
-        outputs wait for the next step."""
+        """Plan, compute, sample, stop, report. Returns the step's outputs: the outputs held
+        since the last step first (the last outputs of requests that ended between steps),
+        then those the scheduler ended, then one per request that sampled, in batch order
+        ([] when there is nothing to do). If the model run (or an observer) raises, the plan
+        is reverted (KV as before) and nothing is lost: the outputs wait for the next step."""
         start = time.perf_counter()
-        outputs, self._final = self._final, []
+        outputs, self._pending, self._pending_ids = self._pending, [], set()
         plan = self.scheduler.schedule()                  # who runs, and how many tokens each
-        for observer in self.observers:
-            observer.on_plan(self, plan)
         for rid in plan.finished_ids:                     # ended by the KV capacity (S10)
             outputs.append(self._end(self.requests.pop(rid), s01.FINISH_LENGTH))
-        run = None
-        if plan.num_scheduled_tokens:
-            run = self._execute(plan, outputs)            # logits of the rows that sample
+        try:
+            for observer in self.observers:
+                observer.on_plan(self, plan)
+            run = self._execute(plan) if plan.num_scheduled_tokens else None
+        except BaseException:
+            self.scheduler.revert(plan)
+            self._hold(outputs, first=True)
+            raise
+        if run is not None:
             outputs += self._sample(run, start)           # tokens, text, Part I's stop rules
             finished = [o.request_id for o in outputs
                         if o.finished and o.request_id in self.requests]
@@ -662,25 +712,32 @@ class LLMEngine:
             for rid in finished:
                 del self.requests[rid]
         result = StepResult(plan, run, outputs, time.perf_counter() - start)
-        for observer in self.observers:
-            observer.on_step(self, result)
+        try:
+            for observer in self.observers:
+                observer.on_step(self, result)
+        except BaseException:           # the step happened: its outputs come with the next
+            self._hold(outputs, first=True)
+            raise
         return outputs
 
-    def _execute(self, plan: SchedulerOutput, outputs: list[RequestOutput]):
-        """The runner's `execute_model`; if it raises, the plan is reverted and the outputs
-        gathered so far wait for the next step. Sets `run.model_s` (wall seconds; with
+    def _execute(self, plan: SchedulerOutput):
+        """The runner's `execute_model`, with `run.model_s` set (wall seconds; with
         sync_timing the device's work is waited for)."""
         start = time.perf_counter()
-        try:
-            run = self.runner.execute_model(plan, self.requests)
-        except BaseException:
-            self.scheduler.revert(plan)
-            self._final = outputs + self._final
-            raise
+        run = self.runner.execute_model(plan, self.requests)
         if self.config.sync_timing:
             s06.synchronize(self.model.device)
         run.model_s = time.perf_counter() - start
         return run
+
+    def _hold(self, outputs: list[RequestOutput], first: bool = False) -> None:
+        """Keep outputs for the next `step` to return first (after those already held, or
+        before them: `first`, for a step's own outputs put back when it raised)."""
+        if first:
+            self._pending[:0] = outputs
+        else:
+            self._pending += outputs
+        self._pending_ids.update(o.request_id for o in outputs)
 
     def _sample(self, run, start: float) -> list[RequestOutput]:
         """One token per sampling row (S08's `sample_batch`), then Part I's postprocess. A
@@ -737,11 +794,10 @@ class LLMEngine:
     def request_ids_in_use(self) -> set[str]:
         """The ids a new request may not take: every unfinished request's, and every
         finished one's whose last output `step` has not returned yet."""
-        return set(self.requests) | {o.request_id for o in self._final}
+        return set(self.requests) | self._pending_ids
 
     def _taken(self, request_id: str) -> bool:
-        return request_id in self.requests or any(o.request_id == request_id
-                                                  for o in self._final)
+        return request_id in self.requests or request_id in self._pending_ids
 
 
 def make_processor(model: s06.TorchTransformer, tokenizer, config: EngineConfig) -> s08.Engine:
@@ -763,12 +819,11 @@ def build_engine(model: s06.TorchTransformer, tokenizer, **options) -> LLMEngine
     `RaggedRunner` over as many `SlotKVCache` slots. options: `EngineConfig`'s fields
     (max_context, max_num_seqs, batch_invariant, attention, logprobs_mode, sync_timing).
     Raises ParameterError naming the option (before any KV is allocated)."""
-    config = EngineConfig(**options).for_model(model)
+    config = EngineConfig.of(model, options)
     processor = make_processor(model, tokenizer, config)
-    runner = slot_runner(model, config)         # first: the slots' memory is checked there
     scheduler = FIFOScheduler(config.max_num_seqs,
                               SlotKVManager(config.max_num_seqs, config.max_context))
-    return LLMEngine(config, processor, scheduler, runner)
+    return LLMEngine(config, processor, scheduler, slot_runner(model, config))
 
 
 # ---------------------------------------------------------------------------------------------

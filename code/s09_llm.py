@@ -29,9 +29,7 @@ References
 """
 from __future__ import annotations
 
-import weakref
 from collections import deque
-from typing import Iterator
 
 import s01_generation_loop as s01
 import s08_static_batching as s08
@@ -44,7 +42,8 @@ class LLM:
     """Part I's and S08's calls over an engine (see the module docstring).
 
     `generate(prompt, max_tokens=16, temperature=None, seed=None, **options)` -> Part I's
-    `Completion`; with a list of prompts (each text or token ids) and params (one
+    `Completion`; with a list of prompts (each text or a list of token ids: one prompt of
+    token ids is `[[5, 6, 7]]`, since a list is always several prompts) and params (one
     SamplingParams, a list of one per prompt, or Part I's keywords) -> one `Completion` per
     prompt, in order. `stream(...)`: Part I's `CompletionStream` for one prompt, S08's
     `BatchStream` (lists of the step's outputs; its `stats` is None: nothing idles here to
@@ -92,14 +91,9 @@ class LLM:
                     raise
                 raise ParameterError(where + str(err), err.parameter, err.value) from None
         ids = [self.engine.queue(request) for request in requests]
-        self._inboxes.update((rid, deque()) for rid in ids)
-        steps = self._run(ids)
-        # Dropped before it ends (never iterated, say), the stream's requests are aborted
-        # (a generator closed before it starts runs no code, so its `finally` cannot).
-        weakref.finalize(steps, self._let_go, ids, ())
+        steps = _Steps(self, ids)
         if single:
-            return s01.CompletionStream((o for outputs in steps for o in outputs),
-                                        requests[0].seq)
+            return s01.CompletionStream(_Outputs(steps), requests[0].seq)
         return s08.BatchStream(steps, [r.seq for r in requests], None)
 
     def _check_owned(self) -> None:
@@ -115,41 +109,92 @@ class LLM:
 
     def _new_id(self, made: list) -> str:
         """The lowest number that no request of the engine (unfinished, or with a pending
-        last output) and no request made in this call holds."""
-        taken = {r.request_id for r in made} | self.engine.request_ids_in_use()
+        last output), no open stream of this LLM and no request made in this call holds."""
+        taken = ({r.request_id for r in made} | self.engine.request_ids_in_use()
+                 | set(self._inboxes))
         k = 0
         while str(k) in taken:
             k += 1
         return str(k)
 
-    def _run(self, ids: list[str]) -> Iterator[list[s01.RequestOutput]]:
-        """Step until each request has had its last output, yielding their outputs of each
-        step (other streams' outputs go to their inboxes). Closed or failed before the end,
-        it aborts those unfinished (their KV freed; their last outputs, which nobody will
-        read, are dropped)."""
-        inboxes = {rid: self._inboxes[rid] for rid in ids}
-        done: set[str] = set()
-        try:
-            while True:
-                ready = [inboxes[rid].popleft() for rid in ids
-                         for _ in range(len(inboxes[rid]))]
-                done.update(o.request_id for o in ready if o.finished)
-                if ready:
-                    yield ready
-                if len(done) == len(ids):
-                    return
-                self._check_owned()
-                for output in self.engine.step():
-                    inbox = self._inboxes.get(output.request_id)
-                    if inbox is not None:
-                        inbox.append(output)
-        finally:
-            self._let_go(ids, done)
 
-    def _let_go(self, ids: list[str], done) -> None:
-        """A stream is over: its inboxes go, and its requests that have not finished are
-        aborted (their last outputs dropped when the engine returns them)."""
-        for rid in ids:
-            if self._inboxes.pop(rid, None) is not None and rid not in done:
-                if self.engine.abort(rid):
-                    self._dropped.add(rid)
+class _Steps:
+    """One stream's steps: each `next` yields the stream's outputs of the next step that
+    made some (stepping the engine as needed; other streams' outputs go to their inboxes)
+    until each of its requests has had its last output. `close` (also when it ends, fails,
+    or is dropped, before its first step too) aborts its unfinished requests, their KV
+    freed at once, and gives its ids back."""
+
+    def __init__(self, llm: LLM, ids: list[str]):
+        self.llm, self.ids = llm, ids
+        self.inboxes = {rid: deque() for rid in ids}
+        llm._inboxes.update(self.inboxes)
+        self.done: set[str] = set()
+        self.closed = False
+
+    def __iter__(self) -> "_Steps":
+        return self
+
+    def __next__(self) -> list[s01.RequestOutput]:
+        try:
+            return self._next()
+        except BaseException:          # StopIteration included: the stream is over
+            self.close()
+            raise
+
+    def _next(self) -> list[s01.RequestOutput]:
+        llm = self.llm
+        while not self.closed:
+            ready = [box.popleft() for box in self.inboxes.values() for _ in range(len(box))]
+            self.done.update(o.request_id for o in ready if o.finished)
+            if ready:
+                return ready
+            if len(self.done) == len(self.ids):
+                break
+            llm._check_owned()
+            if not llm.engine.has_unfinished_requests():
+                lost = sorted(set(self.ids) - self.done)
+                raise ValueError(f"requests {lost} left the engine without a last output "
+                                 "(aborted by the engine's own abort? an LLM owns its engine)")
+            for output in llm.engine.step():
+                inbox = llm._inboxes.get(output.request_id)
+                if inbox is not None:
+                    inbox.append(output)
+        raise StopIteration
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        llm = self.llm
+        for rid, box in self.inboxes.items():
+            if llm._inboxes.get(rid) is box:          # this stream's: let it go
+                del llm._inboxes[rid]
+            if rid not in self.done:
+                llm.engine.abort(rid)
+                if rid in llm.engine.request_ids_in_use():   # its last output is pending
+                    llm._dropped.add(rid)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:    # at interpreter exit the engine may already be gone
+            pass
+
+
+class _Outputs:
+    """A single-prompt stream's outputs one by one, over its `_Steps` (closed with it)."""
+
+    def __init__(self, steps: _Steps):
+        self.steps, self.pending = steps, deque()
+
+    def __iter__(self) -> "_Outputs":
+        return self
+
+    def __next__(self) -> s01.RequestOutput:
+        while not self.pending:
+            self.pending.extend(next(self.steps))
+        return self.pending.popleft()
+
+    def close(self) -> None:
+        self.steps.close()

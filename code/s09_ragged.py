@@ -54,6 +54,7 @@ ragged batch (the sum of each request's T).
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -92,7 +93,7 @@ def allocate_kv(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.
     Raises s01.ParameterError (`parameter`, the setting that sized them; the message says
     what to change, `fix`) when they do not fit or the allocation fails (on a GPU other
     processes hold memory too)."""
-    need = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    need = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()  # Python ints
     have = available_memory(device)
     if need > have:
         raise s01.ParameterError(
@@ -254,9 +255,7 @@ class RaggedRunner:
 
     def __init__(self, model: s06.TorchTransformer, cache, batch_invariant: bool = False,
                  attention: str = "masked"):
-        if attention not in RAGGED_ATTENTION:
-            raise s01.ParameterError(f"attention must be one of {RAGGED_ATTENTION} (got "
-                                     f"{attention!r})", "attention", attention)
+        assert attention in RAGGED_ATTENTION, "EngineConfig checks it"
         self.model, self.cache = model, cache
         self.batch_invariant, self.attention = bool(batch_invariant), attention
         self.alone_computed: dict[str, int] = {}   # batch-invariant mode: see `_requests_alone`
@@ -410,18 +409,20 @@ class RaggedRunner:
 
         S06 computes a request's positions 0 .. end - 1 in these passes: the prompt in one,
         then one per token. `alone_computed[rid]` is how many of a request's positions hold
-        KV computed by those passes (0 for none). A request that samples runs the passes from
-        there to its end: usually the one decode token, or its whole prompt; after a prompt
-        that arrived in chunks, or a recompute after a preemption, every pass from position 0
-        (each pass's KV overwriting what was there). A row that does not sample computes
-        nothing: its positions are computed when it samples. Ids no longer among `requests`
-        are dropped.
+        KV computed by those passes; it counts only while the scheduler agrees they are
+        computed (at most the plan's num_computed_tokens: a failed step the scheduler took
+        back, a preemption, a request id used again all bring it down), and only from the
+        prompt's end (below it, nothing counts: the prompt is one pass). A request that
+        samples runs the passes from there to its end: usually the one decode token, or its
+        whole prompt; after a prompt that arrived in chunks, or a recompute, every pass from
+        position 0 (each pass's KV overwriting what was there). A row that does not sample
+        computes nothing: its positions are computed when it samples. The count is taken out
+        while its passes run and recorded when they are done, so passes that raise leave
+        none: that request is computed again from position 0.
         """
         for rid in list(self.alone_computed):
             if rid not in requests:
                 del self.alone_computed[rid]
-        for rid in plan.scheduled_resumed_ids + plan.preempted_ids:
-            self.alone_computed.pop(rid, None)          # its KV was freed: it starts over
         model = self.model
         logits = torch.empty((len(batch.sample_rows), self.vocab_size), dtype=torch.float32,
                              device=model.device)
@@ -430,12 +431,14 @@ class RaggedRunner:
             if not batch.samples[b]:
                 continue
             token_ids, end = requests[rid].token_ids, batch.context_lens[b]
-            done, prompt = self.alone_computed.get(rid, 0), len(requests[rid].prompt_ids)
+            prompt = len(requests[rid].prompt_ids)
+            done = min(self.alone_computed.pop(rid, 0), plan.num_computed_tokens[rid])
+            done = done if done >= prompt else 0
             pieces = ([(0, prompt)] if done == 0 else []) + [
                 (p, p + 1) for p in range(max(done, prompt), end)]        # S06's passes
+            assert pieces, "a row that samples has at least its last token to compute"
             for a, e in pieces:
-                last = self._alone_pass(batch, b, token_ids[a:e], a)
-            logits[row] = last
+                logits[row] = self._alone_pass(batch, b, token_ids[a:e], a)
             row += 1
             self.alone_computed[rid] = end
         return logits

@@ -84,8 +84,9 @@ class StepTracer:
 
     limit: None (every step kept, as the chapters' tables need) or how many of the latest to
     keep; `num_recorded` counts every record made. Attach it with `engine.observers.append`
-    (`trace(engine)` does, and returns it). A step whose model run raises has no record; its
-    plan is taken back, and the step after it gets its number.
+    (`trace(engine)` does, and returns it). A step whose model run raises has no record and
+    its number goes to the step after it; what its plan did to the queues, which the
+    scheduler keeps (admissions, preemptions, ends), is listed in that next record.
     """
 
     def __init__(self, limit: int | None = None):
@@ -94,10 +95,16 @@ class StepTracer:
         self._plan: dict | None = None          # what on_plan saw, until on_step
         self._catching_up: set[str] = set()     # admitted or resumed, not sampled since
         self._left: list[str] = []              # finished in steps that made no record
+        self._carried: dict[str, tuple] = {}    # what plans of steps that raised did
 
     def on_plan(self, engine, plan) -> None:
+        # A plan heard without its step: that step raised. The scheduler kept what its plan
+        # did to the queues (admissions, preemptions, ends), so the next record lists them.
+        failed, self._plan = self._plan, None
+        if failed is not None:
+            self._carried = {key: self._carried.get(key, ()) + ids
+                             for key, ids in failed["changes"].items()}
         if not plan.planned:
-            self._plan = None
             return
         scheduler, kv = engine.scheduler, engine.scheduler.kv
         self._catching_up.update(plan.scheduled_new_ids + plan.scheduled_resumed_ids)
@@ -108,7 +115,9 @@ class StepTracer:
             kinds=tuple(PREFILL if rid in self._catching_up else DECODE for rid in running),
             waiting=len(scheduler.waiting), kv_used_tokens=kv.num_used_tokens,
             kv_free_tokens=kv.num_free_tokens, kv_capacity=kv.capacity,
-            token_budget=scheduler.max_num_batched_tokens)
+            token_budget=scheduler.max_num_batched_tokens,
+            changes=dict(joined=plan.scheduled_new_ids, resumed=plan.scheduled_resumed_ids,
+                         preempted=plan.preempted_ids, ended=plan.finished_ids))
 
     def on_step(self, engine, result) -> None:
         left = [o.request_id for o in result.outputs if o.finished]
@@ -121,16 +130,17 @@ class StepTracer:
         self._catching_up.difference_update(left)
         prefill = sum(n for n, kind in zip(plan.num_scheduled_tokens.values(), seen["kinds"])
                       if kind == PREFILL)
+        changes = {key: self._carried.get(key, ()) + ids for key, ids in seen["changes"].items()}
         record = StepRecord(
             plan.step, running, tuple(plan.num_scheduled_tokens.values()),
             tuple(plan.num_computed_tokens[rid] for rid in running),
             seen["request_num_tokens"], tuple(plan.block_tables[rid] for rid in running),
-            seen["kinds"], tuple(result.req_ids), plan.scheduled_new_ids,
-            plan.scheduled_resumed_ids, plan.preempted_ids, plan.finished_ids,
-            tuple(self._left + left), plan.total_num_scheduled_tokens, prefill,
-            seen["waiting"], seen["kv_used_tokens"], seen["kv_free_tokens"],
-            seen["kv_capacity"], seen["token_budget"], result.model_s, result.step_s)
-        self._left = []
+            seen["kinds"], tuple(result.req_ids), changes["joined"], changes["resumed"],
+            changes["preempted"], changes["ended"], tuple(self._left + left),
+            plan.total_num_scheduled_tokens, prefill, seen["waiting"], seen["kv_used_tokens"],
+            seen["kv_free_tokens"], seen["kv_capacity"], seen["token_budget"],
+            result.model_s, result.step_s)
+        self._left, self._carried = [], {}
         self.records.append(record)
         self.num_recorded += 1
         if self.limit is not None and len(self.records) > self.limit:

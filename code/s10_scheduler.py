@@ -411,12 +411,12 @@ def build_engine(model, tokenizer, *, max_num_batched_tokens: int | None = None,
     context (default: all of them, so nothing is preempted unless asked); policy: "fcfs" or
     "priority". options: S09's `EngineConfig` fields. Raises ParameterError naming the
     option."""
-    config = s09.EngineConfig(**options).for_model(model)
+    config = s09.EngineConfig.of(model, options)
     processor = s09.make_processor(model, tokenizer, config)
     scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_context,
                                        max_num_batched_tokens, policy)
-    runner = s09.slot_runner(model, config)     # the slots' memory is checked there
     kv = TokenKVPool(config.max_num_seqs, config.max_context, kv_capacity)
+    runner = s09.slot_runner(model, config)     # the slots' memory is checked there
     return s09.LLMEngine(config, processor, Scheduler(scheduler_config, kv), runner)
 
 

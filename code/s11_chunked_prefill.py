@@ -144,13 +144,13 @@ def build_engine(model, tokenizer, *, max_num_batched_tokens: int | None = None,
     long_prefill_token_threshold (0: no limit); max_num_batched_tokens (default S10's,
     max_num_seqs x max_context: nothing is chunked) may be anything from max_num_seqs up.
     Raises ParameterError naming the option."""
-    config = s09.EngineConfig(**options).for_model(model)
+    config = s09.EngineConfig.of(model, options)
     processor = s09.make_processor(model, tokenizer, config)
     scheduler_config = ChunkedSchedulerConfig(config.max_num_seqs, config.max_context,
                                               max_num_batched_tokens, policy,
                                               long_prefill_token_threshold)
-    runner = s09.slot_runner(model, config)     # the slots' memory is checked there
     kv = TokenKVPool(config.max_num_seqs, config.max_context, kv_capacity)
+    runner = s09.slot_runner(model, config)     # the slots' memory is checked there
     return s09.LLMEngine(config, processor, ChunkedScheduler(scheduler_config, kv), runner)
 
 

@@ -229,16 +229,22 @@ def paged_engine(model: s06.TorchTransformer, tokenizer, manager_class, cache_co
     (S12's `KVCacheManager`, S13's prefix-caching one) sized by cache_config, and a
     `PagedRunner` over a pool of as many blocks. The assembly S12's and S13's
     `build_engine` share."""
-    config = s09.EngineConfig(**options).for_model(model)
+    config = s09.EngineConfig.of(model, options)
     processor = s09.make_processor(model, tokenizer, config)
     num_blocks = cache_config.num_blocks_for(config.max_num_seqs, config.max_context)
     scheduler_config = ChunkedSchedulerConfig(config.max_num_seqs, config.max_context,
                                               max_num_batched_tokens, policy,
                                               long_prefill_token_threshold)
-    cache = PagedKVCache.for_model(model, num_blocks, cache_config.block_size,   # memory
-                                   config.max_context)                          # checked here
-    runner = PagedRunner(model, cache, config.batch_invariant, config.attention)
     kv = manager_class(num_blocks, cache_config.block_size, cache_config.enable_kv_cache_events)
+    try:                                          # the pool's memory is checked here
+        cache = PagedKVCache.for_model(model, num_blocks, cache_config.block_size,
+                                       config.max_context)
+    except s01.ParameterError as err:
+        sized_by = ("num_blocks" if cache_config.num_blocks is not None else    # what the
+                    "block_size" if cache_config.block_size > config.max_context     # default
+                    else "max_num_seqs")                                         # grew with
+        raise s01.ParameterError(str(err), sized_by, err.value) from None
+    runner = PagedRunner(model, cache, config.batch_invariant, config.attention)
     return s09.LLMEngine(config, processor, ChunkedScheduler(scheduler_config, kv), runner)
 
 

@@ -432,12 +432,25 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         check_pool_sizes(2 if self.num_blocks is None else self.num_blocks, self.block_size)
+        if not isinstance(self.enable_kv_cache_events, bool):
+            raise ParameterError(f"enable_kv_cache_events must be a bool (got "
+                                 f"{self.enable_kv_cache_events!r})", "enable_kv_cache_events")
 
     def num_blocks_for(self, max_num_seqs: int, max_context: int) -> int:
-        """num_blocks, or its default for max_num_seqs requests of max_context tokens."""
+        """num_blocks, or its default for max_num_seqs requests of max_context tokens
+        (checked as num_blocks is, the error naming max_num_seqs, the setting that sized
+        it)."""
         if self.num_blocks is not None:
             return self.num_blocks
-        return max_num_seqs * cdiv(max_context, self.block_size) + 1
+        num_blocks = max_num_seqs * cdiv(max_context, self.block_size) + 1
+        try:
+            check_pool_sizes(num_blocks, self.block_size)
+        except ParameterError as err:
+            per_request = cdiv(max_context, self.block_size)
+            raise ParameterError(f"max_num_seqs {max_num_seqs} x {per_request} blocks of "
+                                 f"{self.block_size} per request: {err}", "max_num_seqs",
+                                 max_num_seqs) from None
+        return num_blocks
 
 
 def slot_mapping(block_table: list[int] | tuple[int, ...], start: int, n: int,

@@ -534,7 +534,12 @@ class CacheTracer:
 
 
 def trace_cache(engine) -> CacheTracer:
-    """A `CacheTracer` attached to the engine."""
+    """A `CacheTracer` attached to the engine. Raises ParameterError for an engine whose KV
+    manager does not cache (built with enable_prefix_caching=False, or S12's): it would have
+    no cache to record."""
+    if not isinstance(engine.scheduler.kv, PrefixCachingKVCacheManager):
+        raise ParameterError("trace_cache needs an engine with the prefix cache on",
+                             "enable_prefix_caching")
     tracer = CacheTracer()
     engine.observers.append(tracer)
     return tracer
