@@ -82,8 +82,8 @@ from typing import Sequence
 import s01_generation_loop as s01
 import s09_continuous_batching as s09
 from s01_generation_loop import ParameterError
-from s09_continuous_batching import (Request, RequestStatus, SchedulerOutput, SlotKVManager,
-                                     record_computed, revert_plan, take_out)
+from s09_scheduler import (Request, RequestStatus, SchedulerOutput, SlotKVManager,
+                           record_computed, revert_plan, take_out)
 
 POLICIES = ("fcfs", "priority")
 

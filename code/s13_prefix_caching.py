@@ -99,7 +99,7 @@ import s01_generation_loop as s01
 import s06_torch as s06
 import s09_continuous_batching as s09
 from s01_generation_loop import ParameterError
-from s09_continuous_batching import check_cache_salt
+from s09_scheduler import check_cache_salt
 from s12_engine import paged_engine
 from s12_paged_attention import BlockPool, CacheConfig, KVCacheBlock, KVCacheManager
 

@@ -9,7 +9,7 @@ mis-positioned token under preemption changes every token after it.
 """
 from hypothesis import strategies as st
 
-from s09_continuous_batching import Request, RequestStatus
+from s09_scheduler import Request, RequestStatus
 
 VOCAB = 97
 

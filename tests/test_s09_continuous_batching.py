@@ -43,7 +43,8 @@ from engine_testing import (FailingRunner, LogitsRecorder, NaNRows, drive, fifo_
                             greedy, id_text, run_in_turns, text_of, tiny_fixture, tokens_of)
 from model_testing import V, IdTokenizer
 from s01_generation_loop import ParameterError
-from s09_continuous_batching import FINISH_ABORT, Request, SchedulerOutput, SlotKVManager
+from s09_continuous_batching import FINISH_ABORT
+from s09_scheduler import Request, SchedulerOutput, SlotKVManager
 from s09_llm import LLM
 from s09_ragged import RaggedBatch, RaggedRunner, SlotKVCache
 from s09_trace import format_occupancy_table, trace

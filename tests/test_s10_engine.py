@@ -37,7 +37,7 @@ from engine_testing import (FailingRunner, NaNRows, drive, greedy, id_text, tiny
                             tokens_of)
 from model_testing import V, IdTokenizer
 from s01_generation_loop import ParameterError
-from s09_continuous_batching import RequestStatus
+from s09_scheduler import RequestStatus
 from s09_llm import LLM
 from s09_trace import StepRecord, trace
 from s10_scheduler import TABLE_ID_COLUMNS, format_schedule_table

@@ -16,7 +16,7 @@ every KV token is free), each a test below; G2 (preemption loses tokens) is the 
 import pytest
 
 from s01_generation_loop import ParameterError
-from s09_continuous_batching import RequestStatus
+from s09_scheduler import RequestStatus
 from s10_scheduler import Scheduler, SchedulerConfig, TokenKVPool
 from scheduler_testing import FakeModel, alone, make_request
 

@@ -37,7 +37,7 @@ from model_testing import V, IdTokenizer
 from s01_generation_loop import ParameterError
 from s04_sampling import SamplingParams
 from s08_batch_variance import BATCH_TOLERANCE
-from s09_continuous_batching import Request
+from s09_scheduler import Request
 from s09_trace import trace
 from s12_paged_attention import KVCacheManager
 from s13_prefix_caching import (ROOT_HASH, PrefixCachingKVCacheManager, encode_block,

@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import s13_prefix_caching as s13
 from s01_generation_loop import ParameterError
-from s09_continuous_batching import Request
+from s09_scheduler import Request
 from s10_scheduler import POLICIES
 from scheduler_testing import (PagedFakeModel, abort_drawn, alone_tokens, check_block_manager,
                                chunked_scheduler)

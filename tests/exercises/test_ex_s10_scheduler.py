@@ -13,7 +13,7 @@ import random
 import pytest
 
 from exercise_loader import load_exercise
-from s09_continuous_batching import Request
+from s09_scheduler import Request
 from s10_scheduler import Scheduler, SchedulerConfig, TokenKVPool
 
 ex = load_exercise("s10_scheduler")

@@ -18,7 +18,7 @@ import pytest
 
 from exercise_loader import load_exercise
 import s03_transformer as s03
-from s09_continuous_batching import Request
+from s09_scheduler import Request
 from s09_ragged import RaggedBatch
 from s10_scheduler import TokenKVPool
 from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerConfig

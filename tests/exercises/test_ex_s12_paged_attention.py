@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from exercise_loader import load_exercise
-from s09_continuous_batching import Request
+from s09_scheduler import Request
 
 ex = load_exercise("s12_paged_attention")
 

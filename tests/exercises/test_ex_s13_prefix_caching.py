@@ -20,7 +20,7 @@ import pytest
 
 from exercise_loader import load_exercise
 import s13_prefix_caching as s13
-from s09_continuous_batching import Request
+from s09_scheduler import Request
 from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerConfig
 
 ex = load_exercise("s13_prefix_caching")
