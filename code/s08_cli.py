@@ -192,8 +192,9 @@ def fit_ids(ids: Sequence[str], width: int) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def describe_arrivals(every: int) -> str:
-    """The arrival schedule of `run_arrivals` in words, for the scripts' header."""
-    return {0: "all at once", 1: "one before each step"}.get(every, f"one every {every} steps")
+    """The arrival schedule of `run_every_n_steps` in words, for the scripts' header."""
+    words = {0: "all at once", 1: "one before each step"}.get(every, f"one every {every} steps")
+    return words if every <= 1 else words + " (sooner when the engine is idle)"
 
 
 def priority_list(text: str) -> list[int]:
@@ -208,28 +209,33 @@ def priority_list(text: str) -> list[int]:
 
 @dataclass
 class ArrivalRun:
-    """What `run_arrivals` saw: ids in arrival order; texts (deltas) and finish reasons by
-    id; requests, the engine's `Request` of each id; tokens made; wall seconds."""
+    """What `run_every_n_steps` saw: ids in arrival order; texts (deltas), tokens made and
+    finish reasons by id; requests, the engine's `Request` of each id; tokens made; wall
+    seconds."""
 
     ids: list[str] = field(default_factory=list)
     texts: dict[str, list[str]] = field(default_factory=dict)
+    num_tokens: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     requests: dict = field(default_factory=dict)
     made: int = 0
     wall_s: float = 0.0
 
 
-def run_arrivals(engine, prompts: Sequence, params, priorities: Sequence[int],
-                 arrival_every: int) -> ArrivalRun:
+def run_every_n_steps(engine, prompts: Sequence, params, priorities: Sequence[int],
+                      arrival_every: int) -> ArrivalRun:
     """Add one prompt every arrival_every calls of `engine.step` (0: all before the first
-    step) and step until everything has finished. Every request is made, and so checked,
-    before the first step (`engine.make_request`), so a bad prompt stops the run before
-    anything runs; each is queued when it arrives (`engine.queue`)."""
+    step) and step until everything has finished. An engine with nothing to do gets the next
+    request at once rather than a step that computes nothing, so every `step` call runs a
+    batch and the trace's step numbers count the calls. Every request is made, and so
+    checked, before the first step (`engine.make_request`), so a bad prompt stops the run
+    before anything runs; each is queued when it arrives (`engine.queue`)."""
     made = [engine.make_request(prompt, params, priority=priority)
             for prompt, priority in zip(prompts, priorities)]
     run, calls, start = ArrivalRun(), 0, time.perf_counter()
     while len(run.ids) < len(prompts) or engine.has_unfinished_requests():
-        if len(run.ids) < len(prompts) and calls >= len(run.ids) * arrival_every:
+        due = calls >= len(run.ids) * arrival_every or not engine.has_unfinished_requests()
+        if len(run.ids) < len(prompts) and due:
             request = made[len(run.ids)]
             run.ids.append(engine.queue(request))
             run.requests[request.request_id] = request
@@ -238,6 +244,8 @@ def run_arrivals(engine, prompts: Sequence, params, priorities: Sequence[int],
         for out in engine.step():
             run.texts.setdefault(out.request_id, []).append(out.text_delta)
             run.made += len(out.new_token_ids)
+            run.num_tokens[out.request_id] = (run.num_tokens.get(out.request_id, 0)
+                                              + len(out.new_token_ids))
             if out.finished:
                 run.reasons[out.request_id] = out.finish_reason
     run.wall_s = time.perf_counter() - start
@@ -248,7 +256,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_arrival_every:
                          ) -> None:
     """The step engine's flags (S09 on): arrivals, seats, context, attention, exact mode."""
     parser.add_argument("--arrival-every", type=int, default=default_arrival_every,
-                        help="steps between two arrivals; 0 = all at once (default: "
+                        help="steps between two arrivals (sooner when the engine is idle); "
+                             "0 = all at once (default: "
                              "%(default)s)")
     parser.add_argument("--max-num-seqs", type=int, default=4,
                         help="most requests running at once (default: %(default)s)")
@@ -319,7 +328,7 @@ def chapter_main(chapter: Chapter, argv: Sequence[str] | None = None) -> None:
             **chapter.options(args))
         tracers = chapter.tracers(engine)
         engine.observers.extend(tracers)
-        run = run_arrivals(engine, prompts, params, priorities, args.arrival_every)
+        run = run_every_n_steps(engine, prompts, params, priorities, args.arrival_every)
     except ValueError as err:
         parser.error(str(err))
     cfg = model.config
@@ -330,8 +339,9 @@ def chapter_main(chapter: Chapter, argv: Sequence[str] | None = None) -> None:
     for rid, prompt in zip(run.ids, prompts):
         note = chapter.note(rid, run, tracers) if chapter.note else None
         print(f"\n--- request {rid}: prompt ({len(tokenizer.encode(prompt))} tokens)"
-              f"{', ' + note if note else ''} ---\n{prompt}\n--- completion (finish_reason="
-              f"{run.reasons[rid]}) ---\n{''.join(run.texts.get(rid, []))}")
+              f"{', ' + note if note else ''} ---\n{prompt}\n--- completion "
+              f"({run.num_tokens.get(rid, 0)} tokens, finish_reason={run.reasons[rid]}) ---\n"
+              f"{''.join(run.texts.get(rid, []))}")
     steps = tracers[0].records
     print(f"\n--- {run.made} tokens in {len(steps)} steps, {run.wall_s:.2f} s "
           f"({run.made / run.wall_s:.0f} tokens/s, first call: one-off costs included) ---")

@@ -175,5 +175,6 @@ def test_each_workloads_command_makes_the_same_run(data, capsys):
             times = {"not preempted": 0, "preempted once": 1}.get(head.group(2))
             times = int(head.group(3)) if times is None else times
             assert (int(head.group(1)), times) == (req["prompt_len"], req["num_preemptions"])
-            assert (f"--- completion (finish_reason={req['finish_reason']}) ---\n"
+            assert (f"--- completion ({len(req['generated'])} tokens, "
+                    f"finish_reason={req['finish_reason']}) ---\n"
                     f"{req['text']}\n") in out[head.end():], (work["id"], req["id"])
