@@ -106,22 +106,25 @@ class ParameterError(ValueError):
         return type(self), (str(self), self.parameter, self.value)
 
 
-def check_text(text: str, name: str = "text") -> None:
-    """Raise ParameterError (parameter `name`) unless `text` is a str that UTF-8 can encode.
+def check_text(text: str, name: str = "text", parameter: str | None = None) -> None:
+    """Raise ParameterError unless `text` is a str that UTF-8 can encode. name: what the
+    message calls it; parameter: the parameter the error names (default: name).
 
     A Python str may hold a lone surrogate (U+D800-U+DFFF), e.g. from `"\\ud800"` or from
     command-line bytes that were not UTF-8 (Python maps them to U+DC80-U+DCFF, PEP 383). Such a
     string is not valid Unicode and has no UTF-8 bytes, so no tokenizer can encode it.
     """
+    parameter = name if parameter is None else parameter
     if not isinstance(text, str):
-        raise ParameterError(f"{name} must be a str (got {type(text).__name__})", name, text)
+        raise ParameterError(f"{name} must be a str (got {type(text).__name__})", parameter,
+                             text)
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as err:
             raise ParameterError(f"{name} must be valid Unicode without lone surrogates: "
                                  f"{text[err.start]!r} at index {err.start} has no UTF-8 "
-                                 "encoding", name) from None
+                                 "encoding", parameter) from None
 
 
 def check_seed(seed) -> None:

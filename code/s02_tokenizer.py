@@ -720,10 +720,7 @@ def normalize_stop(stop: Iterable[str] | str | None) -> tuple[str, ...]:
     for s in stop:
         if not isinstance(s, str) or not s:
             raise ParameterError(f"stop strings must be non-empty strings (got {s!r})", "stop")
-        try:
-            check_text(s, "stop strings")
-        except ParameterError as err:
-            raise ParameterError(str(err), "stop") from None
+        check_text(s, "stop strings", "stop")
     return stop
 
 

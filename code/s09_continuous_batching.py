@@ -83,7 +83,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import sys
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
 from typing import Sequence
 
@@ -177,9 +177,7 @@ class EngineConfig:
         """This config with max_context filled in: the model's window when None."""
         if self.max_context is not None:
             return self
-        return EngineConfig(model.config.max_position_embeddings, self.max_num_seqs,
-                            self.batch_invariant, self.attention, self.logprobs_mode,
-                            self.sync_timing)
+        return replace(self, max_context=model.config.max_position_embeddings)
 
 
 @dataclass(frozen=True)
@@ -336,8 +334,9 @@ class LLMEngine:
         """Plan, compute, sample, stop, report. Returns the step's outputs: the outputs held
         since the last step first (the last outputs of requests that ended between steps),
         then those the scheduler ended, then one per request that sampled, in batch order
-        ([] when there is nothing to do). If the model run (or an observer) raises, the plan
-        is reverted (KV as before) and nothing is lost: the outputs wait for the next step."""
+        ([] when there is nothing to do). If the model run, the draw of the tokens or an
+        observer raises, the plan is reverted (KV as before) and nothing is lost: the outputs
+        wait for the next step."""
         start = time.perf_counter()
         outputs, self._pending, self._pending_ids = self._pending, [], set()
         plan = self.scheduler.schedule()                  # who runs, and how many tokens each
@@ -347,12 +346,13 @@ class LLMEngine:
             for observer in self.observers:
                 observer.on_plan(self, plan)
             run = self._execute(plan) if plan.num_scheduled_tokens else None
+            drawn = self._draw(run) if run is not None else None      # all or nothing
         except BaseException:
             self.scheduler.revert(plan)
             self._hold(outputs, first=True)
             raise
         if run is not None:
-            outputs += self._sample(run, start)           # tokens, text, Part I's stop rules
+            outputs += self._finish_rows(run, *drawn, start)  # text, Part I's stop rules
             finished = [o.request_id for o in outputs
                         if o.finished and o.request_id in self.requests]
             self.scheduler.update_from_output(plan, finished)
@@ -386,23 +386,30 @@ class LLMEngine:
             self._pending += outputs
         self._pending_ids.update(o.request_id for o in outputs)
 
-    def _sample(self, run, start: float) -> list[RequestOutput]:
-        """One token per sampling row (S08's `sample_batch`), then Part I's postprocess. A
-        row the sampler refuses ends its request ("abort", with the error); the other rows
-        are sampled again, drawing what they would have drawn anyway (the failed call put
-        every random stream back). Part I's per-request `Stats` get the step's times."""
-        if not run.req_ids:                        # S11: a step of prompt chunks samples none
-            return []
+    def _draw(self, run) -> tuple[list[Request], list[int | None], dict[int, ParameterError]]:
+        """One token per sampling row (S08's `sample_batch`): (the rows' requests, their
+        tokens, the refused rows' errors by row). A row the sampler refuses gets None and its
+        error; the other rows are sampled again, drawing what they would have drawn anyway
+        (a failed call puts every random stream back). All or nothing: when it raises, no
+        row has drawn and the step can be reverted."""
         requests = [self.requests[rid] for rid in run.req_ids]
+        if not requests:                          # S11: a step of prompt chunks samples none
+            return [], [], {}
         seqs = [request.seq for request in requests]
-        errors: dict[int, ParameterError] = {}
         try:
             tokens, _ = self.processor.sample_batch(run.logits, seqs, [True] * len(seqs))
+            return requests, tokens, {}
         except s08.RowsRefused as refused:
-            errors = refused.errors
-            active = [i not in errors for i in range(len(seqs))]
+            active = [i not in refused.errors for i in range(len(seqs))]
             tokens, _ = (self.processor.sample_batch(run.logits, seqs, active) if any(active)
                          else ([None] * len(seqs), None))
+            return requests, tokens, refused.errors
+
+    def _finish_rows(self, run, requests: list[Request], tokens: list[int | None],
+                     errors: dict[int, ParameterError], start: float) -> list[RequestOutput]:
+        """Part I's postprocess for each row that drew (text, stop rules); a refused row ends
+        its request ("abort", with the error). Part I's per-request `Stats` get the step's
+        times."""
         outputs = []
         for i, (request, token) in enumerate(zip(requests, tokens)):
             if token is None:

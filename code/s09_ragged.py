@@ -13,7 +13,7 @@ What is here
       step: every weight product sees all N tokens at once.
     - `SlotKVCache`: keys and values (L, num_slots, Hkv, S_max, D), one slot of S_max positions
       per running request. Which request holds which slot is bookkeeping, the KV manager's
-      (`SlotKVManager` in the engine module); the cache only stores. Checked against the
+      (`SlotKVManager`, code/s09_scheduler.py); the cache only stores. Checked against the
       memory still free on the device before it is allocated.
     - `RaggedRunner.execute_model(plan, requests)`: the batch from the plan (rows in slot
       order, so the decoding rows' slots are one range of the cache whenever no slot in
@@ -239,6 +239,30 @@ class ModelRunnerOutput:
 # The runner
 # ---------------------------------------------------------------------------------------------
 
+def decode_rows(batch: RaggedBatch, device) -> tuple[list[int], torch.Tensor | None]:
+    """The decoding requests of a batch (one query each) by batch index, and their rows in the
+    flat token order: int64 (B_d,) on device, None when every request decodes (row b is
+    then request b)."""
+    lens = batch.query_lens()
+    decodes = [b for b, n in enumerate(lens) if n == 1]
+    rows = (None if len(decodes) == len(lens) else
+            torch.tensor([batch.query_start_loc[b] for b in decodes], device=device))
+    return decodes, rows
+
+
+def context_mask(context_lens: Sequence[int], device, dtype: torch.dtype
+                 ) -> tuple[int, torch.Tensor | None]:
+    """(S, the longest context; the additive mask (R, 1, S) of dtype that hides each row's
+    columns past its own context, or None when every context is S and every key is real).
+    Made once per step, not in every layer."""
+    s_len = max(context_lens)
+    if min(context_lens) == s_len:
+        return s_len, None
+    allowed = (torch.arange(s_len, device=device)[None, :]
+               < torch.tensor(context_lens, device=device)[:, None])
+    return s_len, s08.additive_mask(allowed, dtype)[:, None]
+
+
 class RaggedRunner:
     """S06's `TorchTransformer` run on a step's plan against a `SlotKVCache`.
 
@@ -362,8 +386,7 @@ class RaggedRunner:
         holds sees its first key only (a finite softmax row nobody reads), and each slot's
         columns past its context are masked. None when no request decodes."""
         device = self.model.device
-        lens = batch.query_lens()
-        decodes = [b for b, n in enumerate(lens) if n == 1]
+        decodes, rows = decode_rows(batch, device)
         if not decodes:
             return None
         slots = [batch.slots[b] for b in decodes]
@@ -371,15 +394,8 @@ class RaggedRunner:
         ctx = [1] * (hi - lo + 1)
         for b, slot in zip(decodes, slots):
             ctx[slot - lo] = batch.context_lens[b]
-        s_len = max(ctx)
-        allowed = None     # every key of every slot is real when the contexts are equal
-        if min(ctx) < s_len:   # made additive here, once per step, not in every layer
-            allowed = s08.additive_mask(torch.arange(s_len, device=device)[None, :]
-                                        < torch.tensor(ctx, device=device)[:, None],
-                                        self.model.dtype)[:, None]          # (span, 1, S)
+        s_len, allowed = context_mask(ctx, device, self.model.dtype)      # (span, 1, S)
         in_order = slots == list(range(lo, hi + 1))
-        rows = (None if len(decodes) == len(lens) else
-                torch.tensor([batch.query_start_loc[b] for b in decodes], device=device))
         return dict(span=slice(lo, hi + 1), s_len=s_len, allowed=allowed, rows=rows,
                     order=None if in_order else torch.tensor([s - lo for s in slots],
                                                              device=device))

@@ -63,11 +63,7 @@ def check_cache_salt(cache_salt) -> None:
         raise ParameterError(f"cache_salt must be a non-empty string or None (got "
                              f"{cache_salt!r})", "cache_salt")
     if cache_salt is not None:
-        try:
-            s01.check_text(cache_salt, "cache_salt")
-        except ParameterError as err:
-            raise ParameterError(f"cache_salt must be valid Unicode text that UTF-8 can encode "
-                                 f"({err})", "cache_salt") from None
+        s01.check_text(cache_salt, "cache_salt")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,15 +212,12 @@ class SlotKVManager:
         self._unused = 0
         self.slots: dict[str, int] = {}        # request id -> its slot
         self.tokens: dict[str, int] = {}       # request id -> tokens it holds
+        self.num_used_tokens = 0               # their sum, kept as they change
 
     @property
     def capacity(self) -> int:
         """Token positions in all."""
         return self.num_slots * self.slot_size
-
-    @property
-    def num_used_tokens(self) -> int:
-        return sum(self.tokens.values())
 
     @property
     def num_free_tokens(self) -> int:
@@ -266,6 +259,7 @@ class SlotKVManager:
                 self.slots[rid] = heapq.heappop(self._given_back)
             else:
                 self.slots[rid], self._unused = self._unused, self._unused + 1
+        self.num_used_tokens += num_new_tokens
         self.tokens[rid] = held
         return True
 
@@ -274,14 +268,16 @@ class SlotKVManager:
         request that holds no slot)."""
         rid = request.request_id
         slot = self.slots.pop(rid, None)
-        self.tokens.pop(rid, None)
+        self.num_used_tokens -= self.tokens.pop(rid, 0)
         if slot is not None:
             heapq.heappush(self._given_back, slot)
 
     def trim(self, request, num_tokens: int) -> None:
         """The request holds num_tokens tokens again (no more than it held), in its slot."""
-        if request.request_id in self.tokens:
-            self.tokens[request.request_id] = min(num_tokens, self.tokens[request.request_id])
+        held = self.tokens.get(request.request_id)
+        if held is not None and num_tokens < held:
+            self.num_used_tokens -= held - num_tokens
+            self.tokens[request.request_id] = num_tokens
 
     def cache_blocks(self, request, num_tokens: int) -> None:
         """Name the request's full blocks among its first num_tokens (S13): nothing here."""
@@ -308,9 +304,13 @@ def record_computed(running: Sequence[Request], plan: SchedulerOutput, kv) -> No
 
 def take_out(queues: Sequence[list], request_ids: Sequence[str], kv) -> list[str]:
     """`finish_requests`'s rule, every scheduler's: each request with one of these ids leaves
-    its queue, frees its KV and is finished. Returns the ids taken out."""
+    its queue, frees its KV and is finished. Returns the ids taken out. The queues are
+    searched in order until every id is found: a step's finished requests, all running, cost
+    no scan of the waiting queue."""
     ids, done = set(request_ids), []
     for queue in queues:
+        if len(done) == len(ids):
+            break
         for request in [r for r in queue if r.request_id in ids]:
             queue.remove(request)
             kv.free(request)

@@ -62,7 +62,7 @@ import s01_generation_loop as s01
 import s06_torch as s06
 import s08_static_batching as s08
 import s09_continuous_batching as s09
-from s09_ragged import RaggedBatch, RaggedRunner, allocate_kv
+from s09_ragged import RaggedBatch, RaggedRunner, allocate_kv, context_mask, decode_rows
 from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerConfig
 from s12_paged_attention import (CacheConfig, KVCacheManager, cdiv, check_pool_sizes,
                                  slot_mapping)
@@ -83,12 +83,12 @@ class PagedKVCache:
     Which request holds which blocks is the manager's business (`KVCacheManager`); the
     tables come with each step's batch. Raises ValueError for sizes < 1, and ParameterError
     for a pool whose two tensors would not fit the device's free memory (checked before
-    they are allocated).
+    they are allocated), naming `sized_by`: the setting that chose num_blocks.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, max_seq_len: int, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", sized_by: str = "num_blocks"):
         check_pool_sizes(num_blocks, block_size)
         for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim), ("max_seq_len", max_seq_len)):
@@ -96,17 +96,17 @@ class PagedKVCache:
                 raise ValueError(f"{name} must be an integer >= 1 (got {value!r})")
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.k, self.v = allocate_kv(shape, dtype, device, "KV pool",  # (L, blocks, bs, Hkv, D)
-                                     "num_blocks", "use fewer num_blocks or a smaller "
+                                     sized_by, "use fewer num_blocks or a smaller "
                                      "block_size")
         self.block_size, self.max_seq_len = int(block_size), int(max_seq_len)
 
     @classmethod
     def for_model(cls, model: s06.TorchTransformer, num_blocks: int, block_size: int,
-                  max_seq_len: int) -> "PagedKVCache":
+                  max_seq_len: int, sized_by: str = "num_blocks") -> "PagedKVCache":
         """The pool for this model's layers, KV heads, head dim, dtype and device."""
         cfg = model.config
         return cls(cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads,
-                   cfg.head_dim, max_seq_len, model.dtype, model.device)
+                   cfg.head_dim, max_seq_len, model.dtype, model.device, sized_by)
 
     @property
     def num_blocks(self) -> int:
@@ -190,21 +190,12 @@ class PagedRunner(RaggedRunner):
         (None when no request decodes): each attends over its gathered blocks, columns past
         its context masked."""
         device = self.model.device
-        lens = batch.query_lens()
-        decodes = [b for b, n in enumerate(lens) if n == 1]
+        decodes, rows = decode_rows(batch, device)
         if not decodes:
             return None
-        ctx = [batch.context_lens[b] for b in decodes]
-        s_len = max(ctx)
-        allowed = None
-        if min(ctx) < s_len:
-            allowed = s08.additive_mask(torch.arange(s_len, device=device)[None, :]
-                                        < torch.tensor(ctx, device=device)[:, None],
-                                        self.model.dtype)[:, None]          # (B_d, 1, S)
-        every = len(decodes) == len(lens)
-        rows = None if every else torch.tensor([batch.query_start_loc[b] for b in decodes],
-                                               device=device)
-        tables = (batch.block_table_tensor if every else
+        s_len, allowed = context_mask([batch.context_lens[b] for b in decodes], device,
+                                      self.model.dtype)                   # (B_d, 1, S)
+        tables = (batch.block_table_tensor if rows is None else
                   batch.block_table_tensor[torch.tensor(decodes, device=device)])
         return dict(tables=tables, s_len=s_len, allowed=allowed, rows=rows)
 
@@ -235,15 +226,12 @@ def paged_engine(model: s06.TorchTransformer, tokenizer, manager_class, cache_co
     scheduler_config = ChunkedSchedulerConfig(config.max_num_seqs, config.max_context,
                                               max_num_batched_tokens, policy,
                                               long_prefill_token_threshold)
+    sized_by = ("num_blocks" if cache_config.num_blocks is not None else     # what the
+                "block_size" if cache_config.block_size > config.max_context      # default
+                else "max_num_seqs")                                              # grew with
+    cache = PagedKVCache.for_model(model, num_blocks, cache_config.block_size,  # memory checked
+                                   config.max_context, sized_by)                # before the books
     kv = manager_class(num_blocks, cache_config.block_size, cache_config.enable_kv_cache_events)
-    try:                                          # the pool's memory is checked here
-        cache = PagedKVCache.for_model(model, num_blocks, cache_config.block_size,
-                                       config.max_context)
-    except s01.ParameterError as err:
-        sized_by = ("num_blocks" if cache_config.num_blocks is not None else    # what the
-                    "block_size" if cache_config.block_size > config.max_context     # default
-                    else "max_num_seqs")                                         # grew with
-        raise s01.ParameterError(str(err), sized_by, err.value) from None
     runner = PagedRunner(model, cache, config.batch_invariant, config.attention)
     return s09.LLMEngine(config, processor, ChunkedScheduler(scheduler_config, kv), runner)
 
@@ -398,7 +386,8 @@ def describe_pool(engine, tracers) -> str:
     used = max((b.num_blocks - 1 - r.kv_free_tokens // b.block_size
                 for r, b in zip(tracers[0].records, blocks)), default=0)
     return (f"{scheduler.max_num_batched_tokens} tokens per step; KV pool "
-            f"{scheduler.kv.num_blocks} blocks of {scheduler.kv.block_size} tokens (block 0 "
+            f"{scheduler.kv.num_blocks} blocks of {scheduler.kv.block_size} "
+            f"token{'s' if scheduler.kv.block_size > 1 else ''} (block 0 "
             f"null), {engine.runner.cache.nbytes / 2**20:.2f} MiB, policy {scheduler.policy}; "
             f"{scheduler.num_preemptions} preemptions, at most {used} blocks in use")
 

@@ -382,13 +382,10 @@ class KVCacheManager:
 
     # --- events --------------------------------------------------------------------------
 
-    def record(self, kind: str, request_id: str, blocks: Iterable[KVCacheBlock],
-               at: int | None = None) -> None:
-        """Add an event (kind, request id, block ids) when events are kept; at: its place in
-        the list (default: the end)."""
+    def record(self, kind: str, request_id: str, blocks: Iterable[KVCacheBlock]) -> None:
+        """Add an event (kind, request id, block ids) when events are kept."""
         if self.events is not None:
-            event = (kind, request_id, tuple(b.block_id for b in blocks))
-            self.events.insert(len(self.events) if at is None else at, event)
+            self.events.append((kind, request_id, tuple(b.block_id for b in blocks)))
 
     def take_events(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """The pool's changes since the last call, in order: ("allocated" or "freed", request

@@ -163,7 +163,14 @@ def hash_request_tokens(token_ids: Sequence[int], block_size: int,
     if not s01.is_int(block_size) or block_size < 1:
         raise ValueError(f"block_size must be an integer >= 1 (got {block_size!r})")
     check_cache_salt(cache_salt)
-    hashes = list(known)
+    return extend_block_hashes(list(known), token_ids, block_size, cache_salt)
+
+
+def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
+                        cache_salt: str | None) -> list[BlockHash]:
+    """`hash_request_tokens`' chain without its checks, extending `hashes` (the names of the
+    first blocks) in place to every full block of token_ids; returns it. The manager's
+    per-step call: its block size and the request's salt were checked when they were made."""
     for i in range(len(hashes), len(token_ids) // block_size):
         parent = hashes[i - 1] if i else ROOT_HASH
         hashes.append(hash_block_tokens(parent, token_ids[i * block_size:(i + 1) * block_size],
@@ -334,12 +341,8 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     def block_hashes(self, request) -> list[BlockHash]:
         """The names of the request's full blocks, `request.block_hashes` extended to its
         tokens so far (its early blocks never change as it grows, so they are kept)."""
-        hashes, size = request.block_hashes, self.block_size
-        for i in range(len(hashes), request.num_tokens // size):
-            hashes.append(hash_block_tokens(hashes[i - 1] if i else ROOT_HASH,
-                                            request.token_ids[i * size:(i + 1) * size],
-                                            block_extra_keys(i, request.cache_salt)))
-        return hashes
+        return extend_block_hashes(request.block_hashes, request.token_ids, self.block_size,
+                                   request.cache_salt)
 
     def get_computed_blocks(self, request) -> tuple[list[KVCacheBlock], int]:
         """Walk the request's blocks from the first: block i is a hit when a cached block has
@@ -439,7 +442,8 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         assert named == mapped, "a block named but not in the map, or the other way round"
         for rid, entries in self.req_entries.items():
             assert rid in self.req_blocks, f"cache entries kept for {rid!r}, which holds no KV"
-            assert len(entries) <= self.num_tokens(rid) // self.block_size, rid
+            assert len(entries) <= self.num_tokens(rid) // self.block_size, (
+                f"{rid!r} keeps more cache entries than it holds full blocks")
 
 
 def cached_block_map(pool: PrefixCachingBlockPool, digits: int = 8) -> dict[int, str]:

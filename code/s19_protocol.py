@@ -324,18 +324,10 @@ class ParsedRequest:
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
 
-    def field_of(self, parameter: str | None) -> str | None:
-        """The request field an engine or SamplingParams parameter stands for: chat's prompt is
-        its messages, S04's max_tokens is max_completion_tokens when the chat request set
-        that, S04's logprobs is chat's top_logprobs; every other name is the field's own."""
-        return _renames(self.kind, self.max_tokens_field).get(parameter, parameter)
-
-    def refusal(self, err: s01.ParameterError, prefix: str = "") -> APIError:
+    def refusal(self, err: s01.ParameterError) -> APIError:
         """The 400 for a ParameterError the engine raised for this request (at add_request,
         or inside a step because of its own parameters), param the field the client sent."""
-        renames = _renames(self.kind, self.max_tokens_field)
-        return APIError(400, prefix + _as_sent(str(err), renames),
-                        renames.get(err.parameter, err.parameter))
+        return _refusal(err, _renames(self.kind, self.max_tokens_field))
 
 
 def _renames(kind: str, max_tokens_field: str) -> dict[str, str]:
@@ -344,6 +336,13 @@ def _renames(kind: str, max_tokens_field: str) -> dict[str, str]:
     if kind == CHAT:
         renames.update(prompt="messages", logprobs="top_logprobs")
     return renames
+
+
+def _refusal(err: s01.ParameterError, renames: dict[str, str]) -> APIError:
+    """The 400 for an engine's or SamplingParams' ParameterError, in the client's field names:
+    chat's prompt is its messages, S04's max_tokens is max_completion_tokens when the chat
+    request set that, S04's logprobs is chat's top_logprobs."""
+    return APIError(400, _as_sent(str(err), renames), renames.get(err.parameter, err.parameter))
 
 
 def _as_sent(message: str, renames: dict[str, str]) -> str:
@@ -438,8 +437,7 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
         try:
             params.append(s04.SamplingParams(seed=choice_seed, **options))
         except s01.ParameterError as err:   # S04's rule, named by the field the client sent
-            raise APIError(400, _as_sent(str(err), renames),
-                           renames.get(err.parameter, err.parameter)) from None
+            raise _refusal(err, renames) from None
     if given and len(prompt_ids) + max_tokens > max_context:
         raise APIError(400, f"the model's context holds {max_context} tokens, but the prompt "
                             f"is {len(prompt_ids)} and {max_tokens_field} asks for "
