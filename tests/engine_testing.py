@@ -124,6 +124,7 @@ def drive(engine, requests, arrivals, aborts=None, check=None):
         if check is not None:
             check(engine, call, got)
         call += 1
+    assert set(outputs) == set(ids), "a request ended without a last output"
     assert all(outs[-1].finished for outs in outputs.values())
     assert not engine.scheduler.has_unfinished_requests() and not engine.requests
     assert engine.scheduler.kv.num_used_tokens == 0

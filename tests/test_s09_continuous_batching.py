@@ -536,8 +536,7 @@ def test_bad_requests_are_refused_naming_the_parameter_before_anything_is_taken(
         with pytest.raises(ParameterError, match=parameter) as err:
             s09.build_engine(model, IdTokenizer(), **options)
         assert err.value.parameter == parameter
-    with pytest.raises(ValueError, match="max_context"):
-        s09.build_engine(model, IdTokenizer(), max_context=10**6)   # past the model's window
+    # max_context past the model's window: tests/test_s09_engine_edges.py's build options
     assert engine.step() and engine_for(model, 2).step() == []
 
 
@@ -564,6 +563,12 @@ def test_llm_checks_every_request_first_and_refuses_an_engine_it_does_not_own(ti
                 call(prompts, NEW)
     assert list(engine.requests) == [mine] and len(engine.scheduler.waiting) == 1
     assert tokens_of(collect(engine)[mine]) == references[2][0].token_ids
+    other = engine.add_request(text(PROMPTS[1]), greedy(), request_id="other")
+    engine.step()
+    assert engine.abort(other)          # finished by the abort; its last output still pending
+    with pytest.raises(ValueError, match=rule):
+        llm.generate(text(PROMPTS[3]), NEW)
+    assert [(o.request_id, o.finish_reason) for o in engine.step()] == [("other", FINISH_ABORT)]
     assert llm.generate(text(PROMPTS[3]), NEW).token_ids == references[3][0].token_ids
     assert all_slots_free(engine)
 

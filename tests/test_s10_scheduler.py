@@ -43,7 +43,7 @@ def idle(s) -> bool:
     """Nothing queued, no KV token and no slot held (invariant 8)."""
     kv = s.kv
     return (not s.has_unfinished_requests() and kv.num_used_tokens == 0
-            and kv.num_free_tokens == kv.capacity and not kv.slots
+            and not any(kv.tokens.values()) and not kv.slots
             and kv.free_slots == list(range(kv.num_slots)))
 
 
@@ -82,7 +82,8 @@ def test_token_pool_allocates_all_or_nothing_and_frees_what_a_request_holds():
 def test_budgets_are_never_exceeded_and_every_output_equals_the_request_alone(
         max_num_seqs, budget, capacity):
     model = run(MIX, max_num_seqs, budget, capacity, max_model_len=24)
-    capacity = model.scheduler.kv_capacity
+    capacity = max_num_seqs * 24 if capacity is None else capacity    # the slots' default
+    assert model.scheduler.kv_capacity == capacity
     for i, (p, m) in enumerate(MIX):
         req = model.by_id[str(i)]
         want = alone(p, m, 24)

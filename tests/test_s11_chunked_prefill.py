@@ -255,8 +255,8 @@ def test_the_loop_attention_gives_s05s_greedy_tokens_under_chunking(tiny):
 def test_a_stream_under_chunking_joins_to_generates_text(tiny):
     """`LLM.stream` with prompts chunked (budget 6, at most 4 tokens a request, 3 seats):
     each request's text deltas, joined, are generate's text for it on a fresh engine of the
-    same settings, and its token ids are generate's too."""
-    name, hf, model, _ = tiny
+    same settings, and its token ids are generate's too, which are HF's (`references`)."""
+    name, hf, model, references = tiny
     prompts = [text(p) for p in PROMPTS]
 
     def engine():
@@ -272,6 +272,7 @@ def test_a_stream_under_chunking_joins_to_generates_text(tiny):
     assert any(len(r.sampled) < len(r.running) for r in tracer.records), "nothing was chunked"
     for i, c in enumerate(LLM(engine()).generate(prompts, greedy())):
         assert "".join(deltas[str(i)]) == c.text and ids[str(i)] == c.token_ids, (name, i)
+        assert c.token_ids == references[i][0].token_ids, (name, i)
 
 
 # --- neither side starves ----------------------------------------------------------------------

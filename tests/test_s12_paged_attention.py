@@ -32,8 +32,8 @@ from s09_llm import LLM
 from s09_trace import trace
 from s12_engine import PagedKVCache, format_block_table
 from s12_paged_attention import (MAX_NUM_BLOCKS, NULL_BLOCK_ID, BlockPool, BlockPoolError,
-                                 KVCacheManager, cdiv, slot_mapping)
-from scheduler_testing import chunked_scheduler, make_request
+                                 KVCacheManager, slot_mapping)
+from scheduler_testing import ceil_div, chunked_scheduler, make_request
 
 CONTEXT = 96
 NEW = 8
@@ -116,10 +116,10 @@ def test_blocks_on_demand_are_ceil_tokens_over_block_size(block_size):
     a = make_request("a", 1, 1)
     t = 0
     for n in [1] * 20 + [9]:
-        assert m.num_blocks_to_allocate("a", n) == cdiv(t + n, block_size) - cdiv(t, block_size)
+        assert m.num_blocks_to_allocate("a", n) == ceil_div(t + n, block_size) - ceil_div(t, block_size)
         assert m.allocate_slots(a, n)
         t += n
-        assert len(m.block_table("a")) == cdiv(t, block_size) and m.num_tokens("a") == t
+        assert len(m.block_table("a")) == ceil_div(t, block_size) and m.num_tokens("a") == t
         m.check()
     assert m.num_used_tokens == 29 and m.capacity == 39 * block_size
     # internal waste: the unused tail of the last block
@@ -243,7 +243,7 @@ def block_checks(engine):
         assert len(ids) == len(set(ids)), "a block held by two live requests"
         assert kv.num_free_blocks + len(ids) == kv.num_blocks - 1
         for r, table in zip(running, tables):
-            assert len(table) == cdiv(r.num_computed_tokens, bs)
+            assert len(table) == ceil_div(r.num_computed_tokens, bs)
         assert not any(kv.block_table(r.request_id) for r in engine.scheduler.waiting)
         cache = engine.runner.cache
         assert not cache.k[:, NULL_BLOCK_ID].any() and not cache.v[:, NULL_BLOCK_ID].any()
@@ -310,7 +310,7 @@ def test_greedy_equals_s05_and_hf_alone(tiny, block_size):
     of 24: each request's greedy ids equal S05's and HF's alone."""
     name, _, model, references = tiny
     engine = build(model, 3, max_num_batched_tokens=24, block_size=block_size)
-    assert engine.scheduler.kv.num_blocks == 3 * cdiv(CONTEXT, block_size) + 1  # the default
+    assert engine.scheduler.kv.num_blocks == 3 * ceil_div(CONTEXT, block_size) + 1  # the default
     outs, _, _ = run(engine, [(p, greedy()) for p in PROMPTS], [0, 0, 1, 2, 4, 5, 9, 10])
     for i in range(len(PROMPTS)):
         assert tokens_of(outs[i]) == references[i][0].token_ids == references[i][1], (name, i)
@@ -324,7 +324,7 @@ def test_g2_outputs_equal_alone_after_block_preemption(tiny, block_size):
     blocks freed and their recompute written into other blocks; every request's greedy ids
     still equal S05's and HF's alone, and the blocks add up after every step."""
     name, _, model, references = tiny
-    num_blocks = cdiv(CONTEXT, block_size) + cdiv(10, block_size) + 1
+    num_blocks = ceil_div(CONTEXT, block_size) + ceil_div(10, block_size) + 1
     engine = build(model, 3, max_num_batched_tokens=16, block_size=block_size,
                    num_blocks=num_blocks)
     outs, _, _ = run(engine, [(p, greedy()) for p in PROMPTS], [0] * len(PROMPTS))
@@ -585,7 +585,7 @@ def test_the_figure_is_the_benchmarks_json_drawn_with_its_legend_off_the_data():
     for entry in figures["waste"]:
         b = entry["block_size"]
         held = [t for p, n in zip(w["prompt_lens"], w["output_lens"]) for t in range(p, p + n)]
-        allocated = sum(cdiv(t, b) * b for t in held)
+        allocated = sum(ceil_div(t, b) * b for t in held)
         assert entry["waste_share"] == pytest.approx((allocated - sum(held)) / allocated)
     assert "uptime_before" in figures and "load average" in figures["uptime_after"]
     done = subprocess.run([sys.executable, str(root / "scripts" / "s12_figure.py"), "--check"],

@@ -33,8 +33,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from s01_generation_loop import ParameterError
 from s10_scheduler import POLICIES
 from s12_engine import BlockTracer
-from s12_paged_attention import NULL_BLOCK_ID, KVCacheManager, cdiv, slot_mapping
-from scheduler_testing import (ObservedFakeModel, abort_drawn, check_invariants,
+from s12_paged_attention import NULL_BLOCK_ID, KVCacheManager, slot_mapping
+from scheduler_testing import (ObservedFakeModel, abort_drawn, ceil_div, check_invariants,
                                check_outputs_alone, chunked_scheduler, drain, make_request)
 
 MAX_MODEL_LEN = 24
@@ -50,7 +50,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _allocate(self, rid, n):
         before_free = self.m.num_free_blocks
-        need = cdiv(self.tokens.get(rid, 0) + n, self.bs) - cdiv(self.tokens.get(rid, 0), self.bs)
+        need = ceil_div(self.tokens.get(rid, 0) + n, self.bs) - ceil_div(self.tokens.get(rid, 0), self.bs)
         assert self.m.num_blocks_to_allocate(rid, n) == need
         ok = self.m.allocate_slots(self.requests[rid], n)
         assert ok == (need <= before_free)
@@ -96,7 +96,7 @@ class ManagerMachine(RuleBasedStateMachine):
         table = self.m.block_table(rid)
         self.m.trim(self.requests[rid], keep)
         self.tokens[rid] = keep
-        assert self.m.block_table(rid) == table[:cdiv(keep, self.bs)]
+        assert self.m.block_table(rid) == table[:ceil_div(keep, self.bs)]
 
     @invariant()
     def accounting(self):
@@ -107,7 +107,7 @@ class ManagerMachine(RuleBasedStateMachine):
         tables = [self.m.block_table(r) for r in self.tokens]
         ids = [b for t in tables for b in t]
         assert len(ids) == len(set(ids)) and NULL_BLOCK_ID not in ids
-        assert all(len(t) == cdiv(self.tokens[r], self.bs)
+        assert all(len(t) == ceil_div(self.tokens[r], self.bs)
                    for r, t in zip(self.tokens, tables))
         assert self.m.num_used_blocks == len(ids)
         assert self.m.num_free_tokens == (self.usable - len(ids)) * self.bs
@@ -170,7 +170,7 @@ class PagedMemoryModel(ObservedFakeModel):
         kv, rid = self.scheduler.kv, request.request_id
         bs, table = kv.block_size, plan.block_tables[rid]
         assert list(table) == kv.block_table(rid)
-        assert len(table) == cdiv(start + n, bs)
+        assert len(table) == ceil_div(start + n, bs)
         slots = slot_mapping(table, start, n, bs)
         assert all(slot >= bs for slot in slots), "the null block was written"
         assert not self.written & set(slots), "a slot written twice in one step"
@@ -227,7 +227,7 @@ class PagedSchedulerMachine(RuleBasedStateMachine):
           priority=st.integers(-2, 2))
     def add(self, prompt_len, max_tokens, priority):
         req = make_request(str(self.count), prompt_len, max_tokens, priority=priority)
-        if cdiv(prompt_len, self.s.kv.block_size) > self.s.kv.num_blocks - 1:   # G1, in blocks
+        if ceil_div(prompt_len, self.s.kv.block_size) > self.s.kv.num_blocks - 1:   # G1, in blocks
             before = len(self.s.waiting)
             with pytest.raises(ParameterError, match="could never be scheduled") as err:
                 self.model.add(req)
@@ -260,7 +260,7 @@ class PagedSchedulerMachine(RuleBasedStateMachine):
         ids = [b for t in tables for b in t]
         assert len(ids) == len(set(ids)), "a block held by two requests"
         for r, t in zip(s.running, tables):
-            assert len(t) == cdiv(r.num_computed_tokens, s.kv.block_size)
+            assert len(t) == ceil_div(r.num_computed_tokens, s.kv.block_size)
         assert all(not s.kv.block_table(r.request_id) for r in s.waiting)
         assert s.kv.num_used_blocks == len(ids)
         if self.model.plans:

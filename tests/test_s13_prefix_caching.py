@@ -151,14 +151,14 @@ def test_bad_inputs_are_refused_before_anything_is_queued(tiny):
     _, _, model, _ = tiny
     lone_surrogate = json.loads('"\\ud800"')           # what a JSON client can send
     engine = build(model)
-    with pytest.raises(ParameterError, match="cache_salt must be valid Unicode text") as err:
+    with pytest.raises(ParameterError, match="cache_salt must be valid Unicode without lone surrogates") as err:
         engine.add_request(PROMPTS[0], greedy(), cache_salt=lone_surrogate)
     assert err.value.parameter == "cache_salt"
     with pytest.raises(ParameterError, match=r"prompt token ids must lie in \[0, V=97\)"):
         engine.add_request([1, 2, 3, 2 ** 63], greedy())
     assert not engine.requests and not engine.scheduler.has_unfinished_requests()
     assert not engine.scheduler.kv.stats.requests
-    with pytest.raises(ParameterError, match="cache_salt must be valid Unicode text"):
+    with pytest.raises(ParameterError, match="cache_salt must be valid Unicode without lone surrogates"):
         Request.for_tokens("a", [1, 2, 3, 4, 5], 2, cache_salt=lone_surrogate)
     for flag in ("false", 0, 1):
         with pytest.raises(ParameterError, match="enable_prefix_caching must be None, True or "
@@ -205,7 +205,7 @@ def test_check_finds_cache_entries_kept_for_a_request_that_left():
     model.add(Request.for_tokens("b", [1, 2, 3, 4, 5], 3))
     model.step()
     kv.req_entries["b"].append(99)              # more entries than full blocks held
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="'b' keeps more cache entries than it holds"):
         kv.check()
 
 
@@ -470,7 +470,7 @@ def test_cache_salt_isolates_requests(tiny):
     assert [n for _, n, _ in hits] == [0, 0, 40, 0]       # u1 miss, u2 miss, u1 hit, no salt: miss
     with pytest.raises(ParameterError, match="cache_salt must be a non-empty string or None"):
         engine.add_request(PROMPTS[0], greedy(), cache_salt="")
-    with pytest.raises(ParameterError, match="cache_salt must be valid Unicode text"):
+    with pytest.raises(ParameterError, match="cache_salt must be valid Unicode without lone surrogates"):
         engine.add_request(PROMPTS[0], greedy(), cache_salt=json.loads('"\\ud800"'))
     assert not engine.has_unfinished_requests()        # nothing queued, the next step runs
     assert engine.step() == []

@@ -521,6 +521,18 @@ def test_every_bad_request_gets_its_4xx_and_the_error_schema(server, name, path,
     assert (error["param"], error["code"]) == (param, code)
 
 
+@pytest.mark.parametrize("body, fragment", [
+    (dict(GOOD_C, stop_token_ids=[5000]), "stop_token_ids must lie in [0, V=2048)"),
+    (dict(GOOD_C, min_tokens=1, max_tokens=3, stop_token_ids=list(range(2048))),
+     "min_tokens ruled out every token"),
+], ids=["at the door", "in the step"])
+def test_the_engines_refusals_say_their_rule(server, body, fragment):
+    """The two BAD rows the engine refuses (at make_request, and inside a step) carry the
+    engine's own rule in the message, not only the field."""
+    r = httpx.post(server.url + C, json=body, timeout=WAIT_S)
+    assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text
+
+
 def test_huge_numbers_inside_their_ranges_run(server):
     # Issue 26's other half: a number the door lets through must not overflow in the step.
     body = dict(GOOD_C, max_tokens=4, temperature=1.0, top_k=10**30, seed=2**63 - 1,
