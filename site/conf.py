@@ -2,7 +2,7 @@
 
 The source root is the repository root, so chapter pages (chapters/*.md) can quote code/ with
 literalinclude and notebooks (notebooks/*.ipynb) sit where learners open them; only the home page,
-the chapters and the notebooks are read (include_patterns below).
+the course map, the chapters and the notebooks are read (include_patterns below).
 """
 import hashlib
 import os
@@ -19,7 +19,7 @@ copyright = "the course authors; corpus: public-domain works (see data/SOURCE.md
 language = "en"
 
 root_doc = "site/index"
-include_patterns = ["site/index.md", "chapters/*.md", "notebooks/*.ipynb"]
+include_patterns = ["site/index.md", "site/course-map.md", "chapters/*.md", "notebooks/*.ipynb"]
 # Pruned before include_patterns is applied, so Sphinx never walks these trees.
 exclude_patterns = [".venv", ".git", "site/_build", "**/.ipynb_checkpoints", "data", "tests",
                     "exercises", "benchmarks", "scripts", "artifacts", "build"]

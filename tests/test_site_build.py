@@ -397,3 +397,17 @@ def test_notebook_cache_key_follows_results_but_not_scratch(tmp_path):
     assert code_hash(tmp_path) == before
     (tmp_path / "results" / "s07.json").write_text('{"x": 1}')
     assert code_hash(tmp_path) != before
+
+
+def test_the_build_shows_its_progress_as_it_goes(tmp_path):
+    """`make site` runs for minutes when notebooks execute: each page read and written and each
+    notebook executed is reported as a line while the build runs, and warnings still fail it."""
+    src = make_fixture_tree(tmp_path / "src", simulator="no-such-sim")
+    lines: list[str] = []
+    result = site_module("build").build(src, tmp_path / "html", progress=lines.append)
+    assert any("reading sources" in line and "s99" in line for line in lines), lines
+    assert any("s99_fixture.ipynb" in line and "notebook" in line for line in lines), lines
+    assert not any(line.startswith("myst") for line in lines)
+    assert set(lines) <= set(result.stdout.splitlines())
+    assert result.returncode != 0
+    assert "simulator 'no-such-sim': no site/simulators/no-such-sim/" in result.stderr
