@@ -1,14 +1,16 @@
-"""S08 exercises: position ids from a mask, the waste of a static batch, a right-padding bug.
+"""S08 exercises: planning static batches by length, the waste of a static batch, a right-padding
+bug.
 
 Fill in each function, then grade your work:
 
     make grade            # or: python exercises/grade.py s08
 
-The chapter's code is in code/s08_static_batching.py (`left_pad`, `position_ids_from_mask`,
-`Engine`, `BatchStats`). Write your own versions here: the graded tests compare you with
-closed forms worked by hand, with the S08 engine's own counters on real batches, and with each
-prompt run alone through Hugging Face transformers. Reference solutions are in
-exercises/solutions/ -- try first, peek later.
+The chapter's code is in code/s08_static_batching.py (`left_pad`, `Engine`, `BatchStats`). The
+graded tests run your plans and your counts through the S08 engine itself (its `BatchStats`
+counters on real batches of the bundled model), check plans against a brute-force search over
+every way to split small workloads, and compare first tokens with each prompt run alone through
+Hugging Face transformers. Reference solutions are in exercises/solutions/ -- try first, peek
+later.
 
 Shape legend: B batch, T tokens (columns) in the block, V vocabulary.
 """
@@ -19,32 +21,29 @@ from typing import Sequence
 import torch
 
 
-# Exercise 1: position ids from a mask (3 points) ----------------------------------------------
-# A left-padded row starts with padding, so its first real token is not in column 0. Its
-# position must still be 0: the model was trained with positions counted from the first token.
+# Exercise 1: plan static batches by length (3 points) ------------------------------------------
+# A static batch pads every prompt to its longest. Serving requests in arrival order (FIFO:
+# the first max_batch_size, then the next, ...) puts long and short prompts together and pays
+# for it in padding slots. A planner that sees the queue can group them better.
 
-def position_ids(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids int64 (B, T) for a bool (or 0/1 integer) mask (B, T), True on real tokens.
+def plan_batches(prompt_lens: Sequence[int], max_batch_size: int) -> list[list[int]]:
+    """Split the requests into static batches that pad as little as possible.
 
-    A real token's position is the number of real tokens before it in its row (so each row's
-    first real token is at 0). A padding column gets 0. The mask need not be left padding:
-    right padding and holes in the middle of a row follow the same rule.
-    Example: [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 0, 1, 1]] ->
-             [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 1, 2]].
-    Raises ValueError for a mask that is not 2-D.
+    prompt_lens[i] >= 1: request i's prompt length in tokens. Returns a list of batches, each a
+    list of request indices (into prompt_lens), such that:
+    - every request is in exactly one batch; no batch is empty or holds more than
+      max_batch_size requests;
+    - there are exactly as many batches as FIFO batching makes, ceil(n / max_batch_size): the
+      point is to fill rows, not to run every request alone (which pads nothing);
+    - the prefills pad as little as any such plan can. A batch pads each prompt to its longest,
+      so it costs len(batch) * max(its lengths) - sum(its lengths) padding slots (what
+      `BatchStats.padding_slots` counts); the total over all batches must be the least possible.
+    The order of the batches, and of requests inside one, is yours.
+    Raises ValueError for an empty list, a length < 1, or max_batch_size < 1.
+    Example: lengths [10, 5, 5], max_batch_size 2 -> [[0], [1, 2]] (or [[1, 2], [0]]): no
+    padding, where FIFO ([[0, 1], [2]]) pads 5 slots.
     """
-    raise NotImplementedError("exercise 1a")
-
-
-def decode_position_ids(mask: torch.Tensor, step: int) -> torch.Tensor:
-    """int64 (B,): the position of the token each row feeds in decode step `step` (1 = the
-    first decode step, right after the prefill of the block `mask` describes).
-
-    The prefill's last token of a row with n real tokens is at n - 1, so the token fed in
-    decode step k is at n - 1 + k. Raises ValueError for step < 1 or a mask that is not 2-D.
-    Example: mask [[0, 0, 1], [1, 1, 1]], step 1 -> [1, 3].
-    """
-    raise NotImplementedError("exercise 1b")
+    raise NotImplementedError("exercise 1")
 
 
 # Exercise 2: what a static batch wastes (4 points) --------------------------------------------
@@ -104,7 +103,9 @@ def first_tokens(hf_model, prompts: Sequence[Sequence[int]], pad_id: int) -> lis
     `...ForCausalLM`; call it as buggy_first_tokens does, with input_ids and attention_mask).
 
     Must equal, row by row, the argmax of the last logits of each prompt run alone, whatever
-    pad_id is and whichever prompts share the batch. Keep right padding: the point is to find
-    what right padding changes, not to switch to left padding.
+    pad_id is and whichever prompts share the batch. Make exactly ONE call of hf_model, on
+    input_ids of shape (B, T) with T the longest prompt, each prompt at the start of its row
+    (right padding): the point is to find what right padding changes, not to run each prompt
+    alone or to switch to left padding. The tests watch the model's calls.
     """
     raise NotImplementedError("exercise 3")

@@ -829,3 +829,32 @@ def test_cuda_batch_follows_the_rule_against_the_cuda_reference(tiny, dtype):
     if dtype == torch.float32:   # and the CPU's S05 tokens, by the same rule
         for i, f, r in zip(BATCHES[32], fast, ref):
             assert follows_batch_rule(f, references[i][0], BATCH_TOLERANCE[dtype], top2_gaps(r))
+
+
+def test_the_chapters_real_scale_arithmetic():
+    """The Motivation's Deep dive: Llama-3-8B's published shape in bfloat16, one decode step at
+    B = 1 and B = 64 with 2,048 positions of context, counted by S07's cost functions and checked
+    against the closed forms the chapter writes out (no GPU: arithmetic only)."""
+    import s07_roofline
+    cfg = s03.TransformerConfig(
+        model_type="llama", vocab_size=128256, hidden_size=4096, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=14336,
+        max_position_embeddings=8192, norm_eps=1e-5, tie_word_embeddings=False,
+        rope_theta=500000.0)
+    assert s03.parameter_count(cfg) == 8_030_261_248
+    kv_per_token = 2 * 32 * 8 * 128 * 2                  # K and V, L, Hkv, D, bf16 bytes
+    assert kv_per_token == 128 * 1024
+    assert 64 * 2048 * kv_per_token == 16 * 2**30         # 17.18 GB
+    bandwidth, flops = 3.35e12, 989e12                   # H100 SXM datasheet
+    weights = s07_roofline.decode_step_cost(cfg, 1, dtype_bytes=2).bytes
+    assert round(weights / 1e9, 2) == 15.01 and round(weights / bandwidth * 1e3, 2) == 4.48
+    one = s07_roofline.batched_decode_cost(cfg, 1, 2048, dtype_bytes=2)
+    many = s07_roofline.batched_decode_cost(cfg, 64, 2048, dtype_bytes=2)
+    assert many.bytes - one.bytes == 63 * (2048 * kv_per_token + 2 * 4096)   # + embedding rows
+    assert round(many.bytes / 1e9, 2) == 32.19 and round(many.flops / 1e12, 2) == 1.03
+    assert round(many.bytes / bandwidth * 1e3, 2) == 9.61
+    assert round(many.flops / flops * 1e3, 2) == 1.04
+    assert round(one.bytes / 1e9, 2) == 15.28 and round(one.bytes / bandwidth * 1e3, 2) == 4.56
+    ratio = (64 / many.bytes) / (1 / one.bytes)
+    assert round(64 * bandwidth / many.bytes) == 6660 and round(bandwidth / one.bytes) == 219
+    assert round(ratio, 1) == 30.4

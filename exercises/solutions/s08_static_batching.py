@@ -1,11 +1,13 @@
-"""S08 exercises, reference solutions: position ids, the waste of a static batch, right padding.
+"""S08 exercises, reference solutions: static batches planned by length, the waste of a static
+batch, right padding.
 
 Try the stubs in exercises/s08_static_batching.py first; grade these with
 `python exercises/grade.py --solutions s08`.
 
-Sources followed: Hugging Face transformers `generate()`'s position ids from the attention mask
-(a running count of real tokens); the chapter's accounting of token slots (`BatchStats`); and
-the usual fix for right padding, reading each row's logits at its own last real column.
+Sources followed: the chapter's accounting of token slots (`BatchStats`); for the planner, the
+exchange argument that some optimal split of sorted lengths is contiguous, then dynamic
+programming over the cut points; and the usual fix for right padding, reading each row's logits
+at its own last real column.
 """
 from __future__ import annotations
 
@@ -14,28 +16,49 @@ from typing import Sequence
 import torch
 
 
-# Exercise 1: position ids from a mask ---------------------------------------------------------
+# Exercise 1: plan static batches by length ----------------------------------------------------
+# Why sorting and cutting is enough: take any plan and list its batches by their longest prompt,
+# longest first, with sizes s1, s2, ... Refill them with the s1 longest requests, then the next
+# s2, and so on. Batch k's longest can only shrink (the requests longer than its new longest all
+# fit in the batches before it), sizes are unchanged, so padding cannot grow. An optimal plan
+# is therefore a cut of the sorted lengths into contiguous runs; choose the cuts by dynamic
+# programming. Cutting sorted lengths into runs of exactly max_batch_size is not enough, from either end:
+# [10, 5, 5] and [5, 10, 10] by 2.
 
-def _mask_2d(mask) -> torch.Tensor:
-    mask = torch.as_tensor(mask)
-    if mask.dim() != 2:
-        raise ValueError(f"mask must be 2-D (B, T) (got {mask.dim()} dimensions)")
-    return mask.bool()
-
-
-def position_ids(mask: torch.Tensor) -> torch.Tensor:
-    """Real tokens before each column, per row (a running count); padding gets 0."""
-    mask = _mask_2d(mask)
-    counted = mask.long().cumsum(dim=1) - 1          # real tokens up to and including a column
-    return torch.where(mask, counted, torch.zeros_like(counted))
-
-
-def decode_position_ids(mask: torch.Tensor, step: int) -> torch.Tensor:
-    """The position of the token fed in decode step `step`: n - 1 + step for n real tokens."""
-    mask = _mask_2d(mask)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"step must be an integer >= 1 (got {step!r})")
-    return mask.long().sum(dim=1) - 1 + step
+def plan_batches(prompt_lens: Sequence[int], max_batch_size: int) -> list[list[int]]:
+    """ceil(n / max_batch_size) batches of at most max_batch_size requests, least padding."""
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) \
+            or max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be an integer >= 1 (got {max_batch_size!r})")
+    lens = [int(n) for n in prompt_lens]
+    if not lens or min(lens) < 1:
+        raise ValueError("need at least one request, each prompt at least 1 token long")
+    n = len(lens)
+    num_batches = -(-n // max_batch_size)
+    order = sorted(range(n), key=lambda i: -lens[i])          # longest first
+    prefix = [0]
+    for i in order:
+        prefix.append(prefix[-1] + lens[i])
+    inf = float("inf")
+    # best[k][j]: least padding splitting the j longest requests into k batches; cut[k][j]: where
+    # the last of those k batches starts (its longest request is order[start]).
+    best = [[inf] * (n + 1) for _ in range(num_batches + 1)]
+    cut = [[0] * (n + 1) for _ in range(num_batches + 1)]
+    best[0][0] = 0
+    for k in range(1, num_batches + 1):
+        for j in range(1, n + 1):
+            for start in range(max(0, j - max_batch_size), j):
+                if best[k - 1][start] == inf:
+                    continue
+                pad = (j - start) * lens[order[start]] - (prefix[j] - prefix[start])
+                if best[k - 1][start] + pad < best[k][j]:
+                    best[k][j], cut[k][j] = best[k - 1][start] + pad, start
+    batches, j = [], n
+    for k in range(num_batches, 0, -1):
+        start = cut[k][j]
+        batches.append(order[start:j])
+        j = start
+    return batches[::-1]
 
 
 # Exercise 2: what a static batch wastes -------------------------------------------------------

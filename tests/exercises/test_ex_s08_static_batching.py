@@ -1,13 +1,18 @@
 """Graded tests for the S08 exercises (see exercises/s08_static_batching.py).
 
-Oracles, none of them the solution: position ids counted by hand, and by a plain Python loop
-over random masks; the positions S08's tested `BatchRunner` feeds in its decode steps; slot
+Oracles, none of them the solution: for the batch planner, the S08 `Engine` itself (it refuses
+a batch over its `max_batch_size`, and its `BatchStats.padding_slots` counts the padding of
+each batch it runs), each request run alone through S06's single-request engine, FIFO batching
+and sorted fixed-size chunks of the same requests run through the same engine, and a
+brute-force search over every split of small workloads into the same number of batches; slot
 counts worked by hand, a step-by-step simulation of a static batch written here, and the
 `BatchStats` S08's tested `Engine` records on real batches of the bundled model (EOS on, mixed
 max_tokens); and, for the right-padding exercise, Hugging Face transformers run on each prompt
-alone (the bundled model and a tiny random GPT-2 with learned positions).
+alone (the bundled model and a tiny random GPT-2 with learned positions), with the model's
+calls watched through a forward pre-hook (one call, on a right-padded (B, T) block).
 """
 import random
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -24,57 +29,134 @@ HAVE_MODEL = (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file()
 needs_model = pytest.mark.skipif(not HAVE_MODEL, reason="data/model has no bundled model")
 
 
-def loop_positions(mask: list[list[int]]) -> list[list[int]]:
-    out = []
-    for row in mask:
-        seen, positions = 0, []
-        for real in row:
-            positions.append(seen if real else 0)
-            seen += bool(real)
-        out.append(positions)
-    return out
-
-
 # Exercise 1 ----------------------------------------------------------------------------------
 
-@pytest.mark.points(1)
-def test_position_ids_by_hand():
-    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 0, 1, 1]], dtype=torch.bool)
-    got = ex.position_ids(mask)
-    assert got.dtype == torch.int64
-    assert got.tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 1, 2]]
-    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])                  # 0/1 ints, right padding
-    assert ex.position_ids(right).tolist() == [[0, 1, 0, 0], [0, 1, 2, 3]]
-    with pytest.raises(ValueError):
-        ex.position_ids(torch.ones(4, dtype=torch.bool))
+@pytest.fixture(scope="module")
+def bundled():
+    return s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
 
 
-@pytest.mark.points(1)
-def test_position_ids_match_a_counting_loop_on_random_masks():
-    rng = random.Random(8)
-    for _ in range(50):
-        batch, t_len = rng.randint(1, 6), rng.randint(1, 12)
-        mask = [[rng.random() < 0.6 for _ in range(t_len)] for _ in range(batch)]
-        got = ex.position_ids(torch.tensor(mask, dtype=torch.bool))
-        assert got.tolist() == loop_positions(mask)
+def random_prompts(rng: random.Random, lengths: list[int]) -> list[list[int]]:
+    """Token-id prompts of exactly these lengths (ids valid in the bundled model)."""
+    return [[rng.randrange(1, 2000) for _ in range(n)] for n in lengths]
+
+
+def check_plan(plan, n: int, max_batch_size: int) -> None:
+    flat = [i for batch in plan for i in batch]
+    assert sorted(flat) == list(range(n)), f"every request exactly once (got {plan})"
+    assert all(1 <= len(batch) <= max_batch_size for batch in plan), plan
+    assert len(plan) == -(-n // max_batch_size), f"as many batches as FIFO makes (got {plan})"
+
+
+def run_plan(engine: s08.Engine, prompts, plan, max_tokens: int = 1):
+    """Run each planned batch as one static batch of the real engine: (padding slots the
+    engine counted over all batches, each request's token ids in request order)."""
+    params = s04.SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    padding, tokens = 0, [None] * len(prompts)
+    for batch in plan:
+        done = engine.generate([prompts[i] for i in batch], params)
+        padding += engine.last_batch.padding_slots
+        for i, completion in zip(batch, done):
+            tokens[i] = completion.token_ids
+    return padding, tokens
+
+
+def fifo(n: int, max_batch_size: int) -> list[list[int]]:
+    return [list(range(i, min(n, i + max_batch_size))) for i in range(0, n, max_batch_size)]
+
+
+def least_padding_by_brute_force(lengths: list[int], max_batch_size: int) -> int:
+    """The least total padding over EVERY split of the requests into ceil(n / max_batch_size)
+    batches of at most max_batch_size (each set partition enumerated once: request i joins a
+    batch already opened or opens the next one)."""
+    n, num_batches = len(lengths), -(-len(lengths) // max_batch_size)
+    best = [float("inf")]
+
+    def place(i: int, batches: list[list[int]]) -> None:
+        if i == n:
+            if len(batches) == num_batches:
+                best[0] = min(best[0], sum(len(b) * max(b) - sum(b) for b in batches))
+            return
+        if len(batches) + (n - i) < num_batches:
+            return
+        for batch in batches:
+            if len(batch) < max_batch_size:
+                batch.append(lengths[i])
+                place(i + 1, batches)
+                batch.pop()
+        if len(batches) < num_batches:
+            batches.append([lengths[i]])
+            place(i + 1, batches)
+            batches.pop()
+
+    place(0, [])
+    return best[0]
 
 
 @needs_model
 @pytest.mark.points(1)
-def test_decode_positions_are_the_ones_the_batch_runner_feeds():
-    assert ex.decode_position_ids(torch.tensor([[0, 0, 1], [1, 1, 1]], dtype=torch.bool),
-                                  1).tolist() == [1, 3]
+def test_plan_is_valid_and_runs_on_the_engine(bundled):
+    model, tokenizer = bundled
     with pytest.raises(ValueError):
-        ex.decode_position_ids(torch.ones(2, 3, dtype=torch.bool), 0)
-    model, _ = s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
-    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13, 14], [15, 16]]
-    runner = s08.BatchRunner(model)
-    runner.prefill(prompts, max_new_tokens=5)
-    mask = torch.tensor([[0] * (6 - len(p)) + [1] * len(p) for p in prompts], dtype=torch.bool)
-    for step in range(1, 5):
-        runner.decode(torch.full((4,), 3, dtype=torch.int64))
-        assert ex.decode_position_ids(mask, step).tolist() == runner.positions.tolist()
-        assert runner.positions.tolist() == [len(p) - 1 + step for p in prompts]   # by hand
+        ex.plan_batches([], 4)
+    with pytest.raises(ValueError):
+        ex.plan_batches([3, 0], 4)
+    with pytest.raises(ValueError):
+        ex.plan_batches([3, 2], 0)
+    rng = random.Random(81)
+    lengths = [rng.randint(1, 40) for _ in range(20)]
+    prompts = random_prompts(rng, lengths)
+    plan = ex.plan_batches(lengths, 6)
+    check_plan(plan, 20, 6)
+    engine = s08.Engine(model, tokenizer, 256, max_batch_size=6)   # refuses a bigger batch
+    padding, tokens = run_plan(engine, prompts, plan, max_tokens=3)
+    single = s06.Engine(model, tokenizer, 256)
+    greedy = s04.SamplingParams(temperature=0.0, max_tokens=3)
+    assert tokens == [single.generate(p, greedy).token_ids for p in prompts]
+    fifo_padding, _ = run_plan(engine, prompts, fifo(20, 6))
+    assert padding < fifo_padding
+    # The chapter's two examples, measured by the engine: no padding at all (sorted chunks of 2
+    # pad 5 on one of them, whichever end they are cut from).
+    for lengths in ([10, 5, 5], [5, 10, 10]):
+        plan = ex.plan_batches(lengths, 2)
+        check_plan(plan, 3, 2)
+        assert run_plan(s08.Engine(model, tokenizer, 256, max_batch_size=2),
+                        random_prompts(rng, lengths), plan)[0] == 0
+
+
+@needs_model
+@pytest.mark.points(1)
+def test_plan_pads_as_little_as_any_split_can(bundled):
+    model, tokenizer = bundled
+    rng = random.Random(82)
+    for _ in range(30):
+        n, max_batch_size = rng.randint(1, 8), rng.randint(1, 4)
+        lengths = [rng.choice([1, 2, 3, 5, 8, 13, 21]) for _ in range(n)]
+        plan = ex.plan_batches(lengths, max_batch_size)
+        check_plan(plan, n, max_batch_size)
+        engine = s08.Engine(model, tokenizer, 256, max_batch_size=max_batch_size)
+        padding, _ = run_plan(engine, random_prompts(rng, lengths), plan)
+        assert padding == least_padding_by_brute_force(lengths, max_batch_size), (lengths, plan)
+
+
+@needs_model
+@pytest.mark.points(1)
+def test_plan_beats_fifo_and_sorted_chunks_on_a_longer_queue(bundled):
+    model, tokenizer = bundled
+    rng = random.Random(83)
+    lengths = [rng.choice([4, 6, 9, 12, 30, 31, 60, 61, 62, 120]) for _ in range(48)]
+    prompts = random_prompts(rng, lengths)
+    engine = s08.Engine(model, tokenizer, 256, max_batch_size=8)
+    plan = ex.plan_batches(lengths, 8)
+    check_plan(plan, 48, 8)
+    padding, _ = run_plan(engine, prompts, plan)
+    fifo_padding, _ = run_plan(engine, prompts, fifo(48, 8))
+    by_length = sorted(range(48), key=lambda i: lengths[i])
+    chunks = [by_length[i:i + 8] for i in range(0, 48, 8)]
+    chunk_padding, _ = run_plan(engine, prompts, chunks)
+    # Both baselines are valid plans with the same number of batches: the least padding can
+    # be no more than either.
+    assert padding <= chunk_padding < fifo_padding
 
 
 # Exercise 2 ----------------------------------------------------------------------------------
@@ -154,6 +236,36 @@ def alone(hf, prompts):
         return [int(hf(input_ids=torch.tensor([p])).logits[0, -1].argmax()) for p in prompts]
 
 
+@contextmanager
+def watched(hf):
+    """Record the input_ids of every call of the model (a forward pre-hook, PyTorch's public
+    seam), so a test can see how the learner's code calls it."""
+    calls = []
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        calls.append(None if ids is None else ids.detach().clone())
+
+    handle = hf.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def first_tokens_in_one_call(hf, prompts, pad_id):
+    """The learner's first_tokens, held to one right-padded (B, T_max) forward call."""
+    with watched(hf) as calls:
+        got = ex.first_tokens(hf, prompts, pad_id)
+    assert len(calls) == 1, f"first_tokens must make one batched call (made {len(calls)})"
+    ids = calls[0]
+    assert ids is not None and tuple(ids.shape) == (len(prompts), max(map(len, prompts))), \
+        f"the one call must take input_ids (B, T_max) (got {None if ids is None else ids.shape})"
+    for row, prompt in enumerate(prompts):       # right padding: each prompt starts its row
+        assert ids[row, :len(prompt)].tolist() == list(prompt), f"row {row} is not right-padded"
+    return got
+
+
 @needs_model
 @pytest.mark.points(1)
 def test_first_tokens_on_the_bundled_model():
@@ -162,7 +274,7 @@ def test_first_tokens_on_the_bundled_model():
     prompts = [[rng.randrange(2047) for _ in range(n)] for n in (12, 3, 30, 1, 7, 30, 19)]
     expected = alone(hf, prompts)
     assert ex.buggy_first_tokens(hf, prompts, 2047) != expected    # the batch shows the bug
-    assert ex.first_tokens(hf, prompts, 2047) == expected
+    assert first_tokens_in_one_call(hf, prompts, 2047) == expected
 
 
 def tiny_gpt2():
@@ -180,7 +292,7 @@ def test_first_tokens_on_gpt2_learned_positions():
     hf = tiny_gpt2()
     rng = random.Random(4)
     prompts = [[rng.randrange(96) for _ in range(n)] for n in (5, 40, 2, 17, 40, 9)]
-    assert ex.first_tokens(hf, prompts, 0) == alone(hf, prompts)
+    assert first_tokens_in_one_call(hf, prompts, 0) == alone(hf, prompts)
 
 
 @pytest.mark.points(1)
@@ -190,7 +302,8 @@ def test_first_tokens_do_not_depend_on_pad_id_or_batch_mates():
     prompts = [[rng.randrange(96) for _ in range(n)] for n in (3, 11, 1, 25)]
     expected = alone(hf, prompts)
     for pad_id in (0, 7, 95):
-        assert ex.first_tokens(hf, prompts, pad_id) == expected
+        assert first_tokens_in_one_call(hf, prompts, pad_id) == expected
     order = [2, 0, 3, 1]
-    assert ex.first_tokens(hf, [prompts[i] for i in order], 1) == [expected[i] for i in order]
-    assert ex.first_tokens(hf, prompts[1:2], 1) == expected[1:2]
+    assert first_tokens_in_one_call(hf, [prompts[i] for i in order], 1) == \
+        [expected[i] for i in order]
+    assert first_tokens_in_one_call(hf, prompts[1:2], 1) == expected[1:2]
