@@ -11,12 +11,15 @@ What is new since S09
 
     - Budgets per step: at most `max_num_seqs` requests running, at most
       `max_num_batched_tokens` tokens scheduled, and KV for every computed token inside
-      `kv_capacity` tokens (`TokenKVPool`: S09's slots, with a token capacity on top; S12
-      replaces it with a block pool of the same interface).
+      `kv_capacity` tokens (`TokenKVPool`: S09's slots, with a token capacity on top; the
+      capacity is an accounting limit, the memory is still S09's slots; S12 replaces it
+      with a block pool of the same interface, whose size is real memory).
     - Order (vLLM V1's): first the running requests, in the order they were admitted, one
       token each; then, if nobody was preempted in this step, waiting requests in policy
       order while seats, tokens and KV allow, stopping at the first that does not fit (no
-      skipping, so the order holds).
+      skipping, so the order holds). Admission is optimistic, as in vLLM V1: a request
+      joins when its tokens fit the free KV now (`admits`, the seam a conservative policy
+      overrides).
     - Preemption by recompute: when a running request cannot get KV for its next token, the
       most recently admitted running request (under "priority": the lowest priority, then
       the latest arrival) is preempted: its KV freed, `num_computed_tokens = 0`, back to the
@@ -95,9 +98,10 @@ POLICIES = ("fcfs", "priority")
 class TokenKVPool(SlotKVManager):
     """S09's slots with a KV capacity counted in tokens on top: every request holds some of
     `capacity` token positions, and `allocate_slots(request, n)` gives it n more only while
-    they fit, all or nothing (False, nothing taken). The storage stays S09's (a slot of
-    slot_size positions per running request); a capacity below num_slots * slot_size makes
-    the scheduler preempt as a pool of that size would. S12's block manager has the same
+    they fit, all or nothing (False, nothing taken). The capacity is an accounting limit
+    only: the storage stays S09's (a slot of slot_size positions per running request,
+    allocated whatever the capacity), and a capacity below num_slots * slot_size makes the
+    scheduler preempt as a pool of that size would. S12 makes the pool real memory. S12's block manager has the same
     interface. Raises ParameterError (parameter "kv_capacity") for a capacity that is not an
     integer in [1, num_slots * slot_size].
     """
@@ -318,9 +322,10 @@ class Scheduler:
             i += 1
 
     def _schedule_waiting(self, step: _Plan) -> None:
-        """Waiting requests in policy order while a seat, the budget and KV allow, the KV
-        manager asked first for what its cache already holds (S13's prefix hit; nothing
-        before). Stops at the first that does not fit: nobody overtakes the head."""
+        """Waiting requests in policy order while a seat, the budget, the admission policy
+        (`admits`) and KV allow, the KV manager asked first for what its cache already holds
+        (S13's prefix hit; nothing before). Stops at the first that does not fit: nobody
+        overtakes the head."""
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.num_tokens > self.kv_capacity:   # a resumed request that outgrew it
@@ -329,7 +334,8 @@ class Scheduler:
                 continue
             blocks, num_cached = self.kv.get_computed_blocks(request)   # S13's prefix hit
             n = self.num_new_tokens(request, num_cached, step.budget)
-            if n == 0 or n > step.budget or not self.kv.allocate_slots(request, n, blocks):
+            if (n == 0 or n > step.budget or not self.admits(request, n)
+                    or not self.kv.allocate_slots(request, n, blocks)):
                 break
             self.waiting.popleft()
             if request.status == RequestStatus.PREEMPTED:
@@ -361,6 +367,15 @@ class Scheduler:
         decode token, or after a preemption prompt + outputs), whatever the budget (the
         caller checks it fits). The rule S11 changes, to cut a prompt into chunks."""
         return request.num_tokens - num_computed_tokens
+
+    def admits(self, request: Request, num_new_tokens: int) -> bool:
+        """The admission policy, asked for the head of the waiting queue once a seat and the
+        token budget allow its num_new_tokens, before its KV is taken. Here: always yes, so
+        a request joins whenever its tokens fit the free KV now, and preemption handles the
+        steps in which the running requests outgrow it (vLLM V1's optimistic admission). A
+        subclass may refuse, to keep KV aside for what the running requests will still
+        decode (SGLang's conservative admission; the exercises write one)."""
+        return True
 
     def _key(self, request: Request) -> tuple[int, int]:
         return (request.priority, request.arrival) if self.policy == "priority" else (

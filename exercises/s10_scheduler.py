@@ -1,15 +1,17 @@
-"""S10 exercises: admission under two budgets, the running requests and their preemptions, the
-waiting queue's order.
+"""S10 exercises: conservative admission (a policy the chapter does not contain), the running
+requests and their preemptions, the waiting queue's order.
 
-Fill in each function, then grade your work:
+Fill in each one, then grade your work:
 
     make grade            # or: python exercises/grade.py s10
 
-The chapter's code is in code/s10_scheduler.py (`Scheduler.schedule`, `_victim`, `_preempt`,
-`_to_waiting`, `TokenKVPool`). Write your own versions here: the graded tests compare you with
-values worked by hand and with what S10's tested `Scheduler` does, step by step, on random
-queues driven by a fake model (no model is needed). Reference solutions are in
-exercises/solutions/ -- try first, peek later.
+The chapter's code is in code/s10_scheduler.py (`Scheduler.schedule`, `admits`, `_victim`,
+`_preempt`, `_to_waiting`, `TokenKVPool`). Exercise 1 is a subclass of that real scheduler:
+the tests run it and the stock (optimistic) one on the same seeded workloads, driven by a fake
+model, and count preemptions and tokens. Exercises 2 and 3 are functions of your own: the tests
+compare them with values worked by hand and with what S10's tested `Scheduler` does, step by
+step, on random queues (no model is needed). Reference solutions are in exercises/solutions/
+-- try first, peek later.
 
 Every count here is in tokens: a request that computes n tokens in a step needs n tokens of
 the step's token budget and n more KV positions.
@@ -18,31 +20,55 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from s09_scheduler import Request
+from s10_scheduler import Scheduler, SchedulerConfig
 
-# Exercise 1: admission under seats, tokens and KV (3 points) ----------------------------------
-# After the running requests have their tokens, waiting requests are admitted from the head of
-# the queue while three things allow it: a free seat (max_num_seqs), room in the step's token
-# budget, and free KV. The first request that does not fit stops admission: nobody overtakes
-# the head, so the policy's order holds.
 
-def admit(waiting: Sequence[tuple[str, int]], num_running: int, max_num_seqs: int,
-          token_budget: int, kv_free_tokens: int) -> list[str]:
-    """The ids admitted in this step, in order, as a list (any sequence is accepted: the tests
-    compare list(result)).
+# Exercise 1: conservative admission (3 points) -------------------------------------------------
+# S10's `Scheduler` admits optimistically, as vLLM V1 does: a waiting request joins when its
+# tokens fit the free KV now, and when the running requests outgrow the KV a few steps later,
+# one of them is preempted and recomputed. SGLang admits conservatively: before a request joins,
+# it keeps KV aside for what the running requests will still decode, scaled by an estimate
+# (`new_token_ratio`) of how much of their max_tokens they will really use. Here you write
+# that policy as a subclass of the REAL scheduler, through its seam `Scheduler.admits`.
 
-    waiting: (request id, num_new_tokens) in queue order, the head first; num_new_tokens is
-    what the request computes when admitted (its prompt, or prompt + outputs after a
-    preemption). num_running: requests already running (they hold seats). token_budget:
-    tokens left in this step's budget. kv_free_tokens: free KV positions.
-    A request is admitted when num_running + (admitted so far) < max_num_seqs, its tokens fit
-    in what is left of token_budget and of kv_free_tokens; each admission uses its tokens of
-    both. Stop at the first request that does not fit.
-    Example: admit([("a", 5), ("b", 9), ("c", 1)], 1, 4, 12, 20) -> ["a"] (b needs 9 tokens,
-    7 are left in the budget; c may not overtake it).
-    Raises ValueError for num_running, token_budget or kv_free_tokens < 0, max_num_seqs < 1,
-    or a num_new_tokens < 1.
+class ReservingScheduler(Scheduler):
+    """S10's `Scheduler` with conservative admission: `admits` (yours) refuses the head of the
+    waiting queue when the KV it would leave free cannot hold what everyone may still decode.
+
+    new_token_ratio: a float in [0, 1], the share of each RUNNING request's remaining output
+    that is reserved (1.0: all of it; SGLang starts high and lowers it while no retraction
+    happens). Raises ValueError outside [0, 1].
     """
-    raise NotImplementedError("exercise 1")
+
+    def __init__(self, config: SchedulerConfig, kv, new_token_ratio: float = 1.0):
+        super().__init__(config, kv)
+        if not isinstance(new_token_ratio, (int, float)) or not 0 <= new_token_ratio <= 1:
+            raise ValueError(f"new_token_ratio must be in [0, 1] (got {new_token_ratio!r})")
+        self.new_token_ratio = float(new_token_ratio)
+
+    def admits(self, request: Request, num_new_tokens: int) -> bool:
+        """True when `request`, the head of the waiting queue, may join in this step.
+
+        The scheduler calls this once a seat and the step's token budget allow the request's
+        num_new_tokens (its prompt, or after a preemption its prompt + outputs), and before
+        it takes the request's KV. At that moment `self.running` holds every running request
+        (those admitted earlier in this step included) and `self.kv.num_free_tokens` is the
+        KV left after this step's allocations so far. A request's remaining output is
+        `request.params.max_tokens - len(request.output_ids)` tokens.
+
+        The rule: admit when no request is running (otherwise a request whose whole output
+        cannot be reserved would wait forever); else admit when
+            num_new_tokens + the request's own remaining output
+            + new_token_ratio x (the sum of every running request's remaining output)
+        is at most the free KV. The candidate's own output is reserved whole (SGLang does the
+        same for the request it admits). Read the state; change nothing.
+        Example: KV capacity 40; a running request (prompt 10, max_tokens 20) has made 1
+        token and holds 11 positions after this step's decode, so 29 are free. A waiting
+        request with a prompt of 8 and max_tokens 5 needs 8 + 5 + 19 = 32 > 29 at ratio 1.0:
+        refused; at ratio 0.5, 8 + 5 + 9.5 = 22.5: admitted.
+        """
+        raise NotImplementedError("exercise 1")
 
 
 # Exercise 2: the running requests and their preemptions (4 points) ----------------------------

@@ -18,7 +18,9 @@ max_num_seqs, KV accounting (each running request holds exactly its computed tok
 ones none), at most one token per request per step, the trace's step numbers.
 
 Public bug reports (../shared/cases/public-bugs.md, section (g)), each a test below: G1 vllm
-PR #1534, G2 vllm #16832, G4 vllm #24584 / PR #24586, G5 sglang PR #2238 / PR #1674 / #6778.
+PR #1534, G2 vllm #16832 (an open report without a reproduction), G4 vllm #24584 (PR #24586
+closed unmerged; a maintainer said AsyncLLM already aborts on disconnect), G5 sglang PR #2238 /
+PR #1674 / #6778.
 """
 from dataclasses import asdict, replace
 
@@ -160,8 +162,9 @@ def test_forced_preemption_gives_each_request_its_output_alone(tiny, invariant):
 
 
 def test_a_resumed_request_recomputes_its_prompt_and_every_output(tiny):
-    """vllm #16832 (G2): output incomplete after recompute preemption. Each resumed request
-    is scheduled from position 0 with prompt + outputs so far (more than its prompt), and
+    """vllm #16832 (G2, an open report without a reproduction): output incomplete after
+    recompute preemption. Each resumed request is scheduled from position 0 with prompt +
+    outputs so far (more than its prompt), and
     the run's outputs equal those of a run without preemption: the same ids, the same
     length, the same finish_reason."""
     name, _, model, references = tiny
@@ -284,9 +287,10 @@ def test_aborting_a_waiting_a_running_and_a_preempted_request(tiny):
 
 
 def test_closing_a_stream_frees_its_kv_within_the_step(tiny):
-    """vllm #24584 / PR #24586 (G4): a client that disconnects mid-stream kept its request
-    running and its KV held. Closing the stream aborts its requests: their slots and KV
-    tokens are free before close returns, and the engine serves the next request."""
+    """vllm #24584 (G4, reported; PR #24586 closed unmerged): a client that disconnects
+    mid-stream must not keep its request running and its KV held. Closing the stream aborts
+    its requests: their slots and KV tokens are free before close returns, and the engine
+    serves the next request."""
     name, _, model, references = tiny
     engine = engine_for(model, 2, kv_capacity=TIGHT)
     stream = LLM(engine).stream([text(PROMPTS[4]), text(PROMPTS[5])], 30)

@@ -198,9 +198,10 @@ def test_a_low_priority_request_that_is_its_own_victim_lets_the_others_run():
 
 
 def test_a_preempted_request_recomputes_prompt_and_outputs_with_nothing_lost():
-    """vllm #16832 (G2): output incomplete after recompute preemption. Under a capacity that
-    preempts again and again, each resumed request computes prompt + every output it had,
-    and its outputs equal the unbounded run's, length included."""
+    """vllm #16832 (G2, an open report without a reproduction): output incomplete after
+    recompute preemption. Under a capacity that preempts again and again, each resumed
+    request computes prompt + every output it had, and its outputs equal the unbounded
+    run's, length included."""
     requests = [(10, 12), (12, 12), (8, 12), (11, 12)]
     tight = run(requests, capacity=30)
     free = run(requests)

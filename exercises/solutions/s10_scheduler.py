@@ -1,37 +1,46 @@
-"""S10 exercises, reference solutions: admission under two budgets, the running requests and
-their preemptions, the waiting queue's order.
+"""S10 exercises, reference solutions: conservative admission, the running requests and their
+preemptions, the waiting queue's order.
 
 Try the stubs in exercises/s10_scheduler.py first; grade these with
 `python exercises/grade.py --solutions s10`.
 
-Sources followed: the two phases of vLLM V1's `Scheduler.schedule` (running requests first,
-preempting the last admitted, or under priority the lowest priority, when KV runs out; then
-waiting requests while the budgets allow, only if nobody was preempted); the chapter's rules
-(unlike vLLM V1, a request that is its own victim does not stop the running requests after it).
+Sources followed: SGLang's conservative admission (`PrefillAdder` in
+python/sglang/srt/managers/schedule_policy.py reserves, for every running request, its remaining
+max_new_tokens times `new_token_ratio`, and for the request it admits its input plus its whole
+remaining max_new_tokens); the two phases of vLLM V1's `Scheduler.schedule` (running requests
+first, preempting the last admitted, or under priority the lowest priority, when KV runs out;
+then waiting requests while the budgets allow, only if nobody was preempted); the chapter's
+rules (unlike vLLM V1, a request that is its own victim does not stop the running requests
+after it).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
+from s09_scheduler import Request
+from s10_scheduler import Scheduler, SchedulerConfig
+
 POLICIES = ("fcfs", "priority")
 
 
-# Exercise 1: admission -----------------------------------------------------------------------
+# Exercise 1: conservative admission -----------------------------------------------------------
 
-def admit(waiting: Sequence[tuple[str, int]], num_running: int, max_num_seqs: int,
-          token_budget: int, kv_free_tokens: int) -> list[str]:
-    if min(num_running, token_budget, kv_free_tokens) < 0 or max_num_seqs < 1:
-        raise ValueError("counts must be >= 0 and max_num_seqs >= 1")
-    if any(n < 1 for _, n in waiting):
-        raise ValueError("every waiting request computes at least one token")
-    admitted = []
-    for rid, n in waiting:
-        if num_running + len(admitted) >= max_num_seqs or n > token_budget or n > kv_free_tokens:
-            break                                   # the head waits, and so does everyone else
-        admitted.append(rid)
-        token_budget -= n
-        kv_free_tokens -= n
-    return admitted
+class ReservingScheduler(Scheduler):
+    """S10's scheduler with SGLang-style conservative admission (see the stub's docstring)."""
+
+    def __init__(self, config: SchedulerConfig, kv, new_token_ratio: float = 1.0):
+        super().__init__(config, kv)
+        if not isinstance(new_token_ratio, (int, float)) or not 0 <= new_token_ratio <= 1:
+            raise ValueError(f"new_token_ratio must be in [0, 1] (got {new_token_ratio!r})")
+        self.new_token_ratio = float(new_token_ratio)
+
+    def admits(self, request: Request, num_new_tokens: int) -> bool:
+        if not self.running:                 # alone, it must be let in, or it waits forever
+            return True
+        own = num_new_tokens + request.params.max_tokens - len(request.output_ids)
+        others = sum(self.new_token_ratio * (r.params.max_tokens - len(r.output_ids))
+                     for r in self.running)
+        return own + others <= self.kv.num_free_tokens
 
 
 # Exercise 2: the running requests and their preemptions --------------------------------------

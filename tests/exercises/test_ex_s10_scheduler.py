@@ -1,12 +1,15 @@
 """Graded tests for the S10 exercises (see exercises/s10_scheduler.py).
 
-Oracles, none of them the solution: schedules worked by hand, and S10's tested `Scheduler`
-(code/s10_scheduler.py) itself. A fake model drives the real scheduler on random queues (random
-prompt and output lengths, seats, token budgets, KV capacities, priorities, arrivals and
-aborts); before every `schedule()` the test asks your function what the scheduler is about to
-do, from the state it is in, and compares with the `SchedulerOutput` it returns (or, for the
-queue order, with its `waiting` queue after the step). No model is needed. What your functions
-return is compared as lists, so any sequence (list, tuple, deque) is accepted.
+Oracles, none of them the solution: schedules worked by hand, S10's tested `Scheduler`
+(code/s10_scheduler.py) itself, and for exercise 1 a closed-form guarantee (a full reservation
+never preempts) and the stock scheduler's preemptions and tokens on the same seeded workloads.
+Exercise 1 runs your subclass of the real scheduler. For exercises 2 and 3 a fake model drives
+the real scheduler on random queues (random prompt and output lengths, seats, token budgets, KV
+capacities, priorities, arrivals and aborts); before every `schedule()` the test asks your
+function what the scheduler is about to do, from the state it is in, and compares with the
+`SchedulerOutput` it returns (or, for the queue order, with its `waiting` queue after the
+step). No model is needed. What your functions return is compared as lists, so any sequence
+(list, tuple, deque) is accepted.
 """
 import random
 
@@ -21,10 +24,6 @@ MAX_MODEL_LEN = 32
 
 
 # Your functions may return any sequence (a list, a tuple, a deque): the tests compare lists.
-def admit(*args):
-    return list(ex.admit(*args))
-
-
 def schedule_running(*args):
     scheduled, preempted = ex.schedule_running(*args)
     return list(scheduled), list(preempted)
@@ -104,41 +103,145 @@ def runs(seed: int, trials: int, steps: int):
 
 
 # Exercise 1 ----------------------------------------------------------------------------------
+# The learner's `ReservingScheduler` is S10's real scheduler with `admits` overridden. Oracles:
+# states worked by hand; a closed-form guarantee (reserving every running request's whole
+# remaining output, no request is ever preempted, since each one's future KV is set aside
+# before anyone joins); the stock optimistic scheduler on the same seeded workload (its
+# preemptions, and the tokens of every request); and the rule's words, re-evaluated by the
+# test from the scheduler's state at every call.
+
+def reserving(ratio: float):
+    return lambda config, kv: ex.ReservingScheduler(config, kv, ratio)
+
+
+def fake_step(sched, reqs: dict) -> None:
+    """One step of the real scheduler with a fake model: a request that computed its last
+    token gets one more; it finishes at max_tokens."""
+    out = sched.schedule()
+    finished = []
+    for rid, n in out.num_scheduled_tokens.items():
+        req = reqs[rid]
+        if out.num_computed_tokens[rid] + n == req.num_tokens:
+            req.append_token(1000 + req.num_tokens)
+            if len(req.output_ids) >= req.params.max_tokens:
+                finished.append(rid)
+    sched.update_from_output(out, finished)
+
+
+def seeded_run(make, seed: int, aborts: bool = False, num_requests: int = 40):
+    """A seeded workload on `make(config, kv)`: 6 seats, a context of 64, KV for 120 tokens
+    (S09's slots would hold 384), prompts of 4 to 20 tokens, max_tokens 8 to 40, 0 to 3
+    arrivals per step. Returns (scheduler, requests, steps, most requests running at once)."""
+    rng = random.Random(seed)
+    policy = ("fcfs", "priority")[seed % 2]
+    sched = make(SchedulerConfig(6, 64, 256, policy), TokenKVPool(6, 64, 120))
+    specs = [(rng.randint(4, 20), rng.randint(8, 40), rng.randint(0, 3))
+             for _ in range(num_requests)]
+    reqs: dict[str, Request] = {}
+    steps = most_running = 0
+    while len(reqs) < num_requests or sched.has_unfinished_requests():
+        assert steps < 3000, "the run does not end: does admits refuse with nobody running?"
+        for _ in range(rng.randint(0, 3)):
+            if len(reqs) < num_requests:
+                prompt, max_tokens, priority = specs[len(reqs)]
+                rid = f"r{len(reqs)}"
+                req = Request.for_tokens(rid, [5] * prompt, max_tokens, priority=priority,
+                                         arrival=len(reqs))
+                sched.check_request(req)
+                sched.add_request(req)
+                reqs[rid] = req
+        if aborts and reqs and rng.random() < 0.05:
+            sched.finish_requests([rng.choice(sorted(reqs))])
+        fake_step(sched, reqs)
+        steps += 1
+        most_running = max(most_running, len(sched.running))
+    return sched, reqs, steps, most_running
+
 
 @pytest.mark.points(1)
-def test_admit_by_hand():
-    assert admit([("a", 5), ("b", 9), ("c", 1)], 1, 4, 12, 20) == ["a"]
-    assert admit([("a", 5), ("b", 6), ("c", 1)], 0, 4, 12, 20) == ["a", "b", "c"]
-    assert admit([("a", 5), ("b", 6), ("c", 1)], 2, 4, 12, 20) == ["a", "b"]   # seats
-    assert admit([("a", 5), ("b", 6), ("c", 1)], 0, 4, 12, 10) == ["a"]        # KV
-    assert admit([("a", 13)], 0, 4, 12, 20) == []                              # tokens
-    assert admit([], 0, 1, 1, 1) == []
-    for bad in (([("a", 0)], 0, 1, 5, 5), ([("a", 1)], -1, 1, 5, 5), ([("a", 1)], 0, 0, 5, 5),
-                ([("a", 1)], 0, 1, -1, 5), ([("a", 1)], 0, 1, 5, -1)):
-        with pytest.raises(ValueError):
-            admit(*bad)
+def test_reserving_admission_by_hand():
+    def setup(ratio):
+        sched = ex.ReservingScheduler(SchedulerConfig(4, 32, 64), TokenKVPool(4, 32, 40),
+                                      ratio)
+        a = Request.for_tokens("a", [5] * 10, 20)
+        sched.add_request(a)
+        fake_step(sched, {"a": a})                       # a joins alone and makes 1 token
+        b = Request.for_tokens("b", [5] * 8, 5, arrival=1)
+        sched.add_request(b)
+        return sched, {"a": a, "b": b}
+
+    # 29 positions are free after a's decode: b needs 8 + 5, a may still make 19, so b
+    # joins when 13 + 19 x ratio <= 29: up to ratio 16/19
+    for ratio, joins in ((1.0, False), (0.9, False), (0.75, True), (0.5, True), (0.0, True)):
+        sched, reqs = setup(ratio)
+        out = sched.schedule()
+        assert ("b" in out.num_scheduled_tokens) == joins, ratio
+        assert "a" in out.num_scheduled_tokens and out.preempted_ids == ()
+    # the stock scheduler admits b: 8 tokens fit the 29 free positions now
+    stock = Scheduler(SchedulerConfig(4, 32, 64), TokenKVPool(4, 32, 40))
+    a = Request.for_tokens("a", [5] * 10, 20)
+    stock.add_request(a)
+    fake_step(stock, {"a": a})
+    stock.add_request(Request.for_tokens("b", [5] * 8, 5, arrival=1))
+    assert "b" in stock.schedule().num_scheduled_tokens
+    # nobody running: a request whose whole output cannot be reserved still joins
+    alone = ex.ReservingScheduler(SchedulerConfig(4, 32, 64), TokenKVPool(4, 32, 40), 1.0)
+    alone.add_request(Request.for_tokens("c", [5] * 30, 20))
+    assert list(alone.schedule().num_scheduled_tokens) == ["c"]
+    # a refused head blocks the queue: nobody overtakes it
+    sched, reqs = setup(1.0)
+    sched.add_request(Request.for_tokens("d", [5] * 1, 1, arrival=2))
+    assert list(sched.schedule().num_scheduled_tokens) == ["a"]
+    with pytest.raises(ValueError):
+        ex.ReservingScheduler(SchedulerConfig(4, 32, 64), TokenKVPool(4, 32, 40), 1.5)
 
 
-@pytest.mark.points(2)
-def test_admit_matches_the_scheduler():
-    checked = 0
-    for run in runs(seed=10, trials=60, steps=25):
-        sched = run.sched
-        running = len(sched.running)
-        if sched.kv.num_free_tokens >= running and not run.would_end():   # nobody preempted
-            waiting = [(r.request_id, r.num_tokens - r.num_computed_tokens)
-                       for r in sched.waiting]
-            want = admit(waiting, running, sched.max_num_seqs,
-                            sched.max_num_batched_tokens - running,
-                            sched.kv.num_free_tokens - running)
-            out = run.step()
-            assert out.preempted_ids == ()
-            got = list(out.num_scheduled_tokens)[len(out.scheduled_running_ids):]
-            assert want == got, (waiting, running, sched.max_num_seqs)
-            checked += bool(waiting)
-        else:
-            run.step()
-    assert checked > 200
+@pytest.mark.points(1)
+def test_reserving_admission_preempts_less_with_the_same_tokens():
+    stock_total = half_total = 0
+    batched = False
+    for seed in range(6):
+        stock, stock_reqs, _, _ = seeded_run(Scheduler, seed)
+        full, full_reqs, _, most = seeded_run(reserving(1.0), seed)
+        half, half_reqs, _, _ = seeded_run(reserving(0.5), seed)
+        assert full.num_preemptions == 0, (seed, "a full reservation never preempts")
+        for sched, reqs in ((full, full_reqs), (half, half_reqs)):
+            assert {k: r.output_ids for k, r in reqs.items()} == {
+                k: r.output_ids for k, r in stock_reqs.items()}, seed
+            assert all(len(r.output_ids) == r.params.max_tokens for r in reqs.values())
+            assert sched.kv.num_free_tokens == 120 and not sched.kv.slots
+        stock_total += stock.num_preemptions
+        half_total += half.num_preemptions
+        batched |= most > 1
+    assert stock_total > 60              # the workload does make the stock scheduler preempt
+    assert half_total < stock_total      # half a reservation already avoids most of them
+    assert batched                       # reserving is not running one request at a time
+
+
+@pytest.mark.points(1)
+def test_reserving_admission_follows_the_rule_at_every_call():
+    decisions = {True: 0, False: 0}
+
+    for ratio in (1.0, 0.5, 0.25, 0.0):
+        class Checked(ex.ReservingScheduler):
+            def admits(self, request, num_new_tokens):
+                free = self.kv.num_free_tokens
+                got = super().admits(request, num_new_tokens)
+                if self.running:
+                    need = num_new_tokens + request.params.max_tokens - len(request.output_ids)
+                    need += sum(ratio * (r.params.max_tokens - len(r.output_ids))
+                                for r in self.running)
+                    want = need <= free
+                else:
+                    want = True
+                assert bool(got) == want, (ratio, request.request_id, num_new_tokens, free)
+                assert self.kv.num_free_tokens == free     # it only reads
+                decisions[want] += 1
+                return got
+
+        for seed in range(10, 16):
+            seeded_run(lambda config, kv: Checked(config, kv, ratio), seed, aborts=True)
+    assert decisions[True] > 100 and decisions[False] > 100
 
 
 # Exercise 2 ----------------------------------------------------------------------------------
