@@ -1,56 +1,76 @@
-"""S13 exercises: the block hash chain, how many prompt tokens a new request skips, and the
-cache's free queue with reference counts and LRU eviction.
+"""S13 exercises: a token-granular radix-tree prefix cache set against S13's block cache, how
+many prompt tokens a new request skips, and the cache's free queue with reference counts and LRU
+eviction.
 
 Fill in each function, then grade your work:
 
     make grade            # or: python exercises/grade.py s13
 
-The chapter's code is in code/s13_prefix_caching.py (`encode_block`, `hash_block_tokens`,
-`hash_request_tokens`, `PrefixCachingBlockPool`, `PrefixCachingKVCacheManager` and its
+The chapter's code is in code/s13_prefix_caching.py (`PrefixCachingKVCacheManager` and its
 `get_computed_blocks`, which S10's scheduler asks at admission). Write your own versions here:
-the graded tests compare you with values worked by hand, with S13's hash chain on random token
-ids, with what S13's engine's scheduler admits a new prompt with after serving earlier ones (a
+the graded tests compare you with values worked by hand, with brute-force oracles written in
+the test file (the longest common prefix with every earlier sequence; a trie of one token per
+node), with what S13's engine's scheduler admits each prompt with after serving earlier ones (a
 fake model, no model needed), and with S13's KV cache manager driven through the same
 admissions and frees.
 Reference solutions are in exercises/solutions/ -- try first, peek later.
 
 Block 0 of a pool is the null block (S12): it is never handed out, so the usable blocks are
-1 .. num_blocks - 1, and the free queue starts as 1, 2, ..., num_blocks - 1, front first.
+1 .. num_blocks - 1, and the free queue starts as 1, 2, ..., num_blocks - 1, front first. (A
+request's blocks are counted from its first block, "the i-th block"; a block id is something
+else: the pool's number for it, never 0.)
 """
 from __future__ import annotations
 
-import hashlib
-import struct  # noqa: F401  (for exercise 1)
 from typing import Sequence
 
-# The parent of every request's first block, as in code/s13_prefix_caching.py.
-ROOT_HASH = hashlib.sha256(b"s13 prefix cache: no parent block").digest()
 
+# Exercise 1: a radix-tree prefix cache (3 points) --------------------------------------------
+# S13 shares whole blocks: a prompt that shares 15 of a block's 16 tokens shares nothing of that
+# block. SGLang's RadixAttention (Zheng et al., 2024) keeps the cache as a radix tree of token
+# ids instead, so a prompt can reuse any prefix, to the token. Design one. The chapter does not
+# show one: choose your nodes (a run of tokens per node, children by their first token, as
+# SGLang's TreeNode), how a match that ends inside a node splits it, and how eviction finds the
+# least recently used leaf. The tests serve a multi-turn chat workload through S13's scheduler
+# and block cache and through your tree, and check that your hits are the longest common prefix
+# with the earlier sequences, which exceeds the block cache's hits by exactly the part of the
+# last block they share (the tail the block cache cannot take).
 
-# Exercise 1: the block hash chain (3 points) -------------------------------------------------
-# A full block's name is SHA-256 of a byte string that holds its parent's name, its token ids
-# and its extra keys, each field of fixed width or with its length before it (so two
-# different blocks never give the same bytes). Python's hash() would not do: it is 64 bits,
-# and for strings it changes from one process to the next.
+class RadixCache:
+    """A token-granular prefix cache: the token sequences inserted, kept as a radix tree.
 
-def block_hashes(token_ids: Sequence[int], block_size: int,
-                 cache_salt: str | None = None) -> list[bytes]:
-    """The names of the full blocks of token_ids, len(token_ids) // block_size of them (a
-    last block with fewer than block_size tokens has no name). Each is 32 bytes:
+    RadixCache(capacity=None): capacity is the most tokens the tree may hold (None: no
+    limit). Raises ValueError for a capacity that is not None or an integer >= 1.
 
-        name_i = sha256(parent_i + <I n> + <q t_1> ... <q t_n> + <I k> + (<I len> + utf-8)*k)
+    num_tokens: the tokens the tree holds now (each token of a shared prefix counted once).
 
-    with struct's little-endian formats: parent_i is ROOT_HASH for block 0 and name_{i-1}
-    after it; n the number of tokens (block_size), each token id an int64; k the number of
-    extra keys, each key its UTF-8 length (uint32) then its bytes. Block 0's extra keys are
-    (cache_salt,) when a salt is given, else none; later blocks have none (the chain carries
-    the salt on).
-    Example: block_hashes([5, 6, 7], 2) is one name, sha256(ROOT_HASH + struct.pack("<I", 2) +
-    struct.pack("<qq", 5, 6) + struct.pack("<I", 0)).digest().
-    Raises ValueError for block_size < 1 and for a cache_salt that is not None or a non-empty
-    string.
+    Time is a counter: every call to match_prefix or insert is one tick, 1, 2, 3, ...; a token
+    is "used" at a tick when that call walks over it.
+
+    match_prefix(token_ids) -> int: how many leading tokens of token_ids the tree holds (the
+    length of the longest prefix of token_ids that is a prefix of something inserted and not
+    evicted since). Every token matched is used now; nothing else changes what the tree holds.
+
+    insert(token_ids) -> None: the tokens whose KV is now cached (a finished request's prompt
+    and every output token but the last, which was never computed). Every token of token_ids
+    is held afterwards, and used now. Then, while the tree holds more than capacity tokens, it
+    removes one token: the last token of the least recently used leaf (a leaf is a held
+    prefix that no other held prefix extends; on a tie, which never happens when each call is
+    its own tick, the longer prefix goes first). So the sequence just inserted goes last, and
+    a sequence longer than capacity keeps its first capacity tokens.
+
+    Example: insert([1, 2, 3, 4, 5]); match_prefix([1, 2, 3, 9]) == 3; insert([1, 2, 7]);
+    num_tokens == 6; match_prefix([2]) == 0.
     """
-    raise NotImplementedError("exercise 1")
+
+    def __init__(self, capacity: int | None = None):
+        raise NotImplementedError("exercise 1")
+
+    def match_prefix(self, token_ids: Sequence[int]) -> int:
+        raise NotImplementedError("exercise 1")
+
+    def insert(self, token_ids: Sequence[int]) -> None:
+        raise NotImplementedError("exercise 1")
 
 
 # Exercise 2: how many prompt tokens a new request skips (3 points) ---------------------------
@@ -64,9 +84,10 @@ def num_cached_tokens(earlier_prompts: Sequence[Sequence[int]], prompt: Sequence
     block_size), when each earlier prompt was served before it, alone, to its first output
     token, and nothing was evicted: every full block of every earlier prompt is cached, and
     nothing else is (an earlier request's output token is never computed into its KV).
-    Only full blocks are matched, from the first; a block matches when some earlier prompt
-    has a block with the same name (exercise 1, no salt), and the run stops at the first that
-    does not; at most (len(prompt) - 1) // block_size blocks are taken.
+    Only full blocks are matched, from the first; block i matches when some earlier prompt
+    has the same tokens in its i-th block and in every block before it (what the chained hash
+    names: a block and everything before it), and the run stops at the first that does not; at
+    most (len(prompt) - 1) // block_size blocks are taken.
     Example: with block size 4 and the earlier prompt [1, ..., 8], the prompt [1, ..., 8, 9]
     skips 8 tokens and the prompt [1, ..., 8] skips 4 (its last token must be computed, and
     a hit is whole blocks).

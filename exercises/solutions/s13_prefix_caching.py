@@ -1,46 +1,105 @@
-"""S13 exercises, reference solutions: the block hash chain, how many prompt tokens a new request
-skips, and the cache's LRU free queue with reference counts.
+"""S13 exercises, reference solutions: a radix-tree prefix cache, how many prompt tokens a new
+request skips, and the cache's LRU free queue with reference counts.
 
 Try the stubs in exercises/s13_prefix_caching.py first; grade these with
 `python exercises/grade.py --solutions s13`.
 
-Sources followed: vLLM V1's `hash_block_tokens` (a block's hash taken of its parent's hash, its
-token ids and its extra keys; only full blocks), `KVCacheManager.get_computed_blocks` (the
-longest run of cached blocks, at most `num_tokens - 1` tokens, so the last token is computed),
-`BlockPool.touch` / `get_new_blocks` / `_maybe_evict_cached_block` and
-`SingleTypeKVCacheManager.free` (blocks given back last first to the back of the free queue,
-keeping their hash; allocation takes the front and evicts); the byte encoding is S13's
-(`encode_block` in code/s13_prefix_caching.py).
+Sources followed: SGLang's RadixCache (python/sglang/srt/mem_cache/radix_cache.py: a TreeNode
+holds a run of token ids and its children by first token, `_split_node` cuts a node where a
+match ends inside it, matched nodes get a new last_access_time, eviction takes least recently
+used leaves; Zheng et al., "SGLang: Efficient Execution of Structured Language Model Programs",
+NeurIPS 2024). Here a leaf is trimmed token by token, so a capacity in tokens is met exactly.
+vLLM V1's `KVCacheManager.get_computed_blocks` (the longest run of cached blocks, at most
+`num_tokens - 1` tokens, so the last token is computed), `BlockPool.touch` / `get_new_blocks` /
+`_maybe_evict_cached_block` and `SingleTypeKVCacheManager.free` (blocks given back last first
+to the back of the free queue, keeping their hash; allocation takes the front and evicts).
 """
 from __future__ import annotations
 
-import hashlib
-import struct
 from typing import Sequence
 
-ROOT_HASH = hashlib.sha256(b"s13 prefix cache: no parent block").digest()
+
+# Exercise 1: a radix-tree prefix cache -------------------------------------------------------
+
+class _Node:
+    """A run of tokens (key) on the edge into this node; every token of it was last used at
+    last_access. children: by their key's first token."""
+
+    __slots__ = ("key", "parent", "children", "last_access")
+
+    def __init__(self, key, parent, last_access):
+        self.key, self.parent, self.last_access = list(key), parent, last_access
+        self.children = {}
 
 
-# Exercise 1: the block hash chain ------------------------------------------------------------
+class RadixCache:
+    """A token-granular prefix cache (see the stub's docstring). Invariant: all tokens of a
+    node were last used at the same tick (a walk that ends inside a node splits it first),
+    and a parent's tick is >= its children's (a walk touches the whole path)."""
 
-def block_hashes(token_ids: Sequence[int], block_size: int,
-                 cache_salt: str | None = None) -> list[bytes]:
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError("block_size must be an integer >= 1")
-    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-        raise ValueError("cache_salt must be a non-empty string or None")
-    hashes, parent = [], ROOT_HASH
-    for i in range(len(token_ids) // block_size):             # full blocks only
-        block = list(token_ids[i * block_size:(i + 1) * block_size])
-        keys = [cache_salt] if i == 0 and cache_salt is not None else []
-        data = parent + struct.pack(f"<I{len(block)}q", len(block), *block)
-        data += struct.pack("<I", len(keys))
-        for key in keys:
-            raw = key.encode("utf-8")
-            data += struct.pack("<I", len(raw)) + raw
-        parent = hashlib.sha256(data).digest()
-        hashes.append(parent)
-    return hashes
+    def __init__(self, capacity=None):
+        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool)
+                                     or capacity < 1):
+            raise ValueError(f"capacity must be None or an integer >= 1 (got {capacity!r})")
+        self.capacity = capacity
+        self.root = _Node([], None, 0)
+        self.num_tokens = 0
+        self.clock = 0
+
+    def _split(self, node, k):
+        """Cut node after its first k tokens; returns the new upper part."""
+        upper = _Node(node.key[:k], node.parent, node.last_access)
+        node.parent.children[upper.key[0]] = upper
+        node.key = node.key[k:]
+        node.parent = upper
+        upper.children[node.key[0]] = node
+        return upper
+
+    def _walk(self, token_ids):
+        """Follow token_ids from the root, splitting where the match ends inside a node and
+        touching every matched node; returns (last node matched, tokens matched)."""
+        node, i = self.root, 0
+        while i < len(token_ids) and token_ids[i] in node.children:
+            child = node.children[token_ids[i]]
+            k = 0
+            while k < len(child.key) and i + k < len(token_ids) and child.key[k] == token_ids[i + k]:
+                k += 1
+            if k < len(child.key):
+                child = self._split(child, k)
+            child.last_access = self.clock
+            node, i = child, i + k
+        return node, i
+
+    def match_prefix(self, token_ids):
+        self.clock += 1
+        return self._walk(list(token_ids))[1]
+
+    def insert(self, token_ids):
+        token_ids = list(token_ids)
+        self.clock += 1
+        node, i = self._walk(token_ids)
+        if i < len(token_ids):
+            leaf = _Node(token_ids[i:], node, self.clock)
+            node.children[token_ids[i]] = leaf
+            self.num_tokens += len(leaf.key)
+        self._evict()
+
+    def _evict(self):
+        while self.capacity is not None and self.num_tokens > self.capacity:
+            leaves, stack = [], [self.root]
+            while stack:
+                n = stack.pop()
+                stack.extend(n.children.values())
+                if not n.children and n is not self.root:
+                    leaves.append(n)
+            leaf = min(leaves, key=lambda n: n.last_access)
+            excess = self.num_tokens - self.capacity
+            if len(leaf.key) <= excess:
+                del leaf.parent.children[leaf.key[0]]
+                self.num_tokens -= len(leaf.key)
+            else:
+                del leaf.key[len(leaf.key) - excess:]
+                self.num_tokens -= excess
 
 
 # Exercise 2: how many prompt tokens a new request skips --------------------------------------
@@ -51,10 +110,12 @@ def num_cached_tokens(earlier_prompts: Sequence[Sequence[int]], prompt: Sequence
         raise ValueError("block_size must be an integer >= 1")
     if len(prompt) < 1:
         raise ValueError("the prompt must have at least one token")
-    cached = {h for p in earlier_prompts for h in block_hashes(p, block_size)}
+    # A chained block name stands for the block and everything before it: the prefix itself.
+    cached = {tuple(p[:(i + 1) * block_size]) for p in earlier_prompts
+              for i in range(len(p) // block_size)}
     run = 0
-    for h in block_hashes(prompt, block_size)[:(len(prompt) - 1) // block_size]:
-        if h not in cached:
+    for i in range((len(prompt) - 1) // block_size):
+        if tuple(prompt[:(i + 1) * block_size]) not in cached:
             break                                             # a chain: later blocks miss too
         run += 1
     return run * block_size

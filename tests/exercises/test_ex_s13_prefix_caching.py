@@ -1,20 +1,18 @@
 """Graded tests for the S13 exercises (see exercises/s13_prefix_caching.py).
 
-Oracles, none of them the solution: hashes, hits and free queues worked by hand (the first
-block's hash is rebuilt here with hashlib and struct from the encoding the exercise states);
-S13's tested code (code/s13_prefix_caching.py): `hash_request_tokens`, the hash chain the
-engine uses, on random token ids, block sizes and salts; S13's engine's scheduler (S11's
-`ChunkedScheduler` over a `PrefixCachingKVCacheManager`) serving the earlier prompts one after
-another with a fake model (one output token each, a pool too large to evict anything), then
-asked how many cached tokens the new prompt is admitted with; and
-`PrefixCachingKVCacheManager` driven through the same admissions and frees as your function
-(find the cached run, take it, allocate the rest, name the full blocks, free last block first),
-its hits, evictions and free queue read after every operation. No model is needed. What your
-functions return is compared as lists, so any sequence is accepted.
+Oracles, none of them the solution: hits, hashes and free queues worked by hand; for the radix
+tree, a brute-force longest common prefix with every earlier sequence, and a trie of one token
+per node (a dict of prefixes) that evicts the least recently used leaf token by token; S13's
+engine's scheduler (S11's `ChunkedScheduler` over a `PrefixCachingKVCacheManager`) serving
+prompts one after another with a fake model (a pool too large to evict anything), its
+`num_cached_tokens` read at each admission; and `PrefixCachingKVCacheManager` driven through
+the same admissions and frees as your function (find the cached run, take it, allocate the
+rest, name the full blocks, free last block first), its hits, evictions and free queue read
+after every operation. No model is needed. What your functions return is compared as lists,
+so any sequence is accepted.
 """
-import hashlib
 import random
-import struct
+from collections import Counter
 
 import pytest
 
@@ -28,46 +26,156 @@ ex = load_exercise("s13_prefix_caching")
 
 # Exercise 1 ----------------------------------------------------------------------------------
 
-def one_block(parent: bytes, tokens, keys=()) -> bytes:
-    """The encoding as the exercise states it, written out once more by hand."""
-    data = parent + struct.pack("<I", len(tokens)) + b"".join(struct.pack("<q", t) for t in tokens)
-    data += struct.pack("<I", len(keys))
-    for key in keys:
-        data += struct.pack("<I", len(key.encode())) + key.encode()
-    return hashlib.sha256(data).digest()
+class TokenTrie:
+    """The radix tree's specification, written the slow way: every held prefix is a key of
+    `used` (its tick of last use); a leaf is a prefix no other held prefix extends. Eviction
+    removes the least recently used leaf, one token at a time."""
+
+    def __init__(self, capacity=None):
+        self.capacity, self.used, self.children, self.clock = capacity, {}, Counter(), 0
+
+    def match_prefix(self, ids) -> int:
+        self.clock += 1
+        k = 0
+        while k < len(ids) and tuple(ids[:k + 1]) in self.used:
+            self.used[tuple(ids[:k + 1])] = self.clock
+            k += 1
+        return k
+
+    def insert(self, ids) -> None:
+        self.clock += 1
+        for k in range(1, len(ids) + 1):
+            prefix = tuple(ids[:k])
+            if prefix not in self.used:
+                self.children[prefix[:-1]] += 1
+            self.used[prefix] = self.clock
+        while self.capacity is not None and len(self.used) > self.capacity:
+            leaf = min((p for p in self.used if self.children[p] == 0),
+                       key=lambda p: (self.used[p], -len(p)))
+            del self.used[leaf]
+            self.children[leaf[:-1]] -= 1
+
+
+def longest_common_prefix(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 @pytest.mark.points(1)
-def test_block_hashes_by_hand():
-    root = hashlib.sha256(b"s13 prefix cache: no parent block").digest()
-    got = [bytes(h) for h in ex.block_hashes([5, 6, 7, 8, 9], 2)]
-    h0 = one_block(root, [5, 6])
-    h1 = one_block(h0, [7, 8])
-    assert got == [h0, h1]                                     # token 9 fills no block
-    assert [bytes(h) for h in ex.block_hashes([5, 6, 7], 2, "alice")] == [
-        one_block(root, [5, 6], ["alice"])]                    # the salt in block 0 only
-    assert list(ex.block_hashes([5], 2)) == []
-    assert bytes(ex.block_hashes([7, 8], 2)[0]) != h1          # same tokens, other parent
-    for bad in (([1, 2], 0, None), ([1, 2], 2, ""), ([1, 2], 2, 3)):
+def test_radix_cache_by_hand():
+    cache = ex.RadixCache()
+    assert cache.num_tokens == 0 and cache.match_prefix([1, 2]) == 0
+    cache.insert([1, 2, 3, 4, 5])
+    assert cache.match_prefix([1, 2, 3, 9]) == 3                 # ends inside the first node
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6]) == 5
+    cache.insert([1, 2, 7])                                      # splits [1..5] after 1, 2
+    assert cache.num_tokens == 6                                 # 1 2 3 4 5 and 7
+    assert cache.match_prefix([1, 2, 7, 7]) == 3
+    assert cache.match_prefix([1, 2, 3, 4, 5]) == 5
+    assert cache.match_prefix([2]) == 0
+    # Capacity 6 tokens. Ticks: 1 inserts 1 2 3 4, 2 inserts 1 2 5 6, 3 matches 1 2 3 (so 4
+    # alone keeps tick 1), 4 inserts 7 8: 8 tokens. The leaves are 4 (tick 1), 5 6 (tick 2)
+    # and 7 8 (tick 4): 4 goes, then 6, the last token of the next least recently used leaf.
+    small = ex.RadixCache(6)
+    for op, ids in [("insert", [1, 2, 3, 4]), ("insert", [1, 2, 5, 6]),
+                    ("match_prefix", [1, 2, 3]), ("insert", [7, 8])]:
+        getattr(small, op)(ids)
+    assert small.num_tokens == 6
+    assert [small.match_prefix(ids) for ids in ([1, 2, 5, 6], [1, 2, 3, 4], [7, 8])] == [3, 3, 2]
+    for bad in (0, -1, 2.5, "6"):
         with pytest.raises(ValueError):
-            ex.block_hashes(*bad)
+            ex.RadixCache(bad)
 
 
-@pytest.mark.points(2)
-def test_block_hashes_equal_the_engines_chain():
-    rng = random.Random(13)
-    for _ in range(300):
-        size = rng.randint(1, 9)
-        ids = [rng.randint(0, 2 ** 40) for _ in range(rng.randint(0, 40))]
-        salt = rng.choice([None, None, "tenant-1", "é" * rng.randint(1, 3)])
-        got = [bytes(h) for h in ex.block_hashes(ids, size, salt)]
-        assert got == s13.hash_request_tokens(ids, size, salt), (size, len(ids), salt)
-        if len(got) >= 2:                                      # change one token of block j:
-            j = rng.randrange(len(got))                        # blocks j.. change, not before
-            changed = list(ids)
-            changed[j * size + rng.randrange(size)] += 1
-            other = [bytes(h) for h in ex.block_hashes(changed, size, salt)]
-            assert other[:j] == got[:j] and all(a != b for a, b in zip(other[j:], got[j:]))
+def chat_workload(rng):
+    """Three conversations behind one system prompt, their turns interleaved: each turn's
+    prompt is its conversation so far (prompts and answers) and a new message. Small token
+    ids, so prompts also share prefixes by chance."""
+    system = [rng.randint(0, 3) for _ in range(rng.randint(3, 13))]
+    conversations = [list(system) for _ in range(3)]
+    turns = []
+    for _ in range(rng.randint(8, 14)):
+        c = rng.randrange(3)
+        prompt = conversations[c] + [rng.randint(0, 3) for _ in range(rng.randint(1, 9))]
+        answer = [rng.randint(0, 3) for _ in range(rng.randint(1, 6))]
+        turns.append((prompt, answer))
+        conversations[c] = prompt + answer
+    return turns
+
+
+def block_cache_hits(turns, block_size: int) -> list[int]:
+    """S13's scheduler and block cache serve the turns one after another, each to its last
+    answer token (a fake model that answers what the turn says): each turn's
+    num_cached_tokens at admission."""
+    longest = max(len(p) + len(a) for p, a in turns) + 1
+    num_blocks = 2 + sum(-(-(len(p) + len(a)) // block_size) for p, a in turns)
+    sched = ChunkedScheduler(ChunkedSchedulerConfig(1, longest, 4 * longest),
+                             s13.PrefixCachingKVCacheManager(num_blocks, block_size))
+    hits = []
+    for k, (prompt, answer) in enumerate(turns):
+        req = Request.for_tokens(f"t{k}", prompt, len(answer), arrival=k)
+        sched.add_request(req)
+        while True:
+            out = sched.schedule()
+            if req.request_id in out.scheduled_new_ids:
+                hits.append(req.num_cached_tokens)
+            n = out.num_scheduled_tokens[req.request_id]
+            if out.num_computed_tokens[req.request_id] + n == req.num_tokens:
+                req.append_token(answer[len(req.output_ids)])
+            done = len(req.output_ids) == len(answer)
+            sched.update_from_output(out, [req.request_id] if done else [])
+            if done:
+                break
+    assert len(hits) == len(turns)
+    return hits
+
+
+@pytest.mark.points(1)
+def test_radix_hits_are_the_longest_prefix_and_beat_blocks_by_the_tail():
+    tails = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        size = rng.choice([2, 3, 4, 5, 8])
+        turns = chat_workload(rng)
+        blocks = block_cache_hits(turns, size)
+        cache = ex.RadixCache()
+        computed = []             # KV written by each turn: its prompt, its answer but the last
+        for k, (prompt, answer) in enumerate(turns):
+            # The oracle: the longest prefix any earlier turn computed, less the last token.
+            want = min(max([longest_common_prefix(prompt, s) for s in computed], default=0),
+                       len(prompt) - 1)
+            # The block cache takes that rounded down to whole blocks: the tail is missed.
+            assert blocks[k] == want // size * size, (seed, k, blocks[k], want, size)
+            got = min(cache.match_prefix(prompt), len(prompt) - 1)
+            assert got == want, (seed, k, got, want)
+            assert got >= blocks[k] and got - blocks[k] == got % size
+            tails += got % size > 0
+            computed.append(prompt + answer[:-1])
+            cache.insert(computed[-1])
+    assert tails > 100                       # the workload has tails for the tree to win
+
+
+@pytest.mark.points(1)
+def test_radix_cache_evicts_like_the_token_trie():
+    rng = random.Random(131)
+    evicted = 0
+    for _ in range(200):
+        capacity = rng.choice([None, rng.randint(1, 40)])
+        mine, trie = ex.RadixCache(capacity), TokenTrie(capacity)
+        for _ in range(rng.randint(1, 30)):
+            ids = [rng.randint(0, 3) for _ in range(rng.randint(0, 15))]
+            if rng.random() < 0.5:
+                assert mine.match_prefix(ids) == trie.match_prefix(ids), (capacity, ids)
+            else:
+                grown = len(trie.used) + sum(tuple(ids[:k]) not in trie.used
+                                             for k in range(1, len(ids) + 1))
+                mine.insert(ids)
+                trie.insert(ids)
+                evicted += len(trie.used) < grown              # this insert evicted
+            assert mine.num_tokens == len(trie.used), (capacity, ids)
+    assert evicted > 50
 
 
 # Exercise 2 ----------------------------------------------------------------------------------
