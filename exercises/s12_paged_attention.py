@@ -1,27 +1,26 @@
-"""S12 exercises: a slot mapping worked from a block table, the blocks a request needs for n more
-tokens, and a copy-on-write fork of a block table.
+"""S12 exercises: the waste a block size costs a workload, the most requests a pool runs
+without preemption, and a copy-on-write fork of a block table.
 
 Fill in each function, then grade your work:
 
     make grade            # or: python exercises/grade.py s12
 
-The chapter's code is in code/s12_paged_attention.py (the block pool, the KV manager's
-`allocate_slots`, the slot mapping the engine builds for each step). Write your own versions
-here, in plain Python: the graded tests compare you with values worked by hand, with what S12's
-tested block pool and KV manager do on random workloads, and with a pool of real storage (a
-dict from slot to the token written there) that must read back, through every block table,
-exactly the tokens each sequence was given. Reference solutions are in exercises/solutions/ --
-try first, peek later.
+The chapter's code is in code/s12_paged_attention.py (the block pool and the KV manager) and
+code/s11_chunked_prefill.py (the scheduler that runs on it). Exercises 1 and 2 are planning
+questions the chapter does not answer: the graded tests put your plan through S11's real
+scheduler over S12's real `KVCacheManager` (a fake model that makes one token per request and
+step, no model weights) and count what the manager and the scheduler report. Exercise 3 is the
+original vLLM's copy-on-write, checked on a pool of real storage. Reference solutions are in
+exercises/solutions/ -- try first, peek later.
 
 Vocabulary (the chapter's): the KV pool holds `num_blocks` blocks of `block_size` token slots
-each; a request's `block_table` lists the ids of its blocks in order, so its token at position
-p lives in block `block_table[p // block_size]`, at offset `p % block_size`; that block's
-slots are numbered `block_id * block_size + offset` in the flat pool.
-
-Block ids here are arbitrary: the null block is not modelled. The chapter's pool never hands out
-block 0 (the null block that pads block tables on the device), but these functions only move ids
-between tables and a free queue, so any id, 0 included, is an ordinary block in the examples and
-the tests.
+each. Block 0 is the null block, as in the chapter's `BlockPool`: it is never handed out, so a
+pool of num_blocks has num_blocks - 1 usable blocks, and no table or free queue here ever holds
+block 0. A request of `prompt_len` tokens asked for `max_tokens` outputs holds, in the step it
+is admitted, its prompt (nothing is chunked here); in each later step one token more (the one
+it sampled last); its last step computes position prompt_len + max_tokens - 2 and samples its
+last token, so it holds at most prompt_len + max_tokens - 1 tokens. A request holding t tokens
+holds ceil(t / block_size) blocks.
 """
 from __future__ import annotations
 
@@ -29,54 +28,68 @@ from collections import deque
 from typing import Sequence
 
 
-# Exercise 1: the slot mapping (3 points) -----------------------------------------------------
-# A step writes each scheduled token's key and value at one slot of the flat pool. The engine
-# builds that list (the slot mapping) from the request's block table and the positions of its
-# new tokens; the attention reads the same slots back through the block table.
+# Exercise 1: what a block size wastes (3 points) ---------------------------------------------
+# Larger blocks mean shorter block tables and larger contiguous reads for the attention kernel
+# (the chapter's trade); they also waste more of the last block of every request. Measure the
+# waste of a workload over a whole run, then pick the largest block size that keeps it under a
+# limit.
 
-def slot_mapping(block_table: Sequence[int], num_computed_tokens: int, num_new_tokens: int,
-                 block_size: int) -> list[int]:
-    """The slots of positions num_computed_tokens .. num_computed_tokens + num_new_tokens - 1,
-    in order: for position p, block_table[p // block_size] * block_size + p % block_size.
+def run_waste(requests: Sequence[tuple[int, int]], block_size: int) -> tuple[int, int]:
+    """(wasted, held): summed over every step of a run in which nobody is preempted, over the
+    requests running in that step, the positions their blocks hold and do not use (wasted),
+    and the positions their blocks hold (held). requests: (prompt_len, max_tokens) pairs.
 
-    Example: slot_mapping([7, 2], 3, 3, 4) -> [31, 8, 9]: position 3 is the last slot of
-    block 7 (7 * 4 + 3), positions 4 and 5 the first two of block 2.
-    Raises ValueError for block_size < 1, num_computed_tokens < 0, num_new_tokens < 0, or a
-    position past the blocks the table holds (len(block_table) * block_size tokens).
+    Counted as S12's manager counts them right after the scheduler plans a step: held =
+    capacity - num_free_tokens, used = num_used_tokens, wasted = held - used. Each request
+    goes through the same states whoever runs beside it (see the module docstring), so the
+    sums do not depend on the order or the number of seats.
+    Example: run_waste([(5, 3)], 4) -> (6, 24): the request holds 5, 6 and 7 tokens in its
+    three steps, in 2 blocks of 4 each time: 8 positions held per step, 3 + 2 + 1 wasted.
+    Raises ValueError for block_size < 1, a prompt_len < 1 or a max_tokens < 1.
     """
     raise NotImplementedError("exercise 1")
 
 
-# Exercise 2: blocks on demand (3 points) -----------------------------------------------------
-# A request holds blocks for the tokens it has; before a step computes n more of them, the KV
-# manager takes just the blocks those n tokens need, all or nothing, from the front of the free
-# queue.
+def largest_block_size(requests: Sequence[tuple[int, int]], block_sizes: Sequence[int],
+                       max_waste_share: float) -> int | None:
+    """The largest of block_sizes whose run wastes at most max_waste_share of the positions
+    it holds (wasted / held from `run_waste`), or None when none does.
 
-def num_new_blocks(num_tokens: int, num_held_blocks: int, num_new_tokens: int,
-                   block_size: int) -> int:
-    """How many blocks a request that holds num_held_blocks blocks for num_tokens tokens needs
-    before it can hold num_new_tokens more: ceil((num_tokens + num_new_tokens) / block_size)
-    minus the blocks it holds, and 0 when those already suffice.
-
-    Example: num_new_blocks(15, 1, 2, 16) -> 1 (17 tokens need 2 blocks); num_new_blocks(15,
-    1, 1, 16) -> 0 (the 16th token fills the block it has).
-    Raises ValueError for block_size < 1, a negative count, or fewer blocks held than
-    num_tokens need.
+    Example: largest_block_size([(5, 3)], [1, 2, 4, 8], 0.2) -> 2 (block sizes 8 and 4 both
+    waste 6 of the 24 positions held, a quarter; 2 wastes 1 + 0 + 1 of 6 + 6 + 8 held).
+    Raises ValueError for an empty block_sizes, a block size < 1, or a max_waste_share outside
+    [0, 1].
     """
-    raise NotImplementedError("exercise 2")
+    raise NotImplementedError("exercise 1")
 
 
-def allocate(block_table: list[int], free_queue: deque, num_tokens: int, num_new_tokens: int,
-             block_size: int) -> bool:
-    """Grow block_table in place for num_new_tokens more tokens (it holds num_tokens now), all
-    or nothing: take the num_new_blocks it needs from the FRONT of free_queue (popleft) and
-    append them to the table in that order. When the queue has fewer, change nothing and
-    return False; return True otherwise.
+# Exercise 2: the most requests at once without preemption (3 points) -------------------------
+# max_num_seqs caps the seats. Too few and the pool sits idle; too many and the running
+# requests outgrow the pool, and the scheduler preempts (S10's recompute: work thrown away).
+# Plan the largest seat count that never preempts, for a known queue.
 
-    Example: with block_table [3], free_queue deque([5, 1, 4]), num_tokens 4, 5 new tokens,
-    block_size 4: 9 tokens need 3 blocks, so the table becomes [3, 5, 1], the queue deque([4]),
-    and the call returns True.
-    Raises ValueError as num_new_blocks does.
+def max_num_seqs_without_preemption(requests: Sequence[tuple[int, int]], num_blocks: int,
+                                    block_size: int) -> int:
+    """The largest max_num_seqs, from 1 to len(requests), with which S11's scheduler over S12's
+    `KVCacheManager(num_blocks, block_size)` serves every request without one preemption.
+
+    requests: (prompt_len, max_tokens), all queued before step 0 in this order, decoded until
+    max_tokens (no end-of-sequence); every request alone fits the pool. The scheduler's rules
+    (S10's and S11's, with no token budget to chunk a prompt): in each step the running
+    requests come first, in admission order, each taking the blocks its next token needs from
+    the free blocks; one that finds too few preempts someone (that is what to avoid). Then,
+    only in a step with no preemption, waiting requests join from the head of the queue while
+    a seat is free and the free blocks hold the head's whole prompt; the first that does not
+    fit waits, and nobody overtakes it. Every request scheduled in a step samples a token; one
+    that has its max_tokens leaves at the end of the step, and its blocks are free from the
+    next step on.
+    Example: max_num_seqs_without_preemption([(4, 6), (4, 6), (4, 6)], 7, 4) -> 2: each
+    request grows to 4 + 6 - 1 = 9 tokens, 3 blocks of 4, and the pool has 6 usable blocks.
+    With 3 seats all three join in step 0 and reach their 9th token together in step 5,
+    needing 9 blocks: a preemption. With 2 seats the first two peak at 6 blocks in step 5,
+    their last, and the third joins in step 6, alone.
+    Raises ValueError for an empty queue, num_blocks < 2, block_size < 1, a count < 1, or a
+    request that alone needs more blocks than the pool's usable ones.
     """
     raise NotImplementedError("exercise 2")
 
@@ -88,6 +101,11 @@ def allocate(block_table: list[int], free_queue: deque, num_tokens: int, num_new
 # block, when either sequence appends its next token) is copied first: the writer takes a fresh
 # block from the front of the free queue, the engine copies the old block's slots into it, and
 # the old block's count goes down by one (the vLLM paper's copy-on-write, section 4.4).
+# This is how the original vLLM did it (Kwon et al., SOSP 2023). vLLM V1 has no copy-on-write:
+# n > 1 becomes n child requests (vllm/v1/engine/parallel_sampling.py), and the children share
+# the prompt's full blocks through the prefix cache (S13); only full blocks are ever shared, so
+# no shared block is ever written. Block ids are the pool's: block 0, the null block, is never
+# in a table or the free queue.
 
 def fork(block_tables: dict[str, list[int]], ref_cnt: dict[int, int], parent: str,
          child: str) -> None:

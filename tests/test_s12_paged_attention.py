@@ -16,7 +16,8 @@ PR #1534 (a prompt needing more blocks than the pool must be refused, not block 
 the check is in blocks), G2 vllm #16832 (output incomplete after recompute preemption: here
 the victim's blocks are freed and it recomputes into new ones), G5 sglang PR #2238 / PR #1674
 / #6778 (aborted or finished requests leaked KV: once idle, free blocks == usable blocks),
-G4 vllm #24584 / PR #24586 (a stream closed mid-request must free what it holds).
+G4 vllm #24584 (reported: a stream closed mid-request kept its request running; PR #24586 was
+closed unmerged). Whatever an engine does, an abort must free what the request holds.
 """
 import numpy as np
 import pytest
@@ -480,8 +481,8 @@ def test_stale_kv_in_reused_blocks_never_reaches_attention(tiny, poison):
 
 
 def test_g4_a_stream_closed_mid_chunk_frees_its_blocks(tiny):
-    """G4 (vllm #24584 / PR #24586: a client that disconnects must not leave its request
-    holding KV). The `LLM` stream is closed after its first output while the 30-token prompt
+    """G4 (vllm #24584, reported; its PR #24586 closed unmerged: a client that disconnects
+    must not leave its request holding KV). The `LLM` stream is closed after its first output while the 30-token prompt
     is part-way through its chunks: every block is free before close returns, and once the
     engine has handed over the aborted requests' last outputs the next request's greedy ids
     equal S05's and HF's alone."""

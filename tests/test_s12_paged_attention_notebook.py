@@ -12,7 +12,9 @@ than block_size - 1 per request, more as blocks grow, with tables that shrink as
 context, block_size), every block size making the same tokens, a mean waste per request and step
 that agrees with the share printed and the tokens a request holds on average; the printed slot
 mapping equals the block-table arithmetic worked here (table[p // 8] * 8 + p % 8) and the pool
-is empty after the run, with the preemptions the small pool forces.
+is empty after the run, with the preemptions the small pool forces; the KV budget of
+published configs (s12_kv_budget) gives Llama-3.1-8B's blocks, tokens and requests as worked
+by hand in the test, fp8 twice the blocks.
 """
 from __future__ import annotations
 
@@ -133,3 +135,33 @@ def test_one_step_slot_mapping_and_an_empty_pool(executed):
     m = re.search(r"preempted \(step, request\): (\[.*\])", text)
     assert m and len(ast.literal_eval(m.group(1))) >= 1
     assert "after the run: 13 of 13 blocks free, block tables {}" in text
+
+
+@pytest.mark.slow
+def test_kv_budget_of_real_configs(executed):
+    # The calculator on published configs: Llama-3.1-8B's numbers worked by hand here
+    # (2 x 32 layers x 8 KV heads x 128 dims x 2 bytes a token; 0.9 x 80e9 - 2 x 8,030,261,248
+    # bytes of weights - 2 GiB reserve, in blocks of 16 tokens, block 0 the null block).
+    text = stream_text(executed)
+    assert "Llama-3.1-8B: 8,030,261,248 parameters, 131,072 bytes of KV per token" in text
+    assert "Qwen3-0.6B: 596,049,920 parameters, 114,688 bytes of KV per token" in text
+    kv_bytes = 72 * 10**9 - 2 * 8_030_261_248 - 2 * 2**30
+    rows = re.findall(r"^(\S+)\s+([\d.]+) KiB/token\s+([\d,]+) blocks\s+([\d,]+) tokens\s+"
+                      r"contiguous@([\d,]+):\s+(\d+)\s+paged@2,048:\s+([\d,]+)", text, re.M)
+    assert len(rows) == 6, text[-3000:]
+    as_int = lambda s: int(s.replace(",", ""))                             # noqa: E731
+    bf16, fp8 = rows[:3], rows[3:]
+    name, kib, blocks, tokens, max_len, contiguous, paged = bf16[0]
+    assert name == "Llama-3.1-8B" and float(kib) == 128.0
+    assert as_int(blocks) == kv_bytes // (16 * 131072) == 25_650
+    assert as_int(tokens) == 25_649 * 16
+    assert as_int(max_len) == 131072 and int(contiguous) == kv_bytes // (131072 * 131072) == 3
+    assert as_int(paged) == 25_649 // (2048 // 16) == 200
+    assert as_int(fp8[0][2]) == kv_bytes // (16 * 65536)                   # fp8: twice the blocks
+    for (_, _, b16, _, _, c16, _), (_, _, b8, _, _, c8, _) in zip(bf16, fp8):
+        assert as_int(b8) in (2 * as_int(b16), 2 * as_int(b16) + 1) and int(c8) >= 2 * int(c16)
+    lens = re.findall(r"^max_model_len\s+([\d,]+): contiguous\s+(\d+) requests, paged\s+(\d+)",
+                      text, re.M)
+    assert [as_int(m) for m, _, _ in lens] == [4096, 8192, 16384, 32768, 65536, 131072]
+    for m, c, p in lens:
+        assert int(c) == kv_bytes // (as_int(m) * 131072) and int(p) == 200

@@ -1,16 +1,17 @@
-"""S12 exercises, reference solutions: a slot mapping from a block table, blocks on demand, a
-copy-on-write fork of a block table.
+"""S12 exercises, reference solutions: the waste a block size costs a workload, the most
+requests a pool runs without preemption, a copy-on-write fork of a block table.
 
 Try the stubs in exercises/s12_paged_attention.py first; grade these with
-`python exercises/grade.py --solutions s12`. Block ids here are arbitrary; the null block is not
-modelled (any id, 0 included, is an ordinary block).
+`python exercises/grade.py --solutions s12`. Block 0 is the null block, as in the chapter's
+pool: never in a table or a free queue here.
 
-Sources followed: vLLM's slot mapping (slot = block id * block_size + offset in the block, as
-in the paper's block table, Kwon et al., SOSP 2023, section 4.2); vLLM V1's
-`KVCacheManager.allocate_slots` (blocks for ceil(tokens / block_size), all or nothing, None when
-too few are free) and `BlockPool` (allocation from the front of the free queue, freeing to its
-back, the tail of a table first); the paper's copy-on-write for parallel sampling (section 4.4:
-a shared block is copied before it is written, and its reference count drops by one).
+Sources followed: vLLM V1's `KVCacheManager.allocate_slots` (blocks for ceil(tokens /
+block_size), all or nothing) and S10/S11's scheduler rules (running requests first, preemption
+when one cannot grow, waiting requests admitted only in a step with no preemption, the head
+first); the vLLM paper's copy-on-write for parallel sampling (Kwon et al., SOSP 2023, section
+4.4: a shared block is copied before it is written, and its reference count drops by one).
+vLLM V1 has no copy-on-write: n > 1 fans out to child requests (vllm/v1/engine/
+parallel_sampling.py) that share the prompt's full blocks through the prefix cache.
 """
 from __future__ import annotations
 
@@ -29,37 +30,88 @@ def _blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)                  # ceil without floats
 
 
-# Exercise 1: the slot mapping ----------------------------------------------------------------
-
-def slot_mapping(block_table: Sequence[int], num_computed_tokens: int, num_new_tokens: int,
-                 block_size: int) -> list[int]:
-    _check_counts(block_size, num_computed_tokens, num_new_tokens)
-    end = num_computed_tokens + num_new_tokens
-    if end > len(block_table) * block_size:
-        raise ValueError(f"positions up to {end - 1} need {_blocks_for(end, block_size)} "
-                         f"blocks; the table holds {len(block_table)}")
-    return [block_table[p // block_size] * block_size + p % block_size
-            for p in range(num_computed_tokens, end)]
+def _check_requests(requests: Sequence[tuple[int, int]]) -> None:
+    for prompt_len, max_tokens in requests:
+        if prompt_len < 1 or max_tokens < 1:
+            raise ValueError(f"prompt_len and max_tokens must be >= 1 (got {prompt_len}, "
+                             f"{max_tokens})")
 
 
-# Exercise 2: blocks on demand ----------------------------------------------------------------
+# Exercise 1: what a block size wastes --------------------------------------------------------
 
-def num_new_blocks(num_tokens: int, num_held_blocks: int, num_new_tokens: int,
-                   block_size: int) -> int:
-    _check_counts(block_size, num_tokens, num_held_blocks, num_new_tokens)
-    if num_held_blocks < _blocks_for(num_tokens, block_size):
-        raise ValueError(f"{num_tokens} tokens need {_blocks_for(num_tokens, block_size)} "
-                         f"blocks; only {num_held_blocks} are held")
-    return max(0, _blocks_for(num_tokens + num_new_tokens, block_size) - num_held_blocks)
+def run_waste(requests: Sequence[tuple[int, int]], block_size: int) -> tuple[int, int]:
+    _check_counts(block_size)
+    _check_requests(requests)
+    wasted = held = 0
+    for prompt_len, max_tokens in requests:
+        for tokens in range(prompt_len, prompt_len + max_tokens):   # one state per step
+            positions = _blocks_for(tokens, block_size) * block_size
+            held += positions
+            wasted += positions - tokens
+    return wasted, held
 
 
-def allocate(block_table: list[int], free_queue: deque, num_tokens: int, num_new_tokens: int,
-             block_size: int) -> bool:
-    need = num_new_blocks(num_tokens, len(block_table), num_new_tokens, block_size)
-    if need > len(free_queue):
-        return False                                      # all or nothing
-    block_table.extend(free_queue.popleft() for _ in range(need))
-    return True
+def largest_block_size(requests: Sequence[tuple[int, int]], block_sizes: Sequence[int],
+                       max_waste_share: float) -> int | None:
+    if not block_sizes:
+        raise ValueError("block_sizes is empty")
+    if not 0 <= max_waste_share <= 1:
+        raise ValueError(f"max_waste_share must be in [0, 1] (got {max_waste_share})")
+    best = None
+    for block_size in block_sizes:
+        wasted, held = run_waste(requests, block_size)
+        if wasted <= max_waste_share * held and (best is None or block_size > best):
+            best = block_size
+    return best
+
+
+# Exercise 2: the most requests at once without preemption ------------------------------------
+
+def _preempts(requests: Sequence[tuple[int, int]], num_blocks: int, block_size: int,
+              max_num_seqs: int) -> bool:
+    """Replay the schedule in blocks until a running request cannot grow (True) or the queue
+    is served (False)."""
+    free = num_blocks - 1                                # block 0 is the null block
+    waiting = deque(requests)
+    running: list[list[int]] = []                        # [tokens held, outputs left]
+    while waiting or running:
+        for r in running:                                # each computes one more token
+            need = _blocks_for(r[0] + 1, block_size) - _blocks_for(r[0], block_size)
+            if need > free:
+                return True
+            free -= need
+            r[0] += 1
+        while waiting and len(running) < max_num_seqs:   # then the head, while it fits
+            prompt_len, max_tokens = waiting[0]
+            need = _blocks_for(prompt_len, block_size)
+            if need > free:
+                break
+            free -= need
+            running.append([prompt_len, max_tokens])
+            waiting.popleft()
+        for r in running:                                # every scheduled request samples
+            r[1] -= 1
+        for r in [r for r in running if r[1] == 0]:      # done: its blocks back
+            free += _blocks_for(r[0], block_size)
+            running.remove(r)
+    return False
+
+
+def max_num_seqs_without_preemption(requests: Sequence[tuple[int, int]], num_blocks: int,
+                                    block_size: int) -> int:
+    if not requests:
+        raise ValueError("the queue is empty")
+    if num_blocks < 2:
+        raise ValueError(f"num_blocks must be >= 2, block 0 being the null block (got "
+                         f"{num_blocks})")
+    _check_counts(block_size)
+    _check_requests(requests)
+    for prompt_len, max_tokens in requests:
+        if _blocks_for(prompt_len + max_tokens - 1, block_size) > num_blocks - 1:
+            raise ValueError(f"a request of {prompt_len} + {max_tokens} tokens needs more "
+                             f"than the {num_blocks - 1} usable blocks")
+    return max(k for k in range(1, len(requests) + 1)
+               if not _preempts(requests, num_blocks, block_size, k))
 
 
 # Exercise 3: a copy-on-write fork ------------------------------------------------------------

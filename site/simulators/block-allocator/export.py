@@ -57,9 +57,9 @@ MAX_CONTEXT = 256              # the bundled model's window
 # (id, title, prompts (corpus indices), arrival step of each, max_tokens of each,
 #  seats, tokens per step, block_size, num_blocks)
 WORKLOADS = (
-    ("tight", "A tight pool: 14 blocks of 8 for four seats (preemptions)",
+    ("tight", "A tight pool: 13 usable blocks of 8 for four seats (preemptions)",
      [0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0], [24] * 6, 4, 32, 8, 14),
-    ("roomy", "A roomier pool: 15 blocks of 16, requests arriving over five steps",
+    ("roomy", "A roomier pool: 14 usable blocks of 16, requests arriving over five steps",
      [0, 1, 2, 3, 4, 5], [0, 0, 1, 2, 3, 4], [8, 40, 16, 32, 24, 48], 4, 32, 16, 15),
 )
 

@@ -263,8 +263,9 @@
       run = replay(spec);
       CourseSim.report(banner, "block-allocator", "The page's pool disagrees with the engine's trace: ",
                        run.problems, 5);
-      config.textContent = spec.num_blocks + " blocks of " + count(spec.block_size, "token") + " (block " +
-        data.null_block + " the null block, so " + (spec.num_blocks - 1) * spec.block_size + " positions), " +
+      config.textContent = (spec.num_blocks - 1) + " usable blocks of " + count(spec.block_size, "token") + " (" +
+        (spec.num_blocks - 1) * spec.block_size + " positions; block " + data.null_block + ", the null block, makes " +
+        spec.num_blocks + "), " +
         spec.max_num_seqs + " seats, " + spec.max_num_batched_tokens + " tokens per step; " +
         count(spec.requests.length, "request") + ", greedy on the bundled model; " +
         count(spec.num_preemptions, "preemption") + " in the run.";
