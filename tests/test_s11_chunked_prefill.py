@@ -22,9 +22,12 @@ wrappers (tests/engine_testing.py).
 Public bug reports (../shared/cases/public-bugs.md, section (g)), each a test below: G1 vllm
 PR #1534 (a prompt that can never fit must not block the queue, chunking or not), G2 vllm
 #16832 (output incomplete after recompute preemption: here the recompute is chunked), G4 vllm
-#24584 / PR #24586 (a client that goes away mid-stream kept its request and KV: here its stream
-is closed while its prompt is part-way in), G5 sglang PR #2238 / PR #1674 / #6778 (aborted
-requests leaked KV: here aborted mid-chunk). Section (h)'s
+#24584 (a report that a request kept generating after its streaming client went away; PR #24586,
+an abort added in the API server, was closed without being merged, and in PR #32442 a maintainer
+answered that AsyncLLM's generate already aborts a request whose consumer goes away: here the
+stream is closed while its prompt is part-way in, and the request must be gone at once), G5
+sglang PR #2238 / PR #1674 / #6778 (aborted requests leaked KV: here aborted mid-chunk).
+Section (h)'s
 H3 (tenstorrent/vllm #415: a prefill resuming at num_computed_tokens = k > 0 must use the
 right positions, attend to the cached prefix and write its KV from k on) is the chunk-size
 test: every chunk after the first is such a prefill.
@@ -388,10 +391,30 @@ def test_g2_a_chunked_recompute_after_preemption_loses_no_token(tiny):
         assert outs_tight[i][-1].finish_reason == references[k][0].finish_reason
 
 
+def test_sdpa_is_causal_is_top_left_so_a_chunk_needs_its_own_mask():
+    """Why S06's `attention` builds a mask for a chunk after cached positions: PyTorch's SDPA
+    with is_causal=True aligns the causal diagonal to the top-left corner (query t sees keys
+    0 .. t, `torch.nn.attention.bias.causal_upper_left`), which for T < S queries hides from
+    them the cached keys they must see; a chunk needs the bottom-right alignment (query t sees
+    keys 0 .. S - T + t, FlashAttention's rule since 2.1). Checked on the CPU SDPA, float32."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, t, 8, generator=gen) for t in (3, 7, 7))   # T = 3, S = 7
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    ones = torch.ones(3, 7, dtype=torch.bool)
+    top_left, bottom_right = ones.tril(), ones.tril(diagonal=7 - 3)
+    causal = sdpa(q, k, v, is_causal=True)
+    torch.testing.assert_close(causal, sdpa(q, k, v, attn_mask=top_left))
+    assert not torch.allclose(causal, sdpa(q, k, v, attn_mask=bottom_right), atol=1e-3)
+    for impl in s06.ATTENTION_IMPLS:          # S06's chunk path: the bottom-right rows
+        chunk = s06.attention(q[0], k[0], v[0], 4, 8 ** -0.5, impl)
+        torch.testing.assert_close(chunk, sdpa(q, k, v, attn_mask=bottom_right)[0])
+
+
 def test_g4_closing_a_stream_mid_chunk_frees_its_kv_and_slot_within_the_step(tiny):
-    """vllm #24584 / PR #24586 (G4): a client that disconnects mid-stream kept its request
-    running and its KV held. Budget 8: in the first step the 3-token prompt runs whole and
-    samples, the 80-token one gets a chunk of 5. The `LLM` stream is closed there, its second
+    """vllm #24584 (G4): reported as a request that kept running, KV held, after its
+    streaming client disconnected (PR #24586 proposed an API-server abort and was closed
+    unmerged; vLLM's AsyncLLM aborts on disconnect in its generate). Budget 8: in the first
+    step the 3-token prompt runs whole and samples, the 80-token one gets a chunk of 5. The `LLM` stream is closed there, its second
     request part-way through its prompt: before close returns (no step in between) both
     requests are gone, every slot and KV token is free, and the engine serves the next
     request (chunked, through the same `LLM`, right away) as it would alone."""

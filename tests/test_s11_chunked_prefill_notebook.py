@@ -56,7 +56,7 @@ def test_notebook_imports_the_engine_and_does_not_redefine_it():
     assert "from s11_chunked_prefill import build_engine" in source
     assert "from s09_trace import trace" in source and ".trace" not in source
     for name in ("LLMEngine", "ChunkedScheduler", "Scheduler", "StepRecord", "schedule",
-                 "num_new_tokens", "rows_to_sample", "format_chunk_table"):
+                 "num_new_tokens", "OrderedScheduler", "latency_in_steps", "format_chunk_table"):
         assert not re.search(rf"^\s*(class|def) {name}\b", source, re.MULTILINE), name
     assert "BUDGETS = [8, 16, 32, 64, 128, 256, None]" in source
 

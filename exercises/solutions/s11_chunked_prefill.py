@@ -1,5 +1,5 @@
 """S11 exercises, reference solutions: one step's chunks under a token budget, the causal mask of
-a chunk, which rows sample.
+a chunk, who goes first in a step.
 
 Try the stubs in exercises/s11_chunked_prefill.py first; grade these with
 `python exercises/grade.py --solutions s11`.
@@ -7,15 +7,18 @@ Try the stubs in exercises/s11_chunked_prefill.py first; grade these with
 Sources followed: vLLM V1's `Scheduler.schedule` (a request's new tokens capped by
 `long_prefill_token_threshold` and by the budget left; running requests first, while budget
 is left; nothing kept back for the requests after one, as in S11's `ChunkedScheduler`); S03's
-causal attention (a query at position p reads keys 0 .. p); vLLM's `gpu_model_runner` (a
-request samples only when its computed tokens reach its length; the sampled row is the last of
-its new tokens, `query_start_loc[1:] - 1`).
+causal attention (a query at position p reads keys 0 .. p); for the step orders, Sarathi-Serve's
+stall-free batching (decodes first, OSDI 2024) and SGLang's `Scheduler.get_next_batch_to_run`
+(a new prefill batch runs before the decode batch), plugged into S11's real `ChunkedScheduler`
+through its public `running` list and `schedule()`.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
+
+from s11_chunked_prefill import ChunkedScheduler
 
 
 # Exercise 1: one step's chunks -----------------------------------------------------------------
@@ -76,15 +79,45 @@ def chunk_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> 
     return out.reshape(n_heads, t_len, head_dim).astype(np.float32)
 
 
-# Exercise 3: which rows sample ---------------------------------------------------------------
+# Exercise 3: who goes first in a step ---------------------------------------------------------
 
-def rows_to_sample(batch: Sequence[tuple[str, int, int, int]]) -> list[tuple[str, int]]:
-    rows, end = [], 0
-    for rid, start, n, total in batch:
-        if start < 0 or n < 1 or start + n > total:
-            raise ValueError(f"request {rid!r}: new tokens {start}..{start + n} do not fit "
-                             f"in {total}")
-        end += n                                    # the flat batch so far
-        if start + n == total:
-            rows.append((rid, end - 1))
-    return rows
+STEP_ORDERS = ("admission", "decode-first", "prefill-first")
+
+
+def is_decoding(request) -> bool:
+    """Sampled at least once and one token short of its end in the cache: a decode."""
+    return bool(request.output_ids) and request.num_tokens - request.num_computed_tokens == 1
+
+
+class OrderedScheduler(ChunkedScheduler):
+    def __init__(self, config, kv, order: str = "admission"):
+        if order not in STEP_ORDERS:
+            raise ValueError(f"order must be one of {STEP_ORDERS} (got {order!r})")
+        super().__init__(config, kv)
+        self.order = order
+
+    def schedule(self):
+        # A stable sort keeps admission order inside each group; the stock schedule() then
+        # walks `running` in this order and admits waiting requests after it.
+        if self.order == "decode-first":
+            self.running.sort(key=lambda r: not is_decoding(r))
+        elif self.order == "prefill-first":
+            self.running.sort(key=is_decoding)
+        return super().schedule()
+
+
+def latency_in_steps(sampled: Sequence[Collection[str]], arrivals: Mapping[str, int]
+                     ) -> tuple[int, dict[str, int]]:
+    last: dict[str, int] = {}
+    ttft: dict[str, int] = {}
+    worst = 0
+    for step, ids in enumerate(sampled):
+        for rid in ids:
+            if rid not in arrivals or step < arrivals[rid]:
+                raise ValueError(f"request {rid!r} sampled in step {step} before it arrived")
+            if rid in last:
+                worst = max(worst, step - last[rid])
+            else:
+                ttft[rid] = step - arrivals[rid] + 1
+            last[rid] = step
+    return worst, ttft

@@ -6,12 +6,16 @@ is a state S11's scheduler reaches, and the test checks that it does); S11's tes
 prompt and output lengths, seats, token budgets, per-request limits and arrivals; KV large
 enough that nobody is preempted), asked before every `schedule()` what it is about to plan;
 S03's NumPy attention over the whole prompt at once (code/s03_transformer.py, itself held to HF
-transformers), whose rows a chunk must reproduce; and S09's `RaggedBatch.build`, whose
-`sample_rows` are the rows the engine reads, for the requests of S11's plans whose new tokens
-reach the end of their token ids (the runner's rule). No model is needed. What your functions
-return is compared as lists of tuples, so any sequence of pairs is accepted.
+transformers), whose rows a chunk must reproduce. For the step orders of exercise 3: the stock
+`ChunkedScheduler`'s own plans, outputs and latencies on the same seeded arrivals (the
+"admission" order must reproduce them; the others must keep every token and the budget), the
+notebook's measured time to first token at each budget (recorded from the real engine and model
+with S09's `StepTracer`; the chapter quotes it), and counts of gaps and first tokens the tests
+make themselves from the steps. No model is needed. What your functions return is compared as
+lists of tuples, so any sequence of pairs is accepted.
 """
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,7 +23,6 @@ import pytest
 from exercise_loader import load_exercise
 import s03_transformer as s03
 from s09_scheduler import Request
-from s09_ragged import RaggedBatch
 from s10_scheduler import TokenKVPool
 from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerConfig
 
@@ -29,10 +32,6 @@ MAX_MODEL_LEN = 64
 
 def plan_step(*args, **kwargs):
     return [tuple(p) for p in ex.plan_step(*args, **kwargs)]
-
-
-def rows_to_sample(batch):
-    return [tuple(p) for p in ex.rows_to_sample(batch)]
 
 
 def scheduler(seats: int, budget: int, threshold: int) -> ChunkedScheduler:
@@ -225,40 +224,169 @@ def test_chunk_attention_equals_rows_of_attention_over_the_whole_prompt():
 
 # Exercise 3 ----------------------------------------------------------------------------------
 
+# The chapter's Motivation run: prompts of 29, 14, 9 and 28 tokens arrive before steps 0 to 3 and
+# make 48 tokens each; a 183-token prompt arrives before step 6; 8 seats. (step, id, prompt, max)
+MOTIVATION = ((0, "0", 29, 48), (1, "1", 14, 48), (2, "2", 9, 48), (3, "3", 28, 48),
+              (6, "4", 183, 48))
+# The long prompt's time to first token in steps (sampling step included) at each budget, as
+# the notebook measured it with the real engine and model and S09's StepTracer (chapter, "The
+# trade"): the golden figures the stock scheduler must reproduce here with a fake model.
+NOTEBOOK_TTFT = {8: 50, 16: 16, 32: 7, 64: 4, 128: 2, 256: 1}
+ORDERS = ("admission", "decode-first", "prefill-first")
+
+
+class Served:
+    """One run of a scheduler over timed arrivals with a fake model whose token depends on the
+    whole context (so a token sampled from a wrong context would show): per step, the plan as
+    (id, tokens, start, decoding?, running before the step?) in schedule order, the running
+    requests that were decoding before it, and the ids that sampled; each request's outputs at
+    the end."""
+
+    def __init__(self, make, arrivals, seats: int, budget: int, threshold: int = 0):
+        context = max(p + m for _, _, p, m in arrivals)
+        sched = make(ChunkedSchedulerConfig(seats, context, budget,
+                                            long_prefill_token_threshold=threshold),
+                     TokenKVPool(seats, context, seats * context))
+        pending = sorted(arrivals)
+        self.arrivals, reqs = {}, {}
+        self.plans, self.decoding, self.sampled = [], [], []
+        while pending or sched.has_unfinished_requests():
+            step = len(self.plans)
+            while pending and pending[0][0] <= step:
+                _, rid, prompt, max_tokens = pending.pop(0)
+                reqs[rid] = Request.for_tokens(rid, [3 + len(reqs)] * prompt, max_tokens,
+                                               arrival=len(reqs))
+                sched.add_request(reqs[rid])
+                self.arrivals[rid] = step
+            self.decoding.append({r.request_id for r in sched.running if decoding(r)})
+            out = sched.schedule()
+            assert out.preempted_ids == () and len(out.num_scheduled_tokens) <= seats
+            assert out.total_num_scheduled_tokens <= budget, "the budget is exceeded"
+            assert out.num_scheduled_tokens or not (sched.running or sched.waiting)
+            self.plans.append([(rid, n, out.num_computed_tokens[rid],
+                                decoding(reqs[rid], out.num_computed_tokens[rid]),
+                                rid in out.scheduled_running_ids)
+                               for rid, n in out.num_scheduled_tokens.items()])
+            self.sampled.append(set(sampling(out, reqs)))
+            finished = []
+            for rid in self.sampled[-1]:
+                req = reqs[rid]
+                req.append_token(1000 + sum(i * t for i, t in enumerate(req.token_ids)) % 997)
+                if len(req.output_ids) >= req.params.max_tokens:
+                    finished.append(rid)
+            sched.update_from_output(out, finished)
+            assert step < 2000, "the run does not end"
+        self.outputs = {rid: list(r.output_ids) for rid, r in reqs.items()}
+        assert all(len(r.output_ids) == r.params.max_tokens for r in reqs.values())
+
+    def allocations(self) -> list[list[tuple[str, int]]]:
+        return [sorted((rid, n) for rid, n, *_rest in plan) for plan in self.plans]
+
+
+def decoding(req, computed: int | None = None) -> bool:
+    """Sampled before and one token short of its end in the cache (the test's own rule)."""
+    computed = req.num_computed_tokens if computed is None else computed
+    return bool(req.output_ids) and req.num_tokens - computed == 1
+
+
+def gaps_and_ttft(served) -> tuple[int, dict[str, int]]:
+    """The test's own count over a `Served` run (or anything with `sampled` and `arrivals`):
+    worst steps between two tokens of a request, and TTFT in steps from arrival with the
+    sampling step included."""
+    steps: dict[str, list[int]] = {}
+    for k, ids in enumerate(served.sampled):
+        for rid in ids:
+            steps.setdefault(rid, []).append(k)
+    worst = max((b - a for ks in steps.values() for a, b in zip(ks, ks[1:])), default=0)
+    return worst, {rid: ks[0] - served.arrivals[rid] + 1 for rid, ks in steps.items()}
+
+
+def stock(config, kv):
+    return ChunkedScheduler(config, kv)
+
+
+def ordered(order: str):
+    return lambda config, kv: ex.OrderedScheduler(config, kv, order)
+
+
+def workloads(seed: int, count: int):
+    """Seeded arrivals with enough seats for everyone (so no order delays an admission) and
+    KV for every seat: (arrivals, seats, budget, threshold)."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        n = rng.randint(3, 7)
+        arrivals = []
+        for i in range(n):
+            prompt = rng.randint(1, 60)
+            arrivals.append((rng.randint(0, 12), f"r{i}", prompt, rng.randint(1, 40)))
+        yield arrivals, n, rng.randint(n, 40), rng.choice([0, 0, rng.randint(1, 24)])
+
+
 @pytest.mark.points(1)
-def test_rows_to_sample_by_hand():
-    assert rows_to_sample([("a", 0, 5, 9), ("b", 7, 1, 8), ("c", 0, 3, 3)]) == [
-        ("b", 5), ("c", 8)]
-    assert rows_to_sample([("a", 4, 5, 9)]) == [("a", 4)]           # the last chunk samples
-    assert rows_to_sample([("a", 0, 4, 9), ("b", 0, 2, 3)]) == []   # two chunks, no token
-    assert rows_to_sample([]) == []
-    for bad in ([("a", -1, 2, 5)], [("a", 0, 0, 5)], [("a", 3, 3, 5)]):
+def test_latency_in_steps_by_hand_and_against_the_notebook():
+    got = ex.latency_in_steps([{"a"}, {"a"}, {"b"}, {"a", "b"}], {"a": 0, "b": 1})
+    assert (got[0], dict(got[1])) == (2, {"a": 1, "b": 2})
+    got = ex.latency_in_steps([set(), {"x"}], {"x": 0, "y": 1})
+    assert (got[0], dict(got[1])) == (0, {"x": 2})                 # y never sampled
+    for bad in (([{"a"}], {}), ([{"a"}], {"a": 1})):
         with pytest.raises(ValueError):
-            rows_to_sample(bad)
+            ex.latency_in_steps(*bad)
+    for budget, ttft in NOTEBOOK_TTFT.items():                      # the stock scheduler
+        served = Served(stock, MOTIVATION, 8, budget)
+        worst, got = ex.latency_in_steps(served.sampled, served.arrivals)
+        assert got["4"] == ttft, f"budget {budget}: the notebook measured {ttft} steps"
+        assert (worst, dict(got)) == gaps_and_ttft(served) == (1, dict(got))
+    rng = random.Random(31)
+    for _ in range(200):                                            # any pattern of tokens
+        ids = [f"r{i}" for i in range(rng.randint(1, 5))]
+        arrivals = {rid: rng.randint(0, 6) for rid in ids}
+        sampled = [{rid for rid in ids if arrivals[rid] <= k and rng.random() < 0.4}
+                   for k in range(rng.randint(1, 25))]
+        worst, got = ex.latency_in_steps(sampled, arrivals)
+        run = SimpleNamespace(sampled=sampled, arrivals=arrivals)
+        assert (worst, dict(got)) == gaps_and_ttft(run), (sampled, arrivals)
 
 
-@pytest.mark.points(2)
-def test_rows_to_sample_matches_the_scheduler_and_the_ragged_batch():
-    checked = skipped = 0
-    for run in runs(seed=23, trials=60, steps=30):
-        by_id = {r.request_id: r for r in run.sched.running}
-        out = run.sched.schedule()
-        by_id.update({r.request_id: r for r in run.sched.running})
-        ids = list(out.num_scheduled_tokens)
-        if not ids:
-            run.sched.update_from_output(out)
-            continue
-        run.rng.shuffle(ids)                                         # any batch order
-        batch = [(rid, out.num_computed_tokens[rid], out.num_scheduled_tokens[rid],
-                  by_id[rid].num_tokens) for rid in ids]
-        sampled = sampling(out, by_id)
-        ragged = RaggedBatch.build(
-            [by_id[rid].token_ids[s:s + n] for rid, s, n, _ in batch], [s for _, s, _, _ in batch],
-            [(b,) for b in range(len(batch))], [rid in sampled for rid, *_rest in batch])
-        want = list(zip([rid for rid, *_rest in batch if rid in sampled],
-                        ragged.sample_rows.tolist()))
-        assert rows_to_sample(batch) == want, batch
-        checked += 1
-        skipped += len(want) < len(batch)
-        run.sched.update_from_output(out, fake_model_step(out, run.reqs))   # as Run.step
-    assert checked > 500 and skipped > 100
+@pytest.mark.points(1)
+def test_step_orders_keep_tokens_budget_and_their_order():
+    with pytest.raises(ValueError):
+        ordered("shortest-first")(ChunkedSchedulerConfig(2, 16, 8), TokenKVPool(2, 16))
+    for arrivals, seats, budget, threshold in workloads(seed=33, count=25):
+        base = Served(stock, arrivals, seats, budget, threshold)    # budget checked inside
+        for order in ORDERS:
+            served = Served(ordered(order), arrivals, seats, budget, threshold)
+            assert served.outputs == base.outputs, order           # tokens unchanged
+            # the running requests' order (newcomers are admitted after them in every order)
+            kinds = [[dec for *_rest, dec, was_running in plan if was_running]
+                     for plan in served.plans]
+            if order == "admission":
+                assert served.plans == base.plans                   # S11's own schedule
+            elif order == "decode-first":
+                assert all(k == sorted(k, reverse=True) for k in kinds), "a decode after a chunk"
+            else:
+                assert all(k == sorted(k) for k in kinds), "a chunk after a decode"
+
+
+@pytest.mark.points(1)
+def test_decode_first_never_stalls_and_prefill_first_answers_first():
+    base = Served(stock, MOTIVATION, 8, 32)
+    first = Served(ordered("decode-first"), MOTIVATION, 8, 32)
+    rush = Served(ordered("prefill-first"), MOTIVATION, 8, 32)
+    assert gaps_and_ttft(first) == gaps_and_ttft(base)              # 1 step, long prompt 7
+    worst, ttft = gaps_and_ttft(rush)
+    assert ttft["4"] == 6 < NOTEBOOK_TTFT[32] and worst == 5        # 28 + 5 x 32 >= 183
+    lower = 0
+    for arrivals, seats, budget, threshold in workloads(seed=35, count=30):
+        base = Served(stock, arrivals, seats, budget, threshold)
+        first = Served(ordered("decode-first"), arrivals, seats, budget, threshold)
+        rush = Served(ordered("prefill-first"), arrivals, seats, budget, threshold)
+        # decode-first: every request decoding before a step gets its token in that step,
+        # and it spends each step's budget exactly as S11's admission order does
+        for plan, dec in zip(first.plans, first.decoding):
+            assert dec <= {rid for rid, *_rest in plan}, "a running decode was skipped"
+        assert first.allocations() == base.allocations()
+        # prefill-first: nobody's first token comes later than under S11's order
+        base_ttft, rush_ttft = gaps_and_ttft(base)[1], gaps_and_ttft(rush)[1]
+        assert all(rush_ttft[r] <= base_ttft[r] for r in base_ttft), (budget, threshold)
+        lower += sum(rush_ttft.values()) < sum(base_ttft.values())
+    assert lower >= 5
