@@ -186,10 +186,11 @@ def course_chat_prompt(messages: Sequence[dict]) -> str:
 
 class ChatTemplate:
     """How chat messages become one prompt for a checkpoint: its own template (the
-    `chat_template` of tokenizer_config.json or a chat_template.jinja file, rendered by
-    `transformers`' `apply_chat_template` with add_generation_prompt=True, its special
-    tokens kept as special ids) when it has one, else `course_chat_prompt` (plain text,
-    encoded as any prompt)."""
+    `chat_template` of tokenizer_config.json, or the chat_template.jinja file beside it,
+    which `transformers` writes and prefers, rendered by `transformers`'
+    `apply_chat_template` with add_generation_prompt=True, then encoded with its special
+    tokens as special ids and none added: the template writes its own BOS) when it has one,
+    else `course_chat_prompt` (plain text, encoded as any prompt)."""
 
     def __init__(self, checkpoint_dir: str | Path | None):
         self.hf = None
@@ -208,7 +209,11 @@ class ChatTemplate:
             return list(tokenizer.encode(course_chat_prompt(messages)))
         text = self.hf.apply_chat_template(list(messages), tokenize=False,
                                            add_generation_prompt=True)
-        return list(tokenizer.encode(text, allowed_special="all"))   # the template's tokens
+        # The template writes every special token it wants, a BOS included: encode the text
+        # without the tokenizer's own (a Llama tokenizer would put a second BOS in front),
+        # its special-token strings as their ids, as HF's apply_chat_template(tokenize=True)
+        # and vLLM's chat requests (add_special_tokens=False by default) do.
+        return list(self.hf.encode(text, add_special_tokens=False))
 
 
 def _has_chat_template(directory: Path) -> bool:

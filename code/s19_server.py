@@ -22,7 +22,8 @@ What is new since S13
     - A client that goes away aborts its engine requests: Starlette stops a streaming
       response when the client disconnects, and the response (`EventStream`) then aborts the
       choices that have not finished; a non-streaming handler watches for the disconnect
-      itself. Either way `abort` frees the KV before the next step (vLLM #24584).
+      itself. Either way `abort` frees the KV before the next step (as vLLM's
+      `AsyncLLM.generate` aborts a request whose generator is cancelled or closed).
     - The server keeps its own tokenizer: it encodes each prompt once (chat: through the
       template), counts those ids for `usage` and hands the engine the same ids as a list. It
       reads only what the engine returns: each step's `RequestOutput`s (new tokens, text,
@@ -61,6 +62,7 @@ Run it
     curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
         -d '{"model": "bundled", "prompt": "ROMEO.\n", "max_tokens": 20, "stream": true}'
     python benchmarks/bench_s19_server.py --quick   # TTFT / ITL over HTTP vs in-process
+    python benchmarks/bench_s19_split.py --quick    # where the server's time goes
 
 Tests
     tests/test_s19_server.py: a real uvicorn server on a free loopback port and the official

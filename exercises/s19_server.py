@@ -1,19 +1,19 @@
 """S19 exercises: reading a server-sent event stream, joining its chunks into the response,
-checking a request the way the server does.
+bounding how many requests the server takes at once.
 
 Fill in each function, then grade your work:
 
     make grade            # or: python exercises/grade.py s19
 
 The chapter's code is in code/s19_protocol.py (`StreamWriter`, `collect_response`,
-`parse_request`, `APIError`) and code/s19_server.py (the server around them). Write your own
-versions here: the graded tests compare you with the OpenAI Python client's own SSE decoder
-(`openai._streaming.SSEDecoder`); with streams worked by hand and with S06's single-request
-engine run alone on the same prompts (the text and finish reason a stream must join to) and the
-tokenizer's count of each prompt (its usage); with the status, param and code S19's
-`parse_request` gives the same request body; and with the exception the official client raises
-when it reads your error object. Reference solutions are in exercises/solutions/ -- try first,
-peek later.
+`parse_request`, `APIError`, `error_body`) and code/s19_server.py (the server around them:
+`build_app`, `ServerThread`, `ErrorResponse`). Write your own versions here: the graded tests
+compare you with the OpenAI Python client's own SSE decoder (`openai._streaming.SSEDecoder`);
+with streams worked by hand and with S06's single-request engine run alone on the same prompts
+(the text and finish reason a stream must join to) and the tokenizer's count of each prompt
+(its usage); and, for exercise 3, with S19's real server (`build_app` on uvicorn, on a free
+loopback port) behind your middleware, driven by the official client and httpx. Reference
+solutions are in exercises/solutions/ -- try first, peek later.
 
 The wire format, in short. A streamed response is a byte stream of events; an event is one or
 more lines ending with a blank line; a line is ended by LF, CR or CRLF. A line "data: x" adds
@@ -72,38 +72,43 @@ def join_stream(data: Sequence[str]) -> dict:
     raise NotImplementedError("exercise 2")
 
 
-# Exercise 3: the server's first line of defence (3 points) -----------------------------------
-# A request the client got wrong is answered with a 4xx status and OpenAI's error object,
-# {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}, never with a 500, and
-# never by running the engine. The rules below are a subset of S19's; the chapter's Deep dive
-# lists them all. A request may break several rules at once (a prompt too long for the context
-# and a bad temperature, say): then only the FIRST one broken, in the order listed, answers,
-# as in S19's parse_request. The order is part of the specification and the tests hold you
-# to it.
+# Exercise 3: admission control (3 points) ----------------------------------------------------
+# S19's server takes every request it is sent: a burst of a thousand clients becomes a
+# thousand engine requests, each holding its prompt's KV blocks or waiting for them, and
+# every client waits longer and longer with no signal that the server is full. Production
+# servers bound it: TGI's router has --max-concurrent-requests, SGLang has
+# --max-running-requests and --max-queued-requests (a full queue refuses the request). Here
+# the bound goes in front of the app, as ASGI middleware: it needs nothing from the engine.
+#
+# ASGI in short: the server calls `await app(scope, receive, send)` once per request
+# (scope["type"] == "http", scope["method"], scope["path"]) and the call returns when the
+# response has been sent, or raises when the client went away mid-response. A Starlette
+# response is itself an ASGI app: `await response(scope, receive, send)` sends it. Other
+# scope types ("lifespan": the app's startup and shutdown) must reach the app unchanged.
 
-def check_request(kind: str, body: dict, model_name: str, prompt_tokens: int,
-                  max_context: int) -> tuple[int, dict] | None:
-    """(HTTP status, error object) for the first rule `body` breaks, or None if it breaks none.
+class AdmissionLimit:
+    """ASGI middleware that bounds how many generation requests the wrapped app serves.
 
-    kind: "completion" (the body has a prompt) or "chat" (it has messages); prompt_tokens: the
-    prompt's length in tokens (chat: after the chat template), counted by the caller. The
-    error object is {"error": {"message": a non-empty explanation, "type":
-    "invalid_request_error", "param": the field at fault, "code": a code or None}}. The rules,
-    checked in this order (the first one broken answers; code None unless one is named):
-      1. model missing or not a non-empty string: 400, param "model"; another model than
-         model_name: 404, param "model", code "model_not_found";
-      2. n (default 1) not an integer in [1, 128]: 400, "n";
-      3. stream (default false) not a boolean: 400, "stream";
-      4. stream_options present (not null) while stream is not true: 400, "stream_options";
-      5. prompt_tokens >= max_context (no room for one token): 400, param "prompt"
-         (completion) or "messages" (chat), code "context_length_exceeded";
-      6. stop a list of more than 4 strings: 400, "stop";
-      7. temperature present and not a number in [0, 100]: 400, "temperature";
-      8. top_p present and not a number in [0, 1]: 400, "top_p";
-      9. max_tokens present and not an integer >= 1 (for chat, max_completion_tokens wins
-         over it when both are given, and is the param named): 400, that field;
-      10. prompt_tokens + max_tokens > max_context (an explicit max_tokens that does not
-         fit): 400, the max-tokens field, code "context_length_exceeded".
-    A boolean is not an integer or a number here (as in Python's JSON, true is not 1).
+    app: the ASGI app (S19's `build_app(...)`). max_running >= 1: at most this many
+    requests to POST /v1/completions or POST /v1/chat/completions are inside `app` at once;
+    a request counts from the moment it enters `app` until its call returns or raises (a
+    stream holds its place until its last event is sent or its client is gone; a request
+    `app` answers with an error holds it until that answer is sent). max_queued >= 0: when
+    all places are taken, at most this many more wait, first come first served, and a
+    waiting request enters `app` as soon as a place is freed. A request that finds every
+    place and every queue slot taken is answered at once, without entering `app`, with
+    status 429 and OpenAI's error object {"error": {"message": a non-empty explanation,
+    "type": "rate_limit_error", "param": None, "code": "too_many_requests"}} (the official
+    client raises openai.RateLimitError for it). Every other request (GET /health,
+    /v1/models, any other path or method, any scope that is not "http") passes straight to
+    `app`, never counted and never refused. Raises ValueError for max_running < 1 or
+    max_queued < 0 (or either not an int).
+    Hint: one asyncio event loop runs every call, so plain counters need no lock; an
+    asyncio Future per waiting request is a place to wait on.
     """
-    raise NotImplementedError("exercise 3")
+
+    def __init__(self, app, max_running: int, max_queued: int):
+        raise NotImplementedError("exercise 3")
+
+    async def __call__(self, scope, receive, send) -> None:
+        raise NotImplementedError("exercise 3")

@@ -386,3 +386,72 @@ def test_text_offsets_count_token_texts_in_both_paths(tok):
     want = [sum(len(t) for t in texts[:k]) for k in range(len(texts))]
     assert streamed == whole["choices"][0]["logprobs"]["text_offset"] == want
     assert proto.text_offsets(["ab", "c", ""], 5) == [5, 7, 8]
+
+
+def _checkpoint_with_template(tmp_path, template: str, *, jinja_file: bool, bos: bool):
+    """A copy of the bundled checkpoint with a chat template: in tokenizer_config.json or
+    in chat_template.jinja beside it (how recent `transformers` saves one); with bos, a
+    tokenizer whose post-processor adds a BOS (<|endoftext|>) on every encode, as Llama's
+    does, and a bos_token the template can write."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+    directory = tmp_path / "model"
+    shutil.copytree(s03.BUNDLED_MODEL_DIR, directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    if jinja_file:
+        (directory / "chat_template.jinja").write_text(template)
+        config.pop("chat_template", None)
+    else:
+        config["chat_template"] = template
+    if bos:
+        config["bos_token"] = "<|endoftext|>"
+        config["add_bos_token"] = True
+        hf_tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        hf_tok.post_processor = TemplateProcessing(
+            single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 2047)])
+        hf_tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+def _hf_chat_ids(directory, messages):
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(str(directory))
+    want = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return list(want["input_ids"] if hasattr(want, "keys") else want)
+
+
+def test_a_chat_template_jinja_file_is_read(tmp_path, tok):
+    # transformers saves a checkpoint's template as chat_template.jinja next to
+    # tokenizer_config.json (CHAT_TEMPLATE_FILE in tokenization_utils_base.py, PR #33957).
+    directory = _checkpoint_with_template(
+        tmp_path, "{% for m in messages %}{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}assistant> {% endif %}",
+        jinja_file=True, bos=False)
+    assert "chat_template" not in json.loads((directory / "tokenizer_config.json").read_text())
+    template = proto.ChatTemplate(directory)
+    assert template.name == "checkpoint"
+    messages = [{"role": "user", "content": "Who art thou?"}]
+    r = parse(tok, {"messages": messages}, proto.CHAT, chat_template=template)
+    assert list(r.prompt_ids) == _hf_chat_ids(directory, messages)
+    assert r.prompt_ids == tuple(tok.encode("user> Who art thou?\nassistant> "))
+
+
+def test_a_template_that_writes_bos_gets_one_bos_not_two(tmp_path):
+    # The double-BOS pitfall: the template writes BOS, and an encode that adds the
+    # tokenizer's special tokens would put a second one in front. The rendered prompt is
+    # encoded without them, as HF's apply_chat_template(tokenize=True) does and as vLLM's
+    # chat requests do by default (add_special_tokens=False).
+    directory = _checkpoint_with_template(
+        tmp_path, "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                  "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}",
+        jinja_file=True, bos=True)
+    tok_bos = s03_checkpoint.CheckpointTokenizer.from_pretrained(directory)
+    assert tok_bos.encode("user")[0] == 2047          # this tokenizer adds a BOS on encode
+    messages = [{"role": "user", "content": "Hail"}]
+    r = parse(tok_bos, {"messages": messages}, proto.CHAT,
+              chat_template=proto.ChatTemplate(directory))
+    want = _hf_chat_ids(directory, messages)
+    assert want[0] == 2047 and want[1] != 2047
+    assert list(r.prompt_ids) == want
+    assert r.prompt_ids.count(2047) == 1

@@ -16,8 +16,10 @@ K1 ggml-org/llama.cpp #3817 (a prompt over the context crashed the server), K2
 sgl-project/sglang #9599 (prompts at context - 1, context, context + 1), K4 vllm-project/vllm
 PR #19662 and abetlen/llama-cpp-python #735 (finish_reason missing from stream chunks, or never
 set in the last one), K6 mistralai/mistral-inference #122 (max_tokens=1 gave a 500), G4
-vllm-project/vllm #24584 / PR #24586 (a streaming request kept generating after its client
-disconnected), G5 sgl-project/sglang PR #2238 / #6778 (KV not released after aborts and
+fastapi/fastapi #1342 (a streaming response kept running after its client disconnected, until
+Starlette 0.13.3; vllm-project/vllm #24584 reported the same of vLLM's simple API server, and
+the PRs proposing a fix, #24586 and #32442, were closed unmerged: a maintainer answered that
+AsyncLLM.generate already aborts on disconnect), G5 sgl-project/sglang PR #2238 / #6778 (KV not released after aborts and
 finishes under concurrency). Section (g)'s G1 and G2 are the engine's (S10/S11 test them); the
 server adds no scheduling.
 """
@@ -316,7 +318,7 @@ def arm(server):
 
 def test_g4_disconnect_mid_stream_aborts_and_frees_every_kv_token(flaky):
     server = flaky
-    # G4, vllm-project/vllm #24584 / PR #24586: read one chunk, close; the request must stop
+    # G4 (fastapi #1342): read one chunk, close; the request must stop
     # within a few steps and its KV go back (the free count returns to its idle value).
     assert wait_idle(server) == IDLE
     before = server.loop.steps

@@ -1,5 +1,5 @@
 """S19 exercises, reference solutions: events out of a byte stream, a stream joined into its
-response, a request checked the way the server does.
+response, admission control in front of the server.
 
 Try the stubs in exercises/s19_server.py first; grade these with
 `python exercises/grade.py --solutions s19`.
@@ -7,14 +7,18 @@ Try the stubs in exercises/s19_server.py first; grade these with
 Sources followed: the WHATWG HTML standard's "Server-sent events" (interpreting an event
 stream: lines end with CR, LF or CRLF; the data field; dispatch at a blank line; an event
 without data is not dispatched); OpenAI's API reference (the chunk objects, the usage chunk,
-the error object); S19's `parse_request` (code/s19_protocol.py) for which field each rule
-blames.
+the error object); the ASGI specification (one call per request, lifespan scopes); SGLang's
+--max-running-requests / --max-queued-requests and TGI's --max-concurrent-requests for the
+policy (a bounded number served, a bounded queue, a refusal beyond it).
 """
 from __future__ import annotations
 
+import asyncio
 import json
-import math
+from collections import deque
 from typing import Iterable, Sequence
+
+from starlette.responses import JSONResponse
 
 
 # Exercise 1: events out of a byte stream -----------------------------------------------------
@@ -82,54 +86,55 @@ def join_stream(data: Sequence[str]) -> dict:
             "usage": usage}
 
 
-# Exercise 3: the server's first line of defence ----------------------------------------------
+# Exercise 3: admission control ---------------------------------------------------------------
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+LIMITED = {("POST", "/v1/completions"), ("POST", "/v1/chat/completions")}
 
 
-def _error(status: int, message: str, param: str | None, code: str | None = None):
-    return status, {"error": {"message": message, "type": "invalid_request_error",
-                              "param": param, "code": code}}
+class AdmissionLimit:
+    def __init__(self, app, max_running: int, max_queued: int):
+        for name, value, low in (("max_running", max_running, 1),
+                                 ("max_queued", max_queued, 0)):
+            if not (isinstance(value, int) and not isinstance(value, bool)) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low} (got {value!r})")
+        self.app, self.max_running, self.max_queued = app, max_running, max_queued
+        self.running = 0                       # requests inside app
+        self.waiting: deque[asyncio.Future] = deque()
 
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or (scope.get("method"), scope.get("path")) not in LIMITED:
+            await self.app(scope, receive, send)
+            return
+        if self.running < self.max_running and not self.waiting:
+            self.running += 1
+        elif len(self.waiting) < self.max_queued:
+            place = asyncio.get_running_loop().create_future()
+            self.waiting.append(place)
+            try:
+                await place                    # _release hands its place over: running kept
+            except BaseException:
+                if place in self.waiting:      # gone while waiting: give its slot back
+                    self.waiting.remove(place)
+                elif place.done() and not place.cancelled():
+                    self._release()            # handed a place it will not use
+                raise
+        else:
+            body = {"error": {"message": f"the server is full: {self.max_running} requests "
+                                         f"running and {self.max_queued} waiting; retry later",
+                              "type": "rate_limit_error", "param": None,
+                              "code": "too_many_requests"}}
+            await JSONResponse(body, status_code=429)(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._release()
 
-def check_request(kind: str, body: dict, model_name: str, prompt_tokens: int,
-                  max_context: int) -> tuple[int, dict] | None:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return _error(400, "model is required", "model")
-    if model != model_name:
-        return _error(404, f"the model {model!r} does not exist", "model", "model_not_found")
-    n = body.get("n")
-    if n is not None and not (_is_int(n) and 1 <= n <= 128):
-        return _error(400, f"n must be an integer in [1, 128] (got {n!r})", "n")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        return _error(400, f"stream must be a boolean (got {stream!r})", "stream")
-    if body.get("stream_options") is not None and stream is not True:
-        return _error(400, "stream_options is only allowed with stream: true", "stream_options")
-    if prompt_tokens >= max_context:
-        return _error(400, f"the prompt is {prompt_tokens} tokens; the context holds "
-                           f"{max_context}", "messages" if kind == "chat" else "prompt",
-                      "context_length_exceeded")
-    stop = body.get("stop")
-    if isinstance(stop, list) and len(stop) > 4:
-        return _error(400, f"stop may hold at most 4 sequences (got {len(stop)})", "stop")
-    for name, high in (("temperature", 100), ("top_p", 1)):     # S04 checks these first
-        value = body.get(name)
-        if value is not None and not (_is_number(value) and 0 <= value <= high):
-            return _error(400, f"{name} must be a number in [0, {high}] (got {value!r})", name)
-    field = "max_tokens"
-    if kind == "chat" and body.get("max_completion_tokens") is not None:
-        field = "max_completion_tokens"
-    max_tokens = body.get(field)
-    if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
-        return _error(400, f"{field} must be an integer >= 1 (got {max_tokens!r})", field)
-    if max_tokens is not None and prompt_tokens + max_tokens > max_context:
-        return _error(400, f"{prompt_tokens} prompt tokens + {max_tokens} > {max_context}",
-                      field, "context_length_exceeded")
-    return None
+    def _release(self) -> None:
+        """A place is free: hand it to the first request still waiting, else count it free."""
+        while self.waiting:
+            place = self.waiting.popleft()
+            if not place.done():
+                place.set_result(None)
+                return
+        self.running -= 1

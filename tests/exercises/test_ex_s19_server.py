@@ -9,11 +9,11 @@ Oracles, none of them the solution:
 - exercise 2: streams worked by hand, and real streams of the bundled model whose joined
   text, finish reason and usage must equal S06's single-request engine run alone on the same
   prompt (greedy) and the tokenizer's own count of the prompt;
-- exercise 3: S19's `parse_request` (code/s19_protocol.py) on random request bodies that
-  break no rule, one, or several (a long prompt breaks the context rule beside whatever else
-  is broken; some bodies break two fields): status, param and code must match the first rule
-  broken in the order the stub lists, which is parse_request's; and the official client,
-  which must raise the exception class of your status and read your param and code.
+- exercise 3: S19's real server (`build_app` over S13's engine, uvicorn on a free loopback
+  port) behind your middleware, counted by two ASGI wrappers of the test's own (what reached
+  the middleware, what it let in and how many at once), with the engine thread held between
+  steps so that "full" is a state, not a race; the official client (RateLimitError, its
+  status, type, param and code) and httpx; greedy texts against the engine run alone.
 """
 import json
 import random
@@ -25,10 +25,8 @@ import s04_sampling as s04
 from exercise_loader import load_exercise
 
 openai = pytest.importorskip("openai", reason="the S19 exercises need the openai client")
-import httpx2  # noqa: E402  (the openai client's HTTP library)
 from openai._streaming import SSEDecoder  # noqa: E402
 
-import s19_protocol as proto  # noqa: E402
 
 ex = load_exercise("s19_server")
 HAVE_MODEL = (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file()
@@ -210,123 +208,201 @@ def test_join_stream_equals_the_engine_alone(streams, bundled):
 
 
 # Exercise 3 ----------------------------------------------------------------------------------
+# The real server (S19's build_app over S13's engine on the bundled model, uvicorn on a free
+# loopback port) behind the learner's middleware. Two wrappers of the test's own count what
+# happens: `Count(limiter)` every generation request that reached the middleware, and the
+# limiter wraps `Count(app)`, which sees every request let in (and the most inside at once).
+# The engine thread is held between steps by a gate (`engine_loop.call(gate.wait)`: a
+# request let in then waits for its engine request), so "R inside, Q waiting" is a state the
+# test can reach and check without timing. Each wait is bounded (WAIT_S).
+
+import concurrent.futures  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import httpx  # noqa: E402
 
 MODEL = "bundled"
-MAX_CONTEXT = 64
-PROMPTS = ["ROMEO.\n", PROMPT, "KING.\n" + "Now is the winter of our discontent. " * 6]
-CHAT = [[{"role": "user", "content": "Speak."}],
-        [{"role": "user", "content": "Now is the winter of our discontent. " * 6}]]
-BREAKS = {   # field -> values that break its rule (None: the field is dropped)
-    "model": [None, "", 7, "gpt-4"],
-    "n": [0, 129, 1.5, "2", True],
-    "stream": ["yes", 1],
-    "stream_options": [{"include_usage": True}],
-    "stop": [["a", "b", "c", "d", "e"]],
-    "max_tokens": [0, -3, 2.5, "8", True],
-    "max_completion_tokens": [0, 1.5],
-    "temperature": [-0.5, 100.5, "hot", True],
-    "top_p": [1.5, -0.1, "all"],
-}
-FINE = {"n": [1, 2, 128], "stream": [True, False], "stop": ["\n", ["a", "b", "c", "d"]],
-        "max_tokens": [1, 8, 40, 60], "temperature": [0, 0.7, 100], "top_p": [0, 0.9, 1],
-        "seed": [0, 7]}
+WAIT_S = 20.0
+GENERATION = {("POST", "/v1/completions"), ("POST", "/v1/chat/completions")}
 
 
-def random_body(kind: str, rng: random.Random) -> dict:
-    body = {"model": MODEL}
-    if kind == "completion":
-        body["prompt"] = rng.choice(PROMPTS)
-    else:
-        body["messages"] = rng.choice(CHAT)
-    for name, values in FINE.items():
-        if rng.random() < 0.4:
-            body[name] = rng.choice(values)
-    if body.get("stream") is True and rng.random() < 0.5:
-        body["stream_options"] = {"include_usage": rng.random() < 0.5}
-    # Break one rule (sometimes none, sometimes a second one, so that the order counts).
-    breaks = 0 if rng.random() < 0.2 else (2 if rng.random() < 0.25 else 1)
-    names = [k for k in BREAKS if kind == "chat" or k != "max_completion_tokens"]
-    for name in rng.sample(names, breaks):
-        value = rng.choice(BREAKS[name])
-        if name == "stream_options":
-            body.pop("stream", None)
-        if value is None:
-            body.pop(name, None)
-        else:
-            body[name] = value
-    return body
+class Count:
+    """ASGI wrapper: how many generation requests entered it, are inside, were inside at
+    most at once."""
+
+    def __init__(self, app):
+        self.app, self.entered, self.inside, self.most = app, 0, 0, 0
+
+    async def __call__(self, scope, receive, send):
+        counted = scope["type"] == "http" and (scope["method"], scope["path"]) in GENERATION
+        if counted:
+            self.entered += 1
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if counted:
+                self.inside -= 1
 
 
-def expected(kind: str, body: dict, tokenizer):
-    """What S19's parse_request does with the body: None, or (status, param, code)."""
-    try:
-        proto.parse_request(kind, body, MODEL, tokenizer, MAX_CONTEXT)
-    except proto.APIError as err:
-        return err.status, err.param, err.code
-    return None
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
-@needs_model
-@pytest.mark.points(2)
-def test_check_request_answers_as_the_server_does(bundled):
-    _, tokenizer = bundled
-    rng = random.Random(1919)
-    seen, shadowed = {}, 0
-    for _ in range(600):
-        kind = rng.choice(["completion", "chat"])
-        body = random_body(kind, rng)
-        want = expected(kind, body, tokenizer)
-        text = body.get("prompt") if kind == "completion" else proto.course_chat_prompt(
-            body["messages"])
-        prompt_tokens = len(tokenizer.encode(text))
-        got = ex.check_request(kind, json.loads(json.dumps(body)), MODEL, prompt_tokens,
-                               MAX_CONTEXT)
-        broken = [k for k, values in BREAKS.items() if k != "model" and k in body
-                  and any(body[k] == v and type(body[k]) is type(v) for v in values)]
-        if prompt_tokens >= MAX_CONTEXT:
-            broken.append("context")
-        shadowed += len(broken) > 1          # the order decides which rule answers
-        if want is None:
-            assert got is None, (kind, body)
-            continue
-        assert got is not None, (kind, body, want)
-        status, error = got
-        assert set(error) == {"error"} and set(error["error"]) == {"message", "type", "param",
-                                                                    "code"}, error
-        detail = error["error"]
-        assert (status, detail["param"], detail["code"]) == want, (kind, body)
-        assert detail["type"] == "invalid_request_error"
-        assert isinstance(detail["message"], str) and detail["message"].strip()
-        seen[want] = seen.get(want, 0) + 1
-    reasons = {w[1] for w in seen}
-    assert {"model", "n", "stream", "stream_options", "stop", "max_tokens", "temperature",
-            "top_p", "prompt", "messages"} <= reasons, sorted(reasons)
-    assert any(code == "context_length_exceeded" and param == "max_tokens"
-               for _, param, code in seen)
-    assert shadowed >= 50, shadowed          # bodies that break two rules or more
+class Served:
+    """The limited server: .outer counts arrivals, .inner what was let in, .loop the engine
+    loop (gate it with hold()/release())."""
+
+    def __init__(self, bundled, max_running, max_queued, max_num_seqs=8):
+        import s19_server as srv
+        model, tokenizer = bundled
+        self.engine = srv.make_engine(model, tokenizer, max_num_seqs)
+        app = srv.build_app(self.engine, tokenizer, MODEL)
+        self.loop = app.state.engine_loop
+        self.inner = Count(app)
+        self.outer = Count(ex.AdmissionLimit(self.inner, max_running, max_queued))
+        self.server = srv.ServerThread(self.outer)
+        self.gate = None
+
+    def hold(self):
+        self.gate = threading.Event()
+        self.loop.call(lambda engine: self.gate.wait(WAIT_S))
+
+    def release(self):
+        self.gate.set()
+
+    def client(self):
+        return openai.OpenAI(base_url=self.server.base_url, api_key="x", max_retries=0,
+                             timeout=WAIT_S)
+
+    def post(self, body, path="/v1/completions"):
+        return httpx.post(self.server.url + path, json=dict({"model": MODEL}, **body),
+                          timeout=WAIT_S)
+
+    def close(self):
+        if self.gate is not None:
+            self.gate.set()
+        self.server.stop()
+
+
+def greedy_text(bundled, prompt, max_tokens):
+    """The engine alone, in process: the text a greedy request must get through the server."""
+    import s19_server as srv
+    model, tokenizer = bundled
+    engine = srv.make_engine(model, tokenizer, 4)
+    rid = engine.add_request(tokenizer.encode(prompt),
+                             s04.SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    text = []
+    while engine.has_unfinished_requests():
+        text += [o.text_delta for o in engine.step() if o.request_id == rid]
+    return "".join(text)
 
 
 @needs_model
 @pytest.mark.points(1)
-def test_the_official_client_reads_your_error_objects(bundled):
-    _, tokenizer = bundled
-    classes = {400: openai.BadRequestError, 404: openai.NotFoundError}
-    cases = [({"model": "gpt-4", "prompt": "ROMEO.\n"}, 404),
-             ({"model": MODEL, "prompt": "ROMEO.\n", "n": 0}, 400),
-             ({"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 60}, 400)]
-    for body, status in cases:
-        got = ex.check_request("completion", body, MODEL, len(tokenizer.encode(body["prompt"])),
-                               MAX_CONTEXT)
-        assert got is not None and got[0] == status, body
-        reply = got[1]
+def test_admission_under_the_limit_is_the_server_itself(bundled):
+    with pytest.raises(ValueError):
+        ex.AdmissionLimit(None, 0, 1)
+    with pytest.raises(ValueError):
+        ex.AdmissionLimit(None, 1, -1)
+    want = greedy_text(bundled, PROMPT, 8)
+    served = Served(bundled, max_running=2, max_queued=1)
+    try:
+        client = served.client()
+        got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8,
+                                        temperature=0)
+        assert got.choices[0].text == want
+        streamed = "".join(c.choices[0].text for c in client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stream=True)
+            if c.choices)
+        assert streamed == want
+        chat = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0,
+                                              messages=[{"role": "user", "content": "Hail"}])
+        assert chat.choices[0].message.content is not None
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:    # 3 at once: 2 in, 1 waits
+            texts = list(pool.map(lambda _: served.post({"prompt": PROMPT, "max_tokens": 8,
+                                                         "temperature": 0}).json(), range(3)))
+        assert [t["choices"][0]["text"] for t in texts] == [want] * 3
+        assert served.inner.entered == served.outer.entered == 6
+        assert served.inner.most <= 2
+        assert httpx.get(served.server.url + "/health").status_code == 200
+        assert served.outer.inside == served.inner.inside == 0
+    finally:
+        served.close()
 
-        def handler(request, reply=reply, status=status):
-            return httpx2.Response(status, json=reply)
 
-        client = openai.OpenAI(base_url="http://server.invalid/v1", api_key="x", max_retries=0,
-                               http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
-        with pytest.raises(classes[status]) as caught:
-            client.completions.create(**body)
-        want = expected("completion", body, tokenizer)
-        assert (caught.value.status_code, caught.value.param, caught.value.code) == want
-        assert reply["error"]["message"] in caught.value.message
+@needs_model
+@pytest.mark.points(1)
+def test_a_full_server_answers_429_at_once_and_serves_the_queue_after(bundled):
+    want = greedy_text(bundled, PROMPT, 4)
+    served = Served(bundled, max_running=2, max_queued=2)
+    try:
+        served.hold()                          # the engine stops between steps
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            pending = [pool.submit(served.post, {"prompt": PROMPT, "max_tokens": 4,
+                                                 "temperature": 0}) for _ in range(4)]
+            wait_until(lambda: served.outer.entered == 4 and served.inner.inside == 2,
+                       "2 requests inside and 2 more arrived")
+            time.sleep(0.2)                    # the 2 waiting must stay out
+            assert served.inner.entered == 2 and not any(f.done() for f in pending)
+            start = time.monotonic()
+            with pytest.raises(openai.RateLimitError) as caught:
+                served.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+            assert time.monotonic() - start < 5.0        # refused at once, not queued
+            err = caught.value
+            assert err.status_code == 429 and err.code == "too_many_requests"
+            assert err.param is None and err.type == "rate_limit_error"
+            body = err.response.json()
+            assert set(body) == {"error"} and set(body["error"]) == {"message", "type",
+                                                                     "param", "code"}
+            assert body["error"]["message"].strip()
+            assert served.inner.entered == 2             # the refused one never got in
+            health = httpx.get(served.server.url + "/health", timeout=WAIT_S)
+            assert health.status_code == 200             # not a generation request
+            served.release()
+            answers = [f.result(timeout=WAIT_S) for f in pending]
+        assert [a.status_code for a in answers] == [200] * 4
+        assert [a.json()["choices"][0]["text"] for a in answers] == [want] * 4
+        assert served.inner.entered == 4 and served.inner.most == 2
+        assert served.outer.inside == served.inner.inside == 0
+    finally:
+        served.close()
+
+
+@needs_model
+@pytest.mark.points(1)
+def test_every_way_a_request_ends_frees_its_place(bundled):
+    served = Served(bundled, max_running=1, max_queued=0)
+    try:
+        client = served.client()
+        # An answer the app gives as an error (400) frees the place.
+        assert served.post({"prompt": PROMPT, "n": 0}).status_code == 400
+        assert served.post({"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+        # A stream holds its place until it ends, and frees it when its client leaves.
+        room = 256 - len(bundled[1].encode("ROMEO.\n")) - 1
+        with httpx.stream("POST", served.server.url + "/v1/completions", timeout=WAIT_S,
+                          json={"model": MODEL, "prompt": "ROMEO.\n", "max_tokens": room,
+                                "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            assert served.inner.inside == 1          # streaming: still inside
+            with pytest.raises(openai.RateLimitError):
+                client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+        # The client closed its stream: the server aborts it, and the place is free again.
+        wait_until(lambda: served.inner.inside == 0, "the disconnected stream's place")
+        assert served.post({"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+        # A stream that runs to its end frees it too.
+        chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3,
+                                                stream=True))
+        assert chunks and served.post({"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+        assert served.inner.most == 1
+        wait_until(lambda: not served.loop.call(
+            lambda engine: engine.has_unfinished_requests()).result(WAIT_S),
+            "the engine to have nothing left")
+    finally:
+        served.close()
