@@ -45,6 +45,8 @@ What it does not handle yet
     tokens, so one long prompt makes one long step for everyone (S10). A prompt is prefilled
     in one piece (S11 chunks it). Each slot holds max_context positions whatever the request
     needs (S12 pages KV in blocks). The engine is not thread-safe: one thread owns it (S19).
+    The step is synchronous: the next plan waits for the model's output (vLLM's default since
+    v0.14 plans one step ahead: async scheduling, the chapter's exercise 1).
 
 Run it
     python code/s09_continuous_batching.py                          # 8 corpus prompts, staggered
@@ -311,9 +313,10 @@ class LLMEngine:
     def abort(self, request_id: str) -> bool:
         """End a waiting or running request now with finish_reason "abort": its KV is free
         before this returns; its last output (no token) comes with the next `step`. Returns
-        False, doing nothing, for an id that is unknown or already finished (vLLM's
-        `abort_request` too: a request may finish while its abort is on the way). Raises
-        ParameterError for an id that is not a string."""
+        True; False, doing nothing, for an id that is unknown or already finished (a request
+        may finish while its abort is on the way; vLLM's `LLMEngine.abort_request` ignores
+        such ids too, and returns None). Raises ParameterError for an id that is not a
+        string."""
         if not isinstance(request_id, str):
             raise ParameterError(f"request_id must be a string (got {request_id!r})",
                                  "request_id")

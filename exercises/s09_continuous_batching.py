@@ -1,15 +1,18 @@
-"""S09 exercises: admission, flattening a ragged batch, slots that come back.
+"""S09 exercises: one step ahead, flattening a ragged batch, slots that come back.
 
 Fill in each function, then grade your work:
 
     make grade            # or: python exercises/grade.py s09
 
-The chapter's code is in code/s09_continuous_batching.py (`FIFOScheduler.schedule`,
-`SlotKVManager`) and code/s09_ragged.py (`RaggedBatch`, `SlotKVCache`). Write your own versions
-here: the graded tests compare you with values worked by hand, with loops and closed forms
-written in the tests, with the tokens S06's engine makes for each prompt alone, and with the
-trace of S09's tested engine on real requests. Reference solutions are in exercises/solutions/
--- try first, peek later.
+The chapter's code is in code/s09_continuous_batching.py (`LLMEngine`, `build_engine`,
+`StepResult`), code/s09_scheduler.py (`FIFOScheduler.schedule`, `SlotKVManager`,
+`SchedulerOutput`) and code/s09_ragged.py (`RaggedBatch`, `RaggedRunner`). Exercise 1 asks for
+a loop the chapter does not have; exercises 2 and 3 for your own versions of its metadata and
+its schedule. The graded tests compare you with S09's synchronous engine on the same requests,
+with the order in which your loop plans, launches and reports steps, with values worked by
+hand, with loops and closed forms written in the tests, with the tokens S06's engine makes for
+each prompt alone, and with the trace of S09's tested engine on real requests. Reference
+solutions are in exercises/solutions/ -- try first, peek later.
 
 Shape legend: N tokens of a ragged batch (the sum of each request's new tokens), B requests.
 """
@@ -18,18 +21,45 @@ from __future__ import annotations
 from typing import Sequence
 
 
-# Exercise 1: admission, FIFO into free slots (3 points) ---------------------------------------
-# Before every step the scheduler lets waiting requests take the slots that are free: the
-# oldest request first, each into the lowest free slot. Nobody may wait while a slot is free.
+# Exercise 1: one step ahead (3 points) --------------------------------------------------------
+# `LLMEngine.step` is synchronous: plan, run, sample, update, and only then plan again, so the
+# CPU work of planning waits for the model. vLLM's async scheduling (on by default since v0.14)
+# plans step N + 1 while step N runs: a request's num_computed_tokens moves when it is
+# scheduled, and the token step N will sample is a placeholder that step N + 1 computes.
+# Write that loop over the parts of an S09 engine.
 
-def admit(waiting: Sequence[str], free_slots: Sequence[int]) -> list[tuple[str, int]]:
-    """The (request id, slot) pairs admitted before one step, in admission order.
+def generate_ahead(engine, prompts: Sequence, params: Sequence, launch=None) -> list[list]:
+    """Serve every prompt with the next step planned while the current one runs; returns each
+    prompt's outputs (Part I's `RequestOutput`s, one per token, the last one finished), in
+    prompt order.
 
-    waiting: request ids, oldest first. free_slots: the free slot numbers, in any order.
-    The first min(len(waiting), len(free_slots)) waiting requests are admitted, the oldest into
-    the lowest free slot, the next into the next lowest, and so on. The inputs are not changed.
-    Example: admit(["a", "b", "c"], [3, 1]) -> [("a", 1), ("b", 3)].
-    Raises ValueError for a slot number that is negative or listed twice.
+    engine: an S09 engine from `build_engine` with nothing queued. Use its parts, not its
+    `step`: `engine.make_request(prompt, params, request_id=str(i))` (the checks; a `Request`),
+    `engine.scheduler.kv` (the `SlotKVManager`: `allocate_slots`, `free`, `block_table`) and
+    `engine.scheduler.max_num_seqs` (FIFO admission as `FIFOScheduler`'s, into the lowest free
+    slot), `engine.processor` (`sample_batch(logits, seqs, active)`, `postprocess(seq, token)`:
+    Part I's text and stop rules). prompts, params: one `SamplingParams` per prompt (every
+    prompt leaves room for at least one token).
+
+    launch(plan, requests) -> handle starts the model on a `SchedulerOutput` (requests: your
+    requests by id, whose token_ids the runner reads when the step is launched);
+    handle.result() is the step's `ModelRunnerOutput`. Default (None): the runner's
+    `execute_model` on one worker thread (concurrent.futures).
+
+    The loop:
+      - plan step N + 1 right after launching step N, before step N's tokens are known: each
+        running request computes one position (the one its pending token fills), a new request
+        its prompt; a request's num_computed_tokens moves when it is planned (vLLM's
+        `_update_after_schedule`), and the pending token stands in as a placeholder;
+      - then take step N's result: sample, postprocess, and a request that finished frees its
+        slot (`kv.free`) at once; then launch step N + 1, less the rows of requests that have
+        finished since it was planned: a finished request takes no extra token;
+      - when nothing is left to launch but requests still wait or run, plan again.
+    Tell `engine.observers` as `LLMEngine.step` does: `on_plan(engine, plan)` when a plan is
+    made, `on_step(engine, StepResult(plan, run, outputs, step_s))` once a step's outputs are
+    made. Every plan's block tables come from `kv.block_table`.
+    Greedy tokens, texts and finish reasons must equal S09's synchronous engine's
+    (`LLM(build_engine(...)).generate(prompts, params)`), and every slot is free at the end.
     """
     raise NotImplementedError("exercise 1")
 
@@ -69,7 +99,8 @@ def simulate(output_lens: Sequence[int], max_num_seqs: int,
 
     Requests 0, 1, ... are all waiting before step 0, in that order; request i makes
     output_lens[i] >= 1 tokens, one per step it runs, starting with the step it joins. Before
-    each step, waiting requests are admitted as in `admit` (lowest free slot first). A request
+    each step, while a slot is free, the oldest waiting request takes the lowest free slot
+    (the chapter's FIFO admission). A request
     that makes its last token in step k leaves at the end of step k: its slot is free before
     step k + 1. aborts {i: k}: request i is aborted just before step k (after step k - 1, before
     step k's admission): it leaves, or stops waiting, and its slot is free for step k. An abort

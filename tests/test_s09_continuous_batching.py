@@ -19,8 +19,10 @@ request waits while a seat is free; once idle, every slot is free (`drive`, and 
 here).
 
 Public bug reports (../shared/cases/public-bugs.md, section (g)), each a test below: G4 vllm
-#24584 / PR #24586 (a request whose client goes away is aborted and its KV returns to the free
-pool within a step; others are unaffected) and G5 sglang PR #2238 / PR #1674 / #6778 (after
+#24584 (reported: a streaming request kept generating after its client went away; PR #24586,
+closed unmerged, and a maintainer's reply on PR #32442 that AsyncLLM.generate already aborts
+on disconnect) -- here a request whose client goes away is aborted and its KV returns to the
+free pool within a step; others are unaffected and G5 sglang PR #2238 / PR #1674 / #6778 (after
 finishes, aborts while running and aborts while waiting, free slots == total when idle). G1
 (a prompt that can never fit blocks the queue) and G2 (preemption) are S10's; here the
 nearest case, a prompt that fills the context, finishes on arrival and blocks nobody. The
@@ -370,10 +372,11 @@ def test_bundled_model_requests_equal_s05_and_hf_alone(bundled_model):
 # --- the public bug reports and aborts ------------------------------------------------------
 
 def test_abort_frees_the_slot_within_the_step_and_spares_the_others(tiny):
-    """vllm #24584 / PR #24586 (G4): a client that goes away mid-stream. Its request is
-    aborted: its slot is free before abort returns (the next step already admits a waiting
-    request into it), its last output says "abort", the tokens it streamed are a prefix of its
-    output alone, and the requests beside it give exactly their outputs alone."""
+    """vllm #24584 (G4, the report; see the module docstring): a client that goes away
+    mid-stream. Its request is aborted: its slot is free before abort returns (the next step
+    already admits a waiting request into it), its last output says "abort", the tokens it
+    streamed are a prefix of its output alone, and the requests beside it give exactly their
+    outputs alone."""
     name, _, model, references = tiny
     engine = engine_for(model, 2)
     tracer = trace(engine)

@@ -1,25 +1,124 @@
-"""S09 exercises, reference solutions: admission, a ragged batch's metadata, slot reuse.
+"""S09 exercises, reference solutions: one step ahead, a ragged batch's metadata, slot reuse.
 
 Try the stubs in exercises/s09_continuous_batching.py first; grade these with
 `python exercises/grade.py --solutions s09`.
 
-Sources followed: Orca's iteration-level scheduling (Yu et al., OSDI 2022); the flattened
-batch metadata of vLLM (`query_start_loc`, `seq_lens`) and flash-attention's varlen interface
-(`cu_seqlens_q`); the chapter's FIFO admission into the lowest free slot.
+Sources followed: Orca's iteration-level scheduling (Yu et al., OSDI 2022); vLLM's async
+scheduling (vllm/v1/core/sched/async_scheduler.py: num_computed_tokens advanced when a step is
+scheduled, `num_output_placeholders` for the tokens still in flight; vllm/v1/engine/core.py
+`step_with_batch_queue`: schedule the next batch before blocking on the one in flight); the
+flattened batch metadata of vLLM (`query_start_loc`, `seq_lens`) and flash-attention's varlen
+interface (`cu_seqlens_q`); the chapter's FIFO admission into the lowest free slot.
 """
 from __future__ import annotations
 
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
 from typing import Sequence
 
+import s01_generation_loop as s01
+import s09_continuous_batching as s09
+from s09_scheduler import RequestStatus, SchedulerOutput
 
-# Exercise 1: admission ------------------------------------------------------------------------
 
-def admit(waiting: Sequence[str], free_slots: Sequence[int]) -> list[tuple[str, int]]:
-    slots = list(free_slots)
-    if any(s < 0 for s in slots) or len(set(slots)) != len(slots):
-        raise ValueError(f"free slots must be distinct and >= 0 (got {slots})")
-    return list(zip(waiting, sorted(slots)))     # zip stops at the shorter of the two
+# Exercise 1: one step ahead -------------------------------------------------------------------
+
+def generate_ahead(engine, prompts: Sequence, params: Sequence, launch=None) -> list[list]:
+    kv, seats = engine.scheduler.kv, engine.scheduler.max_num_seqs
+    made = [engine.make_request(p, sp, request_id=str(i))
+            for i, (p, sp) in enumerate(zip(prompts, params))]
+    live = {r.request_id: r for r in made}            # what the runner reads token_ids from
+    outputs = {r.request_id: [] for r in made}
+    waiting = deque(r for r in made if not r.finished)
+    for r in made:                                    # a prompt that fills the context
+        if r.finished:
+            outputs[r.request_id].append(s01.RequestOutput(
+                r.request_id, [], "", True, r.seq.finish_reason, r.seq.stop_reason))
+    running: list = []
+    step = 0
+    pool = None
+    if launch is None:                                # the "device": one worker thread
+        pool = ThreadPoolExecutor(max_workers=1)
+
+        def launch(plan, reqs):
+            return pool.submit(engine.runner.execute_model, plan, reqs)
+
+    def schedule() -> SchedulerOutput:
+        """The next plan, made before the step in flight has returned its tokens: a running
+        request computes the one position its pending token (a placeholder) will fill; a new
+        one its prompt. num_computed_tokens moves now, at schedule time."""
+        nonlocal step
+        scheduled, starts, new = {}, {}, []
+        for r in running:
+            assert kv.allocate_slots(r, 1), "a slot holds max_context positions"
+            scheduled[r.request_id], starts[r.request_id] = 1, r.num_computed_tokens
+        while (waiting and len(running) < seats
+               and kv.allocate_slots(waiting[0], waiting[0].num_tokens)):
+            r = waiting.popleft()
+            r.status = RequestStatus.RUNNING
+            running.append(r)
+            new.append(r.request_id)
+            scheduled[r.request_id], starts[r.request_id] = r.num_tokens, 0
+        for rid, n in scheduled.items():
+            live[rid].num_computed_tokens += n
+        plan = SchedulerOutput(step, scheduled, starts,
+                               {rid: kv.block_table(rid) for rid in scheduled},
+                               scheduled_new_ids=tuple(new),
+                               scheduled_running_ids=tuple(r for r in scheduled if r not in new))
+        step += bool(scheduled)
+        for observer in engine.observers:
+            observer.on_plan(engine, plan)
+        return plan
+
+    def without_finished(plan: SchedulerOutput) -> SchedulerOutput:
+        """The plan less the rows of requests that finished after it was made: they take no
+        extra token (their slot is already free)."""
+        keep = [rid for rid in plan.num_scheduled_tokens if not live[rid].finished]
+        if len(keep) == len(plan.num_scheduled_tokens):
+            return plan
+        return SchedulerOutput(plan.step, {rid: plan.num_scheduled_tokens[rid] for rid in keep},
+                               {rid: plan.num_computed_tokens[rid] for rid in keep},
+                               {rid: plan.block_tables[rid] for rid in keep},
+                               scheduled_new_ids=tuple(r for r in plan.scheduled_new_ids
+                                                       if r in keep),
+                               scheduled_running_ids=tuple(r for r in plan.scheduled_running_ids
+                                                           if r in keep))
+
+    def collect(plan: SchedulerOutput, run, start: float) -> None:
+        """The step's tokens replace the placeholders: sample, Part I's postprocess (text,
+        stop rules), and the finished leave and free their slots."""
+        seqs = [live[rid].seq for rid in run.req_ids]
+        tokens, _ = engine.processor.sample_batch(run.logits, seqs, [True] * len(seqs))
+        step_outputs = []
+        for rid, token in zip(run.req_ids, tokens):
+            r = live[rid]
+            out = engine.processor.postprocess(r.seq, token)
+            step_outputs.append(out)
+            outputs[rid].append(out)
+            if out.finished:
+                r.status = RequestStatus.FINISHED
+                running.remove(r)
+                kv.free(r)
+        result = s09.StepResult(plan, run, step_outputs, time.perf_counter() - start)
+        for observer in engine.observers:
+            observer.on_step(engine, result)
+
+    try:
+        plan = schedule()
+        while plan.num_scheduled_tokens:
+            start = time.perf_counter()
+            handle = launch(plan, live)               # step N runs ...
+            upcoming = schedule()                     # ... while step N + 1 is planned
+            collect(plan, handle.result(), start)
+            plan = without_finished(upcoming)
+            if not plan.num_scheduled_tokens and (waiting or running):
+                plan = schedule()                     # all it held finished: plan again
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return [outputs[r.request_id] for r in made]
 
 
 # Exercise 2: flatten a ragged batch -----------------------------------------------------------
@@ -59,11 +158,11 @@ def simulate(output_lens: Sequence[int], max_num_seqs: int,
                 free.append(slot_of[i])
         if not (waiting or running):
             break
-        for i, slot in admit([str(i) for i in waiting], free):
-            waiting.remove(int(i))
-            free.remove(slot)
-            slot_of[int(i)] = slot
-            running.append(int(i))
+        free.sort()
+        while waiting and free:                 # the oldest into the lowest free slot
+            i, slot = waiting.pop(0), free.pop(0)
+            slot_of[i] = slot
+            running.append(i)
         steps.append(sorted(((i, slot_of[i]) for i in running), key=lambda pair: pair[1]))
         for i in list(running):
             made[i] += 1

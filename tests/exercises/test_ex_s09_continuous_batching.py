@@ -1,10 +1,13 @@
 """Graded tests for the S09 exercises (see exercises/s09_continuous_batching.py).
 
-Oracles, none of them the solution: admissions and batches worked by hand; a plain loop that
-builds the flat metadata token by token; the greedy tokens S06's single-request engine makes
-for each prompt alone, compared with what S09's tested `RaggedRunner` computes on the learner's
-flattened batch; closed forms for equal output lengths; and the trace (`s09_trace.trace`'s
-records) of S09's tested engine serving real requests of the bundled model, with aborts.
+Oracles, none of them the solution: S09's synchronous engine (`LLM(build_engine(...))`) on the
+same requests, and the order of plans, launches and step reports seen through the engine's
+observer seam and the launch function the test hands in; admissions and batches worked by
+hand; a plain loop that builds the flat metadata token by token; the greedy tokens S06's
+single-request engine makes for each prompt alone, compared with what S09's tested
+`RaggedRunner` computes on the learner's flattened batch; closed forms for equal output
+lengths; and the trace (`s09_trace.trace`'s records) of S09's tested engine serving real
+requests of the bundled model, with aborts.
 """
 import random
 
@@ -18,6 +21,7 @@ import s09_continuous_batching as s09
 import s09_ragged
 import s09_trace
 from exercise_loader import load_exercise
+from s09_llm import LLM
 
 ex = load_exercise("s09_continuous_batching")
 HAVE_MODEL = (s03.BUNDLED_MODEL_DIR / "model.safetensors").is_file()
@@ -26,34 +30,114 @@ needs_model = pytest.mark.skipif(not HAVE_MODEL, reason="data/model has no bundl
 
 # Exercise 1 ----------------------------------------------------------------------------------
 
-@pytest.mark.points(1)
-def test_admit_by_hand():
-    assert ex.admit(["a", "b", "c"], [3, 1]) == [("a", 1), ("b", 3)]
-    assert ex.admit(["a"], [2, 0, 5]) == [("a", 0)]
-    assert ex.admit([], [0, 1]) == []
-    assert ex.admit(["a", "b"], []) == []
-    with pytest.raises(ValueError):
-        ex.admit(["a"], [1, 1])
-    with pytest.raises(ValueError):
-        ex.admit(["a"], [-1])
+AHEAD_PROMPTS = ["ROMEO.\nWhat light", "To be, or not", "Now is the winter of our",
+                 "O Romeo, Romeo!", "Friends, Romans", "All the world's a stage"]
 
 
+def ahead_params():
+    """Lengths from 1 to 15 tokens, one request stopped by EOS and one by a stop string (they
+    finish while the next step is already planned)."""
+    return [s04.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=ignore, stop=stop)
+            for n, ignore, stop in ((12, True, None), (1, True, None), (20, False, None),
+                                    (9, True, ["e"]), (15, True, None), (3, True, None))]
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return s06.load(s03.BUNDLED_MODEL_DIR, "cpu", "float32")
+
+
+class Events:
+    """The test's observer and launch function: every plan, launch, wait and step report in
+    the order they happen (the plan's step number labels each)."""
+
+    def __init__(self, engine):
+        self.engine, self.log = engine, []
+
+    def on_plan(self, engine, plan):
+        if plan.num_scheduled_tokens:
+            self.log.append(("plan", plan.step, tuple(plan.num_scheduled_tokens)))
+
+    def on_step(self, engine, result):
+        kv = engine.scheduler.kv
+        for out in result.outputs:                 # a finished request's slot is free now
+            assert not out.finished or kv.num_tokens(out.request_id) == 0, out.request_id
+        self.log.append(("step", result.plan.step, ()))
+
+    def launch(self, plan, requests):
+        self.log.append(("launch", plan.step, tuple(plan.num_scheduled_tokens)))
+        run = self.engine.runner.execute_model(plan, requests)
+        log = self.log
+
+        class Handle:
+            def result(self):
+                log.append(("wait", plan.step, ()))
+                return run
+        return Handle()
+
+
+def check_against_sync(got, ref, engine, m):
+    assert len(got) == len(ref)
+    for i, (outs, want) in enumerate(zip(got, ref)):
+        tokens = [t for o in outs for t in o.new_token_ids]
+        assert tokens == want.token_ids, (m, i, tokens, want.token_ids)
+        assert "".join(o.text_delta for o in outs) == want.text, (m, i)
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True], (m, i)
+        assert outs[-1].finish_reason == want.finish_reason, (m, i)
+    assert engine.scheduler.kv.free_slots == list(range(m))
+    assert engine.scheduler.kv.num_used_tokens == 0
+
+
+@needs_model
 @pytest.mark.points(2)
-def test_admit_is_fifo_into_the_lowest_slots_and_leaves_no_slot_idle():
-    rng = random.Random(9)
-    for _ in range(200):
-        waiting = [f"r{i}" for i in range(rng.randint(0, 8))]
-        free = rng.sample(range(12), rng.randint(0, 8))
-        w_copy, f_copy = list(waiting), list(free)
-        got = ex.admit(waiting, free)
-        assert waiting == w_copy and free == f_copy                    # inputs untouched
-        count = min(len(waiting), len(free))                            # nobody waits by a free slot
-        assert len(got) == count
-        assert [rid for rid, _ in got] == waiting[:count]               # oldest first
-        remaining = list(free)
-        for _, slot in got:                                             # each the lowest still free
-            assert slot == min(remaining)
-            remaining.remove(slot)
+def test_ahead_makes_the_synchronous_engines_tokens(bundled):
+    """Greedy tokens, text and finish reason of every request equal S09's synchronous engine,
+    at 1, 2 and 4 running requests (2 with the default launch, on a worker thread); one output
+    per token, the last one finished; every slot free at the end."""
+    model, tokenizer = bundled
+    params = ahead_params()
+    for m in (1, 2, 4):
+        ref = LLM(s09.build_engine(model, tokenizer, max_num_seqs=m)).generate(AHEAD_PROMPTS,
+                                                                               params)
+        engine = s09.build_engine(model, tokenizer, max_num_seqs=m)
+        events = Events(engine)
+        engine.observers.append(events)
+        launch = None if m == 2 else events.launch
+        got = ex.generate_ahead(engine, AHEAD_PROMPTS, params, launch)
+        check_against_sync(got, ref, engine, m)
+
+
+@needs_model
+@pytest.mark.points(1)
+def test_ahead_plans_the_next_step_before_the_current_one_reports(bundled):
+    """Through the observer and the launch function: steps are launched one at a time, each
+    after the previous one reported (at most one step of lag); while a request runs on, the
+    plan of its next step is made before the current step reports; and no more than one plan
+    is made ahead of the step in flight."""
+    model, tokenizer = bundled
+    for m in (2, 4):
+        engine = s09.build_engine(model, tokenizer, max_num_seqs=m)
+        events = Events(engine)
+        engine.observers.append(events)
+        ex.generate_ahead(engine, AHEAD_PROMPTS, ahead_params(), events.launch)
+        log = events.log
+        at = {(kind, step): i for i, (kind, step, _) in enumerate(log)}
+        launches = [(step, ids) for kind, step, ids in log if kind == "launch"]
+        labels = [step for step, _ in launches]
+        assert labels == sorted(set(labels)), "each step launched once, in order"
+        for step, _ in launches:
+            assert at.get(("plan", step), len(log)) < at[("launch", step)] < at[("wait", step)] \
+                < at[("step", step)], f"step {step}: plan, launch, wait, report"
+        overlapped = 0
+        for (a, ids_a), (b, ids_b) in zip(launches, launches[1:]):
+            assert at[("step", a)] < at[("launch", b)], f"step {b} launched before {a} reported"
+            if set(ids_a) & set(ids_b):               # a request runs on from a to b
+                assert at[("plan", b)] < at[("step", a)], \
+                    f"step {b} was planned after step {a} reported: not one step ahead"
+                overlapped += 1
+            ahead = [s for kind, s, _ in log[:at[("step", a)]] if kind == "plan" and s > a]
+            assert len(ahead) <= 1, f"{len(ahead)} plans made ahead of step {a}"
+        assert overlapped >= len(launches) // 2
 
 
 # Exercise 2 ----------------------------------------------------------------------------------
