@@ -139,6 +139,7 @@ def make_fixture_tree(dest: Path, quiz: dict | None = None, simulator: str = "ge
         (dest / "code").symlink_to(ROOT / "code", target_is_directory=True)
     (dest / "README.md").write_text((ROOT / "README.md").read_text())
     (dest / "site" / "index.md").write_text((SITE / "index.md").read_text())
+    (dest / "site" / "course-map.md").write_text("# Course map\n\nThe fixture has no chapters of the plan.\n")
     (dest / "chapters" / "s99-fixture.md").write_text(FIXTURE_CHAPTER.format(simulator=simulator))
     (dest / "chapters" / "figures" / "s99-box.svg").write_text(FIXTURE_SVG)
     (dest / "site" / "quizzes" / "s99-fixture.json").write_text(
