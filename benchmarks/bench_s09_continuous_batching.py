@@ -23,12 +23,12 @@ the CPU unless --device cuda, torch threads pinned by --threads, default 1):
                  max_new_tokens, its KV pool sized like ours (num_blocks blocks of page_size
                  256 tokens, 2 per slot), HF's default max_batch_tokens (8192); greedy, no EOS;
     hf batch     `model.generate_batch(...)` as its docstring calls it, one max_new_tokens for
-                 all (the workload's mean, rounded: the same number of tokens overall, not the
-                 same requests), with a ContinuousBatchingConfig that sets only the KV pool:
+                 all (the workload's mean, rounded: about the same number of tokens overall,
+                 not the same requests), with a ContinuousBatchingConfig that sets only the KV pool:
                  the same as hf cb's (2 x --max-batch blocks of 256 tokens); everything else
                  is HF's default (max_requests_per_batch from its workload hints, up to 1024;
                  max_batch_tokens 8192). Left alone, HF sizes its pool from the machine's
-                 memory (60 % of what is free, on a CPU): a --quick run then took 7.7 GiB and
+                 memory (on a CPU, 60 % of the machine's RAM less what this process holds): a --quick run then took 7.7 GiB and
                  four minutes, most of them in this one row. Once per run (its first call),
                  unless --skip-hf-batch.
   tokens/s = generated tokens / wall seconds of the whole call; CPU s = this process's CPU
@@ -165,7 +165,8 @@ def hf_padded_run(hf, ids, max_new_tokens):
 
 def hf_batch_run(hf, ids, max_new_tokens, batch):
     """`generate_batch` as its docstring calls it, its KV pool set (`hf_cb_config`), nothing
-    else: left to HF, the pool takes 60 % of the free memory (see the module docstring)."""
+    else: left to HF, the pool takes 60 % of the machine's memory less the process's own on a
+    CPU (see the module docstring)."""
     from transformers import GenerationConfig
     config = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=max_new_tokens,
                               pad_token_id=0)
