@@ -1,7 +1,8 @@
 """S19's second measurement: where does the server's time go?
 
     python benchmarks/bench_s19_split.py --quick     # about 20 s on 2 cores
-    python benchmarks/bench_s19_split.py             # the chapter's Deep dive
+    python benchmarks/bench_s19_split.py --json chapters/figures/s19_split.json
+                                                     # the chapter's record (under a minute)
 
 `bench_s19_server.py` measures that the server costs something (TTFT, ITL and throughput
 against the same engine in process); this script splits that cost into parts. A benchmark,

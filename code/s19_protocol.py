@@ -38,10 +38,10 @@ What it does not handle
 References
     OpenAI API reference (completions, chat completions, streaming chunk objects, the usage
     object with prompt_tokens_details, the error object); vLLM's
-    `entrypoints/openai/completion/protocol.py` and `chat_completion/protocol.py` (field
+    `vllm/entrypoints/openai/completion/protocol.py` and `chat_completion/protocol.py` (field
     names, its extra sampling fields, cache_salt, seed + index for n > 1, the context-length
-    check) and `serving_chat.py` / `serving_completion.py` (chunk order: role first,
-    finish_reason chunk, usage chunk, [DONE]). Read to learn; written anew.
+    check) and `completion/serving.py` / `chat_completion/serving.py` (chunk order: role
+    first, finish_reason chunk, usage chunk, [DONE]). Read to learn; written anew.
 """
 from __future__ import annotations
 
@@ -367,9 +367,10 @@ def parse_request(kind: str, body: dict, model_name: str, tokenizer, max_context
     """Check one request body (a dict from `parse_json_body`) and turn it into engine
     requests. Raises APIError: 404 model_not_found for another model; 400 for everything
     else the request gets wrong, its param naming the field. The checks, in order: model,
-    unsupported fields, prompt or messages, n (and best_of), stream and stream_options,
-    logprobs, the context length, the number of stop strings, the sampling fields (S04's
-    rules), whether an explicit max_tokens fits. max_token_chars (`max_token_chars`, which
+    unsupported fields, prompt or messages (with the character guard), n, best_of, stream
+    and stream_options, chat's logprobs, the context length, the number of stop strings,
+    seed + n - 1, the sampling fields (S04's rules, completions' logprobs range among them),
+    whether an explicit max_tokens fits. max_token_chars (`max_token_chars`, which
     the server computes once): refuse a prompt longer than the context can hold in
     characters before encoding it; None encodes every prompt. What the engine checks
     (token ids in [0, V), stop_token_ids in the vocabulary, cache_salt) is left to it: the

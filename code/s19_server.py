@@ -78,10 +78,12 @@ Tests
 
 References
     OpenAI API reference (completions, chat, streaming, errors). vLLM's OpenAI server
-    (`entrypoints/openai/api_server.py`, `serving_completion.py`, `serving_chat.py`; its
-    `validate_json_request`, vLLM #11171 / PR #13193, for the content type) and `AsyncLLM`
-    (a background loop that owns the engine; per-request output queues; abort on
-    disconnect). FastAPI ("Strict Content-Type"), Starlette, uvicorn documentation.
+    (`vllm/entrypoints/openai/api_server.py`, `vllm/entrypoints/openai/completion/serving.py`,
+    `vllm/entrypoints/openai/chat_completion/serving.py`, the exception handlers in
+    `vllm/entrypoints/serve/utils/server_utils.py`; its `validate_json_request`, vLLM #11171 /
+    PR #13193, for the content type) and `AsyncLLM` (`vllm/v1/engine/async_llm.py`:
+    a background task that moves the engine core's outputs; per-request output queues; abort
+    on disconnect). FastAPI ("Strict Content-Type"), Starlette, uvicorn documentation.
     Server-sent events: the WHATWG HTML standard, section 9.2.
 """
 from __future__ import annotations

@@ -455,3 +455,60 @@ def test_a_template_that_writes_bos_gets_one_bos_not_two(tmp_path):
     assert want[0] == 2047 and want[1] != 2047
     assert list(r.prompt_ids) == want
     assert r.prompt_ids.count(2047) == 1
+
+
+# The chapter's rules table lists parse_request's checks in the order they run: for any two
+# rules, a body that breaks both is answered by the earlier one. Each body below breaks one
+# rule, with its own keys; the list is in the table's order.
+COMPLETION_RULES = [
+    ({"model": "other"}, "model"),
+    ({"echo": True}, "echo"),
+    ({"prompt": ""}, "prompt"),
+    ({"n": 0}, "n"),
+    ({"best_of": 3}, "best_of"),
+    ({"stream": "yes"}, "stream"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"temperature": -1}, "temperature"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"max_tokens": CONTEXT}, "max_tokens"),
+]
+CHAT_RULES = [
+    ({"model": "other"}, "model"),
+    ({"echo": True}, "echo"),
+    ({"messages": []}, "messages"),
+    ({"n": 0}, "n"),
+    ({"best_of": 3}, "best_of"),
+    ({"stream": "yes"}, "stream"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"temperature": -1}, "temperature"),
+    ({"max_completion_tokens": CONTEXT}, "max_completion_tokens"),
+]
+
+
+@pytest.mark.parametrize("kind,rules", [(proto.COMPLETION, COMPLETION_RULES),
+                                        (proto.CHAT, CHAT_RULES)])
+def test_the_first_rule_broken_answers_in_the_chapters_order(tok, kind, rules):
+    base = ({"prompt": "O"} if kind == proto.COMPLETION
+            else {"messages": [{"role": "user", "content": "Hi"}]})
+    for body, param in rules:                  # each alone breaks its rule
+        with pytest.raises(APIError) as err:
+            parse(tok, dict(base, **body), kind)
+        assert err.value.param == param, (body, err.value.message)
+    for i, (first, param) in enumerate(rules):
+        for later, _ in rules[i + 1:]:
+            with pytest.raises(APIError) as err:
+                parse(tok, dict(base, **first, **later), kind)
+            assert err.value.param == param, (first, later, err.value.message)
+
+
+def test_the_character_guard_runs_before_a_prompts_surrogate_and_after_a_messages(tok):
+    long = "\ud800" + "a" * CONTEXT
+    with pytest.raises(APIError) as err:
+        parse(tok, {"prompt": long}, max_token_chars=1)
+    assert (err.value.param, err.value.code) == ("prompt", "context_length_exceeded")
+    with pytest.raises(APIError) as err:
+        parse(tok, {"messages": [{"role": "user", "content": long}]}, proto.CHAT,
+              max_token_chars=1)
+    assert (err.value.param, err.value.code) == ("messages[0].content", None)
