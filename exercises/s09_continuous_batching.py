@@ -60,6 +60,34 @@ def generate_ahead(engine, prompts: Sequence, params: Sequence, launch=None) -> 
     made. Every plan's block tables come from `kv.block_table`.
     Greedy tokens, texts and finish reasons must equal S09's synchronous engine's
     (`LLM(build_engine(...)).generate(prompts, params)`), and every slot is free at the end.
+
+    The public pieces you need (import s01_generation_loop as s01, s09_continuous_batching as
+    s09, and `RequestStatus`, `SchedulerOutput` from s09_scheduler):
+      engine.make_request(prompt, params, request_id=str(i)) -> Request   (not queued)
+        Request: .request_id, .seq (Part I's Sequence), .status (RequestStatus.WAITING /
+        RUNNING / FINISHED), .num_computed_tokens (you move it), .num_tokens (prompt +
+        outputs), .token_ids, .finished. A prompt that fills the context is finished when made:
+        its one output is s01.RequestOutput(rid, [], "", True, r.seq.finish_reason,
+        r.seq.stop_reason), and it never runs.
+      kv = engine.scheduler.kv:  kv.allocate_slots(request, num_new_tokens) -> bool (False
+        and nothing taken when no slot is free); kv.free(request); kv.block_table(request_id)
+        -> tuple of slot ids.   engine.scheduler.max_num_seqs: the most requests running.
+      SchedulerOutput(step, num_scheduled_tokens, num_computed_tokens, block_tables,
+        scheduled_new_ids=(...), scheduled_running_ids=(...)): the three dicts keyed by
+        request id in schedule order; num_computed_tokens[rid] is where its new tokens start
+        (its value before this plan moved it); step counts the plans that schedule something.
+      engine.runner.execute_model(plan, requests) -> ModelRunnerOutput (.req_ids, the rows
+        that sample, in batch order; .logits (B, V)); requests: {request id: Request}.
+      engine.processor.sample_batch(run.logits, seqs, [True] * len(seqs)) -> (tokens, _),
+        seqs the Sequences of run.req_ids in that order; engine.processor.postprocess(seq,
+        token) -> RequestOutput (.finished set on the last one).
+      s09.StepResult(plan, run, outputs, step_s); observers: on_plan(engine, plan),
+        on_step(engine, result).
+    The order of calls: make every request (queue the unfinished ones); plan step 0 (tell
+    on_plan); then, while the plan schedules something: launch it -> plan the next step (tell
+    on_plan) -> handle.result() -> sample_batch, postprocess each row, set FINISHED and
+    kv.free the finished -> on_step(StepResult) -> drop the finished rows from the next plan
+    (plan again if it is empty and requests still wait or run).
     """
     raise NotImplementedError("exercise 1")
 

@@ -105,6 +105,28 @@ class AdmissionLimit:
     max_queued < 0 (or either not an int).
     Hint: one asyncio event loop runs every call, so plain counters need no lock; an
     asyncio Future per waiting request is a place to wait on.
+
+    ASGI primer (the ASGI spec, "HTTP & WebSocket ASGI Message Format":
+    https://asgi.readthedocs.io/en/latest/specs/www.html):
+      An ASGI app is an async callable, `await app(scope, receive, send)`, called once per
+      request. scope is a dict: scope["type"] is "http" for an HTTP request ("lifespan" for
+      the app's startup and shutdown), and an "http" scope has scope["method"] (uppercased,
+      "POST") and scope["path"] ("/v1/completions", without the query string).
+      `await receive()` returns the next event from the client ({"type": "http.request",
+      "body": bytes, "more_body": bool}, or {"type": "http.disconnect"}); `await send(event)`
+      sends one event to it. A middleware is an ASGI app that holds another: to let a request
+      in, `await self.app(scope, receive, send)` with the same three arguments; that call
+      returns once the app has sent its whole response.
+      A response is sent as a start event then body events. A whole JSON answer, without
+      calling the app (it need not read the request body; `import json`):
+          body = json.dumps({"error": {...}}).encode("utf-8")
+          await send({"type": "http.response.start", "status": 429,
+                      "headers": [(b"content-type", b"application/json"),
+                                  (b"content-length", str(len(body)).encode("ascii"))]})
+          await send({"type": "http.response.body", "body": body})   # more_body: False
+      Header names are lowercase bytes. Starlette's
+      `await JSONResponse(content, status_code=429)(scope, receive, send)` sends the same
+      two events.
     """
 
     def __init__(self, app, max_running: int, max_queued: int):

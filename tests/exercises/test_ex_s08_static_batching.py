@@ -44,7 +44,8 @@ def random_prompts(rng: random.Random, lengths: list[int]) -> list[list[int]]:
 def check_plan(plan, n: int, max_batch_size: int) -> None:
     flat = [i for batch in plan for i in batch]
     assert sorted(flat) == list(range(n)), f"every request exactly once (got {plan})"
-    assert all(1 <= len(batch) <= max_batch_size for batch in plan), plan
+    assert all(1 <= len(batch) <= max_batch_size for batch in plan), \
+        f"every batch holds 1 to {max_batch_size} requests (got {plan})"
     assert len(plan) == -(-n // max_batch_size), f"as many batches as FIFO makes (got {plan})"
 
 
@@ -59,6 +60,14 @@ def run_plan(engine: s08.Engine, prompts, plan, max_tokens: int = 1):
         for i, completion in zip(batch, done):
             tokens[i] = completion.token_ids
     return padding, tokens
+
+
+def dict_diff(got: dict, want: dict) -> str:
+    """The keys where two dicts differ, each with what was got and what was expected."""
+    if not isinstance(got, dict):
+        return f"got {got!r}, expected {want}"
+    keys = [k for k in {**want, **got} if got.get(k) != want.get(k)]
+    return "; ".join(f"{k}: got {got.get(k)}, expected {want.get(k)}" for k in keys)
 
 
 def fifo(n: int, max_batch_size: int) -> list[list[int]]:
@@ -112,16 +121,22 @@ def test_plan_is_valid_and_runs_on_the_engine(bundled):
     padding, tokens = run_plan(engine, prompts, plan, max_tokens=3)
     single = s06.Engine(model, tokenizer, 256)
     greedy = s04.SamplingParams(temperature=0.0, max_tokens=3)
-    assert tokens == [single.generate(p, greedy).token_ids for p in prompts]
+    want = [single.generate(p, greedy).token_ids for p in prompts]
+    wrong = [i for i, (g, w) in enumerate(zip(tokens, want)) if g != w]
+    assert not wrong, (f"plan {plan} of lengths {lengths}: requests {wrong} got "
+                       f"{[tokens[i] for i in wrong]}, expected {[want[i] for i in wrong]} "
+                       f"(each run alone)")
     fifo_padding, _ = run_plan(engine, prompts, fifo(20, 6))
-    assert padding < fifo_padding
+    assert padding < fifo_padding, (f"padding: got {padding}, expected less than FIFO's "
+                                    f"{fifo_padding}; plan {plan} of lengths {lengths}")
     # The chapter's two examples, measured by the engine: no padding at all (sorted chunks of 2
     # pad 5 on one of them, whichever end they are cut from).
     for lengths in ([10, 5, 5], [5, 10, 10]):
         plan = ex.plan_batches(lengths, 2)
         check_plan(plan, 3, 2)
-        assert run_plan(s08.Engine(model, tokenizer, 256, max_batch_size=2),
-                        random_prompts(rng, lengths), plan)[0] == 0
+        got = run_plan(s08.Engine(model, tokenizer, 256, max_batch_size=2),
+                       random_prompts(rng, lengths), plan)[0]
+        assert got == 0, f"plan_batches({lengths}, 2) = {plan}: got padding {got}, expected 0"
 
 
 @needs_model
@@ -136,7 +151,9 @@ def test_plan_pads_as_little_as_any_split_can(bundled):
         check_plan(plan, n, max_batch_size)
         engine = s08.Engine(model, tokenizer, 256, max_batch_size=max_batch_size)
         padding, _ = run_plan(engine, random_prompts(rng, lengths), plan)
-        assert padding == least_padding_by_brute_force(lengths, max_batch_size), (lengths, plan)
+        want = least_padding_by_brute_force(lengths, max_batch_size)
+        assert padding == want, (f"got padding {padding}, expected {want} (the least of any "
+                                 f"split) from plan_batches({lengths}, {max_batch_size}) = {plan}")
 
 
 @needs_model
@@ -156,7 +173,9 @@ def test_plan_beats_fifo_and_sorted_chunks_on_a_longer_queue(bundled):
     chunk_padding, _ = run_plan(engine, prompts, chunks)
     # Both baselines are valid plans with the same number of batches: the least padding can
     # be no more than either.
-    assert padding <= chunk_padding < fifo_padding
+    assert padding <= chunk_padding < fifo_padding, (
+        f"padding: got {padding}, expected at most sorted chunks' {chunk_padding} (FIFO "
+        f"{fifo_padding}); plan_batches({lengths}, 8) = {plan}")
 
 
 # Exercise 2 ----------------------------------------------------------------------------------
@@ -203,10 +222,12 @@ def test_waste_matches_a_step_by_step_simulation():
         batch = rng.randint(1, 9)
         prompts = [rng.randint(1, 40) for _ in range(batch)]
         outputs = [rng.randint(1, 30) for _ in range(batch)]
-        got = ex.static_batch_waste(prompts, outputs)
-        assert got == simulate(prompts, outputs)
-        assert got["useful"] + got["padding"] + got["idle"] == got["slots"]
-        assert ex.ragged_slots(prompts, outputs) == got["useful"]
+        call = f"({prompts}, {outputs})"
+        got, want = ex.static_batch_waste(prompts, outputs), simulate(prompts, outputs)
+        assert got == want, f"{dict_diff(got, want)} from static_batch_waste{call}"
+        ragged = ex.ragged_slots(prompts, outputs)
+        assert ragged == want["useful"], \
+            f"got {ragged}, expected {want['useful']} from ragged_slots{call}"
 
 
 @needs_model
@@ -224,9 +245,11 @@ def test_waste_matches_the_engine_on_real_batches():
         prompts = [len(tokenizer.encode(t)) for t in texts]
         outputs = [len(c.token_ids) for c in done]
         got = ex.static_batch_waste(prompts, outputs)
-        assert got == dict(slots=stats.slots, useful=stats.useful, padding=stats.padding_slots,
-                           idle=stats.idle, decode_row_steps=stats.decode_row_steps,
-                           idle_row_steps=stats.idle_row_steps)
+        want = dict(slots=stats.slots, useful=stats.useful, padding=stats.padding_slots,
+                    idle=stats.idle, decode_row_steps=stats.decode_row_steps,
+                    idle_row_steps=stats.idle_row_steps)
+        assert got == want, (f"{dict_diff(got, want)} (the engine's BatchStats) from "
+                             f"static_batch_waste({prompts}, {outputs}), max_tokens {max_tokens}")
 
 
 # Exercise 3 ----------------------------------------------------------------------------------
@@ -301,9 +324,14 @@ def test_first_tokens_do_not_depend_on_pad_id_or_batch_mates():
     rng = random.Random(5)
     prompts = [[rng.randrange(96) for _ in range(n)] for n in (3, 11, 1, 25)]
     expected = alone(hf, prompts)
+    lengths = [len(p) for p in prompts]
     for pad_id in (0, 7, 95):
-        assert first_tokens_in_one_call(hf, prompts, pad_id) == expected
+        got = first_tokens_in_one_call(hf, prompts, pad_id)
+        assert got == expected, (f"pad_id {pad_id}, prompt lengths {lengths}: got {got}, "
+                                 f"expected {expected} (each prompt alone)")
     order = [2, 0, 3, 1]
-    assert first_tokens_in_one_call(hf, [prompts[i] for i in order], 1) == \
-        [expected[i] for i in order]
-    assert first_tokens_in_one_call(hf, prompts[1:2], 1) == expected[1:2]
+    got = first_tokens_in_one_call(hf, [prompts[i] for i in order], 1)
+    assert got == [expected[i] for i in order], (f"prompts reordered {order}: got {got}, "
+                                                 f"expected {[expected[i] for i in order]}")
+    got = first_tokens_in_one_call(hf, prompts[1:2], 1)
+    assert got == expected[1:2], f"prompt 1 alone in a batch: got {got}, expected {expected[1:2]}"

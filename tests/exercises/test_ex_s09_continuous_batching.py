@@ -77,15 +77,26 @@ class Events:
 
 
 def check_against_sync(got, ref, engine, m):
-    assert len(got) == len(ref)
+    assert len(got) == len(ref), \
+        f"max_num_seqs {m}: got output lists for {len(got)} requests, expected {len(ref)}"
     for i, (outs, want) in enumerate(zip(got, ref)):
+        case = f"max_num_seqs {m}, request {i} ({AHEAD_PROMPTS[i]!r})"
         tokens = [t for o in outs for t in o.new_token_ids]
-        assert tokens == want.token_ids, (m, i, tokens, want.token_ids)
-        assert "".join(o.text_delta for o in outs) == want.text, (m, i)
-        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True], (m, i)
-        assert outs[-1].finish_reason == want.finish_reason, (m, i)
-    assert engine.scheduler.kv.free_slots == list(range(m))
-    assert engine.scheduler.kv.num_used_tokens == 0
+        assert tokens == want.token_ids, \
+            f"{case}: got token ids {tokens}, expected {want.token_ids} (the synchronous engine)"
+        text = "".join(o.text_delta for o in outs)
+        assert text == want.text, f"{case}: got text {text!r}, expected {want.text!r}"
+        finished = [o.finished for o in outs]
+        assert finished == [False] * (len(outs) - 1) + [True], \
+            f"{case}: got finished flags {finished}, expected only the last one True"
+        assert outs[-1].finish_reason == want.finish_reason, (
+            f"{case}: got finish_reason {outs[-1].finish_reason!r}, "
+            f"expected {want.finish_reason!r}")
+    kv = engine.scheduler.kv
+    assert kv.free_slots == list(range(m)), \
+        f"max_num_seqs {m}: got free slots {kv.free_slots} at the end, expected {list(range(m))}"
+    assert kv.num_used_tokens == 0, \
+        f"max_num_seqs {m}: got {kv.num_used_tokens} tokens still held at the end, expected 0"
 
 
 @needs_model
@@ -178,7 +189,10 @@ def test_flatten_matches_a_token_by_token_loop():
         new = [[rng.randrange(100) for _ in range(rng.choice([1, 1, rng.randint(1, 9)]))]
                for _ in range(b)]
         cached = [rng.randint(0, 40) for _ in range(b)]
-        assert as_plain(ex.flatten(new, cached)) == loop_flatten(new, cached)
+        got, want = as_plain(ex.flatten(new, cached)), loop_flatten(new, cached)
+        diff = "; ".join(f"{k}: got {got.get(k)}, expected {want[k]}" for k in want
+                         if got.get(k) != want[k]) or f"got keys {sorted(got)}"
+        assert got == want, f"{diff} from flatten({new}, {cached})"
 
 
 @needs_model
@@ -252,5 +266,11 @@ def test_simulate_equals_the_engines_trace_with_finishes_and_aborts():
         # a record lists the running requests in schedule order; the batch is in slot order
         engine_steps = [sorted(((int(r), s) for r, s in zip(rec.running, rec.slots)),
                                key=lambda pair: pair[1]) for rec in records]
-        assert ex.simulate(lens, m, aborts) == engine_steps, (lens, m, aborts)
-        assert engine.scheduler.kv.free_slots == list(range(m))
+        got = ex.simulate(lens, m, aborts)
+        first = next((k for k, (g, w) in enumerate(zip(got, engine_steps)) if g != w),
+                     min(len(got), len(engine_steps)))
+        assert got == engine_steps, (
+            f"simulate({lens}, {m}, {aborts}): first difference at step {first}: got "
+            f"{got[first:first + 1]}, expected {engine_steps[first:first + 1]} (the engine's "
+            f"trace; {len(got)} steps against {len(engine_steps)})")
+        assert engine.scheduler.kv.free_slots == list(range(m)), "oracle check: slots all free"

@@ -175,8 +175,12 @@ def test_reserving_admission_by_hand():
     for ratio, joins in ((1.0, False), (0.9, False), (0.75, True), (0.5, True), (0.0, True)):
         sched, reqs = setup(ratio)
         out = sched.schedule()
-        assert ("b" in out.num_scheduled_tokens) == joins, ratio
-        assert "a" in out.num_scheduled_tokens and out.preempted_ids == ()
+        assert ("b" in out.num_scheduled_tokens) == joins, (
+            f"ratio {ratio}: b {'joined' if not joins else 'did not join'}, expected it "
+            f"{'to join' if joins else 'to wait'} (13 + 19 x {ratio} against 29 free)")
+        assert "a" in out.num_scheduled_tokens and out.preempted_ids == (), (
+            f"ratio {ratio}: got scheduled {list(out.num_scheduled_tokens)}, preempted "
+            f"{list(out.preempted_ids)}; expected a scheduled and nobody preempted")
     # the stock scheduler admits b: 8 tokens fit the 29 free positions now
     stock = Scheduler(SchedulerConfig(4, 32, 64), TokenKVPool(4, 32, 40))
     a = Request.for_tokens("a", [5] * 10, 20)
@@ -204,18 +208,28 @@ def test_reserving_admission_preempts_less_with_the_same_tokens():
         stock, stock_reqs, _, _ = seeded_run(Scheduler, seed)
         full, full_reqs, _, most = seeded_run(reserving(1.0), seed)
         half, half_reqs, _, _ = seeded_run(reserving(0.5), seed)
-        assert full.num_preemptions == 0, (seed, "a full reservation never preempts")
-        for sched, reqs in ((full, full_reqs), (half, half_reqs)):
-            assert {k: r.output_ids for k, r in reqs.items()} == {
-                k: r.output_ids for k, r in stock_reqs.items()}, seed
-            assert all(len(r.output_ids) == r.params.max_tokens for r in reqs.values())
-            assert sched.kv.num_free_tokens == 120 and not sched.kv.slots
+        assert full.num_preemptions == 0, (f"seeded_run(reserving(1.0), {seed}): got "
+                                           f"{full.num_preemptions} preemptions, expected 0 "
+                                           f"(a full reservation never preempts)")
+        for ratio, sched, reqs in ((1.0, full, full_reqs), (0.5, half, half_reqs)):
+            run = f"seeded_run(reserving({ratio}), {seed})"
+            for k, r in reqs.items():
+                want = stock_reqs[k].output_ids
+                assert r.output_ids == want, \
+                    f"{run}, request {k}: got tokens {r.output_ids}, expected {want} (stock)"
+                assert len(r.output_ids) == r.params.max_tokens, (
+                    f"{run}, request {k}: got {len(r.output_ids)} tokens, expected "
+                    f"max_tokens {r.params.max_tokens}")
+            assert sched.kv.num_free_tokens == 120 and not sched.kv.slots, (
+                f"{run}: at the end got {sched.kv.num_free_tokens} free KV tokens and slots "
+                f"{sched.kv.slots}, expected 120 and none")
         stock_total += stock.num_preemptions
         half_total += half.num_preemptions
         batched |= most > 1
-    assert stock_total > 60              # the workload does make the stock scheduler preempt
-    assert half_total < stock_total      # half a reservation already avoids most of them
-    assert batched                       # reserving is not running one request at a time
+    assert stock_total > 60, f"oracle check: the stock scheduler preempted {stock_total} times"
+    assert half_total < stock_total, (f"seeds 0-5: ratio 0.5 got {half_total} preemptions, "
+                                      f"expected fewer than the stock scheduler's {stock_total}")
+    assert batched, "ratio 1.0 never ran two requests at once, expected batching"
 
 
 @pytest.mark.points(1)
@@ -234,8 +248,13 @@ def test_reserving_admission_follows_the_rule_at_every_call():
                     want = need <= free
                 else:
                     want = True
-                assert bool(got) == want, (ratio, request.request_id, num_new_tokens, free)
-                assert self.kv.num_free_tokens == free     # it only reads
+                assert bool(got) == want, (
+                    f"seeded_run(ratio {ratio}, seed {seed}, aborts=True), step "
+                    f"{self.num_steps}: admits({request.request_id}, {num_new_tokens}) got "
+                    f"{got}, expected {want} ({free} KV tokens free, running "
+                    f"{[r.request_id for r in self.running]})")
+                assert self.kv.num_free_tokens == free, \
+                    f"admits changed the free KV tokens from {free} to {self.kv.num_free_tokens}"
                 decisions[want] += 1
                 return got
 
@@ -285,10 +304,12 @@ def test_schedule_running_matches_the_scheduler():
             continue
         state = [(r.request_id, sched.kv.num_tokens(r.request_id), r.priority, r.arrival)
                  for r in sched.running]
-        want = schedule_running(state, sched.kv.num_free_tokens, run.policy)
+        free = sched.kv.num_free_tokens
+        got = schedule_running(state, free, run.policy)
         out = run.step()
-        got = (list(out.scheduled_running_ids), list(out.preempted_ids))
-        assert want == got, (state, sched.kv.num_free_tokens, run.policy)
+        want = (list(out.scheduled_running_ids), list(out.preempted_ids))
+        assert got == want, (f"got {got}, expected {want} (the scheduler) from "
+                             f"schedule_running({state}, {free}, {run.policy!r})")
         checked += bool(state)
         preempted += bool(out.preempted_ids)
     assert checked > 200 and preempted > 20
@@ -323,7 +344,9 @@ def test_waiting_order_matches_the_scheduler():
     checked = 0
     for run in runs(seed=12, trials=60, steps=25):
         run.step()
-        want = waiting_order(run.events, run.policy)
-        assert want == [r.request_id for r in run.sched.waiting], (run.policy, run.events)
-        checked += len(want) > 1
+        got = waiting_order(run.events, run.policy)
+        want = [r.request_id for r in run.sched.waiting]
+        assert got == want, (f"got {got}, expected {want} (the scheduler's waiting queue) from "
+                             f"waiting_order(events, {run.policy!r}); events {run.events}")
+        checked += len(got) > 1
     assert checked > 200

@@ -156,7 +156,9 @@ def test_plan_step_by_hand():
     for (running, waiting, budget, seats, limit), want, arrivals in BY_HAND:
         # each case is a state the real scheduler reaches, and it plans what was worked out
         assert reached(budget, seats, limit, arrivals) == ((running, waiting), want)
-        assert plan_step(running, waiting, budget, seats, limit) == want, (running, waiting)
+        got = plan_step(running, waiting, budget, seats, limit)
+        assert got == want, (f"got {got}, expected {want} from "
+                             f"plan_step({running}, {waiting}, {budget}, {seats}, {limit})")
     for bad in (([], [], 3, 4), ([("a", 1)], [], 4, 0), ([("a", 1)] * 3, [], 8, 2),
                 ([("a", 0)], [], 4, 2), ([], [("a", 0)], 4, 2)):
         with pytest.raises(ValueError):
@@ -170,16 +172,17 @@ def test_plan_step_matches_the_scheduler():
     checked = chunked = 0
     for run in runs(seed=21, trials=80, steps=30):
         sched = run.sched
-        want = plan_step([(r.request_id, left(r)) for r in sched.running],
-                         [(r.request_id, left(r)) for r in sched.waiting],
-                         sched.max_num_batched_tokens, sched.max_num_seqs,
-                         sched.config.long_prefill_token_threshold)
+        args = ([(r.request_id, left(r)) for r in sched.running],
+                [(r.request_id, left(r)) for r in sched.waiting],
+                sched.max_num_batched_tokens, sched.max_num_seqs,
+                sched.config.long_prefill_token_threshold)
+        got = plan_step(*args)
         out = run.step()
-        assert out.preempted_ids == ()                           # KV is never short here
-        got = list(out.num_scheduled_tokens.items())
-        assert want == got, (sched.max_num_batched_tokens,
-                             sched.config.long_prefill_token_threshold)
-        checked += bool(got)
+        assert out.preempted_ids == (), "oracle check: KV is never short here"
+        want = list(out.num_scheduled_tokens.items())
+        assert got == want, \
+            f"got {got}, expected {want} (the scheduler's plan) from plan_step{args}"
+        checked += bool(want)
         chunked += any(rid not in run.sampled for rid in out.num_scheduled_tokens)
     assert checked > 500 and chunked > 100
 
@@ -260,9 +263,17 @@ class Served:
                 self.arrivals[rid] = step
             self.decoding.append({r.request_id for r in sched.running if decoding(r)})
             out = sched.schedule()
-            assert out.preempted_ids == () and len(out.num_scheduled_tokens) <= seats
-            assert out.total_num_scheduled_tokens <= budget, "the budget is exceeded"
-            assert out.num_scheduled_tokens or not (sched.running or sched.waiting)
+            def where():                      # built only when an assertion fails
+                return (f"step {step} of arrivals (step, id, prompt, max_tokens) {arrivals}, "
+                        f"{seats} seats, budget {budget}, threshold {threshold}")
+            planned = dict(out.num_scheduled_tokens)
+            assert out.preempted_ids == () and len(planned) <= seats, (
+                f"got plan {planned}, preempted {list(out.preempted_ids)}: expected at most "
+                f"{seats} requests and no preemption; {where()}")
+            assert out.total_num_scheduled_tokens <= budget, \
+                f"got {out.total_num_scheduled_tokens} tokens planned, budget {budget}; {where()}"
+            assert planned or not (sched.running or sched.waiting), \
+                f"got an empty plan with requests running or waiting; {where()}"
             self.plans.append([(rid, n, out.num_computed_tokens[rid],
                                 decoding(reqs[rid], out.num_computed_tokens[rid]),
                                 rid in out.scheduled_running_ids)
@@ -275,9 +286,11 @@ class Served:
                 if len(req.output_ids) >= req.params.max_tokens:
                     finished.append(rid)
             sched.update_from_output(out, finished)
-            assert step < 2000, "the run does not end"
+            assert step < 2000, f"the run does not end; {where()}"
         self.outputs = {rid: list(r.output_ids) for rid, r in reqs.items()}
-        assert all(len(r.output_ids) == r.params.max_tokens for r in reqs.values())
+        short = {rid: len(r.output_ids) for rid, r in reqs.items()
+                 if len(r.output_ids) != r.params.max_tokens}
+        assert not short, f"got {short} tokens, expected each request's max_tokens; {arrivals}"
 
     def allocations(self) -> list[list[tuple[str, int]]]:
         return [sorted((rid, n) for rid, n, *_rest in plan) for plan in self.plans]
@@ -334,8 +347,12 @@ def test_latency_in_steps_by_hand_and_against_the_notebook():
     for budget, ttft in NOTEBOOK_TTFT.items():                      # the stock scheduler
         served = Served(stock, MOTIVATION, 8, budget)
         worst, got = ex.latency_in_steps(served.sampled, served.arrivals)
-        assert got["4"] == ttft, f"budget {budget}: the notebook measured {ttft} steps"
-        assert (worst, dict(got)) == gaps_and_ttft(served) == (1, dict(got))
+        assert got["4"] == ttft, \
+            f"budget {budget}: got TTFT {got['4']} steps for request 4, expected {ttft} (notebook)"
+        want = gaps_and_ttft(served)
+        assert want[0] == 1, "oracle check: the stock scheduler's worst gap is 1 step"
+        assert (worst, dict(got)) == want, (f"budget {budget}: got (worst gap, TTFT) "
+                                            f"{(worst, dict(got))}, expected {want}")
     rng = random.Random(31)
     for _ in range(200):                                            # any pattern of tokens
         ids = [f"r{i}" for i in range(rng.randint(1, 5))]
@@ -343,28 +360,42 @@ def test_latency_in_steps_by_hand_and_against_the_notebook():
         sampled = [{rid for rid in ids if arrivals[rid] <= k and rng.random() < 0.4}
                    for k in range(rng.randint(1, 25))]
         worst, got = ex.latency_in_steps(sampled, arrivals)
-        run = SimpleNamespace(sampled=sampled, arrivals=arrivals)
-        assert (worst, dict(got)) == gaps_and_ttft(run), (sampled, arrivals)
+        want = gaps_and_ttft(SimpleNamespace(sampled=sampled, arrivals=arrivals))
+        assert (worst, dict(got)) == want, (f"got {(worst, dict(got))}, expected {want} from "
+                                            f"latency_in_steps({sampled}, {arrivals})")
 
 
 @pytest.mark.points(1)
 def test_step_orders_keep_tokens_budget_and_their_order():
     with pytest.raises(ValueError):
         ordered("shortest-first")(ChunkedSchedulerConfig(2, 16, 8), TokenKVPool(2, 16))
-    for arrivals, seats, budget, threshold in workloads(seed=33, count=25):
+    for case, (arrivals, seats, budget, threshold) in enumerate(workloads(seed=33, count=25)):
         base = Served(stock, arrivals, seats, budget, threshold)    # budget checked inside
         for order in ORDERS:
+            where = (f"order {order!r}, workloads(seed=33) case {case}: arrivals (step, id, "
+                     f"prompt, max_tokens) {arrivals}, {seats} seats, budget {budget}, "
+                     f"threshold {threshold}")
             served = Served(ordered(order), arrivals, seats, budget, threshold)
-            assert served.outputs == base.outputs, order           # tokens unchanged
+            for rid, want in base.outputs.items():                 # tokens unchanged
+                assert served.outputs.get(rid) == want, \
+                    f"request {rid}: got tokens {served.outputs.get(rid)}, expected {want}; {where}"
             # the running requests' order (newcomers are admitted after them in every order)
             kinds = [[dec for *_rest, dec, was_running in plan if was_running]
                      for plan in served.plans]
+            for step, plan in enumerate(served.plans):
+                if order == "admission":                            # S11's own schedule
+                    want = base.plans[step] if step < len(base.plans) else None
+                    assert plan == want, (f"step {step}: got plan (id, tokens, start, decoding, "
+                                          f"was running) {plan}, expected {want}; {where}")
+                elif order == "decode-first":
+                    assert kinds[step] == sorted(kinds[step], reverse=True), \
+                        f"step {step}: a decode after a chunk in plan {plan}; {where}"
+                else:
+                    assert kinds[step] == sorted(kinds[step]), \
+                        f"step {step}: a chunk after a decode in plan {plan}; {where}"
             if order == "admission":
-                assert served.plans == base.plans                   # S11's own schedule
-            elif order == "decode-first":
-                assert all(k == sorted(k, reverse=True) for k in kinds), "a decode after a chunk"
-            else:
-                assert all(k == sorted(k) for k in kinds), "a chunk after a decode"
+                assert len(served.plans) == len(base.plans), \
+                    f"got {len(served.plans)} steps, expected {len(base.plans)}; {where}"
 
 
 @pytest.mark.points(1)
@@ -372,21 +403,37 @@ def test_decode_first_never_stalls_and_prefill_first_answers_first():
     base = Served(stock, MOTIVATION, 8, 32)
     first = Served(ordered("decode-first"), MOTIVATION, 8, 32)
     rush = Served(ordered("prefill-first"), MOTIVATION, 8, 32)
-    assert gaps_and_ttft(first) == gaps_and_ttft(base)              # 1 step, long prompt 7
+    got, want = gaps_and_ttft(first), gaps_and_ttft(base)          # 1 step, long prompt 7
+    assert got == want, (f"decode-first on the Motivation run, budget 32: got (worst gap, "
+                         f"TTFT by id) {got}, expected {want} (S11's admission order)")
     worst, ttft = gaps_and_ttft(rush)
-    assert ttft["4"] == 6 < NOTEBOOK_TTFT[32] and worst == 5        # 28 + 5 x 32 >= 183
+    assert ttft["4"] == 6 < NOTEBOOK_TTFT[32] and worst == 5, (     # 28 + 5 x 32 >= 183
+        f"prefill-first on the Motivation run, budget 32: got TTFT {ttft['4']} for the long "
+        f"prompt and worst gap {worst}, expected 6 and 5")
     lower = 0
-    for arrivals, seats, budget, threshold in workloads(seed=35, count=30):
+    for case, (arrivals, seats, budget, threshold) in enumerate(workloads(seed=35, count=30)):
+        where = (f"workloads(seed=35) case {case}: arrivals (step, id, prompt, max_tokens) "
+                 f"{arrivals}, {seats} seats, budget {budget}, threshold {threshold}")
         base = Served(stock, arrivals, seats, budget, threshold)
         first = Served(ordered("decode-first"), arrivals, seats, budget, threshold)
         rush = Served(ordered("prefill-first"), arrivals, seats, budget, threshold)
         # decode-first: every request decoding before a step gets its token in that step,
         # and it spends each step's budget exactly as S11's admission order does
-        for plan, dec in zip(first.plans, first.decoding):
-            assert dec <= {rid for rid, *_rest in plan}, "a running decode was skipped"
-        assert first.allocations() == base.allocations()
+        for step, (plan, dec) in enumerate(zip(first.plans, first.decoding)):
+            skipped = dec - {rid for rid, *_rest in plan}
+            assert not skipped, (f"decode-first, step {step}: running decodes {sorted(skipped)} "
+                                 f"were skipped (plan {plan}); {where}")
+        got_alloc, want_alloc = first.allocations(), base.allocations()
+        step = next((k for k, (g, w) in enumerate(zip(got_alloc, want_alloc)) if g != w),
+                    min(len(got_alloc), len(want_alloc)))
+        assert got_alloc == want_alloc, (
+            f"decode-first, step {step}: got (id, tokens) {got_alloc[step:step + 1]}, expected "
+            f"{want_alloc[step:step + 1]} (S11's admission order); {where}")
         # prefill-first: nobody's first token comes later than under S11's order
         base_ttft, rush_ttft = gaps_and_ttft(base)[1], gaps_and_ttft(rush)[1]
-        assert all(rush_ttft[r] <= base_ttft[r] for r in base_ttft), (budget, threshold)
+        for r in base_ttft:
+            assert rush_ttft.get(r, float("inf")) <= base_ttft[r], (
+                f"prefill-first, request {r}: got TTFT {rush_ttft.get(r)} steps, expected at "
+                f"most {base_ttft[r]} (S11's admission order); {where}")
         lower += sum(rush_ttft.values()) < sum(base_ttft.values())
     assert lower >= 5

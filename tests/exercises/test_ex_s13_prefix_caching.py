@@ -24,6 +24,15 @@ from s11_chunked_prefill import ChunkedScheduler, ChunkedSchedulerConfig
 ex = load_exercise("s13_prefix_caching")
 
 
+def refuses(what: str, fn, *args) -> None:
+    """fn(*args) must raise ValueError; a failure names the call (`what`)."""
+    try:
+        fn(*args)
+    except ValueError:
+        return
+    pytest.fail(f"{what}: got no error, expected ValueError")
+
+
 # Exercise 1 ----------------------------------------------------------------------------------
 
 class TokenTrie:
@@ -85,8 +94,7 @@ def test_radix_cache_by_hand():
     assert small.num_tokens == 6
     assert [small.match_prefix(ids) for ids in ([1, 2, 5, 6], [1, 2, 3, 4], [7, 8])] == [3, 3, 2]
     for bad in (0, -1, 2.5, "6"):
-        with pytest.raises(ValueError):
-            ex.RadixCache(bad)
+        refuses(f"RadixCache({bad!r})", ex.RadixCache, bad)
 
 
 def chat_workload(rng):
@@ -147,10 +155,18 @@ def test_radix_hits_are_the_longest_prefix_and_beat_blocks_by_the_tail():
             want = min(max([longest_common_prefix(prompt, s) for s in computed], default=0),
                        len(prompt) - 1)
             # The block cache takes that rounded down to whole blocks: the tail is missed.
-            assert blocks[k] == want // size * size, (seed, k, blocks[k], want, size)
+            def where():                      # built only when an assertion fails
+                return (f"seed {seed}, turn {k} of {[p for p, _ in turns]} (block size {size}), "
+                        f"prompt {prompt}")
+            assert blocks[k] == want // size * size, (f"oracle check: block cache got "
+                                                      f"{blocks[k]}, expected "
+                                                      f"{want // size * size}; {where()}")
             got = min(cache.match_prefix(prompt), len(prompt) - 1)
-            assert got == want, (seed, k, got, want)
-            assert got >= blocks[k] and got - blocks[k] == got % size
+            assert got == want, (f"min(match_prefix(prompt), len(prompt) - 1): got {got}, "
+                                 f"expected {want}; {where()}")
+            assert got >= blocks[k] and got - blocks[k] == got % size, (
+                f"got {got}, block cache {blocks[k]}: expected got - blocks == got % {size}; "
+                f"{where()}")
             tails += got % size > 0
             computed.append(prompt + answer[:-1])
             cache.insert(computed[-1])
@@ -164,17 +180,24 @@ def test_radix_cache_evicts_like_the_token_trie():
     for _ in range(200):
         capacity = rng.choice([None, rng.randint(1, 40)])
         mine, trie = ex.RadixCache(capacity), TokenTrie(capacity)
+        ops = []                              # this case's operations so far, to replay it
         for _ in range(rng.randint(1, 30)):
             ids = [rng.randint(0, 3) for _ in range(rng.randint(0, 15))]
             if rng.random() < 0.5:
-                assert mine.match_prefix(ids) == trie.match_prefix(ids), (capacity, ids)
+                ops.append(("match_prefix", ids))
+                got, want = mine.match_prefix(ids), trie.match_prefix(ids)
+                assert got == want, (f"match_prefix({ids}): got {got}, expected {want}; "
+                                     f"RadixCache({capacity}) after {ops}")
             else:
+                ops.append(("insert", ids))
                 grown = len(trie.used) + sum(tuple(ids[:k]) not in trie.used
                                              for k in range(1, len(ids) + 1))
                 mine.insert(ids)
                 trie.insert(ids)
                 evicted += len(trie.used) < grown              # this insert evicted
-            assert mine.num_tokens == len(trie.used), (capacity, ids)
+            assert mine.num_tokens == len(trie.used), (
+                f"num_tokens: got {mine.num_tokens}, expected {len(trie.used)}; "
+                f"RadixCache({capacity}) after {ops}")
     assert evicted > 50
 
 
@@ -223,11 +246,12 @@ def cached_by_scheduler(earlier, prompt, block_size: int) -> int:
 @pytest.mark.points(1)
 def test_num_cached_tokens_by_hand():
     for (earlier, prompt, size), want in BY_HAND:
-        assert cached_by_scheduler(earlier, prompt, size) == want, (earlier, prompt, size)
-        assert ex.num_cached_tokens(earlier, prompt, size) == want, (earlier, prompt, size)
+        case = f"num_cached_tokens({earlier}, {prompt}, {size})"
+        assert cached_by_scheduler(earlier, prompt, size) == want, f"oracle check: {case}"
+        got = ex.num_cached_tokens(earlier, prompt, size)
+        assert got == want, f"got {got}, expected {want} from {case}"
     for bad in (([A], [], 4), ([A], A, 0)):
-        with pytest.raises(ValueError):
-            ex.num_cached_tokens(*bad)
+        refuses(f"num_cached_tokens{bad}", ex.num_cached_tokens, *bad)
 
 
 @pytest.mark.points(2)
@@ -243,7 +267,9 @@ def test_num_cached_tokens_matches_the_scheduler():
         earlier = [variant() for _ in range(rng.randint(0, 3))]
         prompt = variant()
         want = cached_by_scheduler(earlier, prompt, size)
-        assert ex.num_cached_tokens(earlier, prompt, size) == want, (earlier, prompt, size)
+        got = ex.num_cached_tokens(earlier, prompt, size)
+        assert got == want, (f"got {got}, expected {want} (the scheduler's num_cached_tokens) "
+                             f"from num_cached_tokens({earlier}, {prompt}, {size})")
         hits += want > 0
     assert hits > 40
 
@@ -287,6 +313,17 @@ def serve(num_blocks, size, ops):
     return [(list(h), list(e), list(f)) for h, e, f in ex.serve(num_blocks, size, ops)]
 
 
+def check_serve(num_blocks, size, ops, want):
+    """ex.serve against `want` (one (hit, evicted, free queue) per operation); a mismatch names
+    the first operation whose result differs, the operations up to it, and both results."""
+    got = serve(num_blocks, size, ops)
+    call = f"serve({num_blocks}, {size}, ops)"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, (f"{call}, operation {i} {ops[i][:2]}: got (hit, evicted, free) {g}, "
+                        f"expected {w}; after {ops[:i + 1]}")
+    assert len(got) == len(want), f"{call}: got {len(got)} results, expected {len(want)}: {ops}"
+
+
 SYSTEM = [7, 7, 7, 7, 8, 8, 8, 8]                              # two blocks of 4, shared
 
 
@@ -310,7 +347,7 @@ def test_serve_by_hand():
             ([], [], [4, 2, 1]),
             ([1, 2], [], [])]
     assert by_manager(7, 4, ops, tokens) == want
-    assert serve(7, 4, ops) == want
+    check_serve(7, 4, ops, want)
     # The same with blocks 1..4 only, and c let go before d comes. c's three blocks come from
     # the front, 3, 4, 2: block 2 held the system prompt's second block, so c evicts it (the
     # tail of a chain goes before its head). c names 3 and 4 and gives back 2, 4, 3. d still
@@ -326,7 +363,7 @@ def test_serve_by_hand():
                   ([], [], [1, 2, 4, 3]),
                   ([1], [4], [3])]
     assert by_manager(5, 4, small, tokens) == want_small
-    assert serve(5, 4, small) == want_small
+    check_serve(5, 4, small, want_small)
 
 
 @pytest.mark.points(2)
@@ -353,7 +390,7 @@ def test_serve_matches_the_manager():
                 continue
             ops, held = trial, held + [rid]
         want = by_manager(num_blocks, size, ops, tokens)
-        assert serve(num_blocks, size, ops) == want, (num_blocks, size, ops)
+        check_serve(num_blocks, size, ops, want)
         evictions += sum(bool(e) for _, e, _ in want)
         hits += sum(bool(h) for h, _, _ in want)
     assert evictions > 30 and hits > 60
@@ -371,7 +408,7 @@ def test_serve_refuses_what_its_docstring_refuses():
     fits = start + [("admit", "b", names(tokens["b"], 4), 12)]
     want = [([], [], [3]), ([], [], [3, 2, 1]), ([1, 2], [], [])]
     assert by_manager(4, 4, fits, tokens) == want
-    assert serve(4, 4, fits) == want
+    check_serve(4, 4, fits, want)
     too_big = start + [("admit", "b2", names(tokens["b2"], 4), 13)]
     assert by_manager(4, 4, too_big, tokens) is None
     admit_a = ("admit", "a", names(SYSTEM, 4), 8)
@@ -385,11 +422,10 @@ def test_serve_refuses_what_its_docstring_refuses():
             (4, 4, [("admit", "a", [], 0)]),                   # no tokens
             (4, 4, [("free", "a")]),                           # a holds nothing
             (4, 4, [admit_a, ("free", "a"), ("free", "a")])]:  # freed already
-        with pytest.raises(ValueError):
-            ex.serve(num_blocks, size, ops)
+        refuses(f"serve({num_blocks}, {size}, {ops})", ex.serve, num_blocks, size, ops)
     # An id may come back once freed: a again hits block 1 only (at most (8 - 1) // 4 blocks)
     # and takes 3 from the front, which leaves block 2, named, in the queue.
     again = [admit_a, ("free", "a"), admit_a]
     want = [([], [], [3]), ([], [], [3, 2, 1]), ([1], [], [2])]
     assert by_manager(4, 4, again, {"a": SYSTEM}) == want
-    assert serve(4, 4, again) == want
+    check_serve(4, 4, again, want)

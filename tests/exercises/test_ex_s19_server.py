@@ -108,8 +108,11 @@ def test_sse_data_by_hand():
     assert ex.sse_data(HAND_STREAMS[2]) == ["no space", " two spaces"]
     assert ex.sse_data(HAND_STREAMS[4]) == ["caf\u00e9 \u2014 done"]
     for chunks in HAND_STREAMS:
-        assert list(ex.sse_data(chunks)) == reference_data(chunks), chunks
-        assert list(ex.sse_data(iter(chunks))) == reference_data(chunks), "an iterator"
+        want = reference_data(chunks)
+        got = list(ex.sse_data(chunks))
+        assert got == want, f"got {got}, expected {want} (openai's decoder) from sse_data({chunks})"
+        got = list(ex.sse_data(iter(chunks)))
+        assert got == want, f"got {got}, expected {want} from sse_data(iter({chunks}))"
 
 
 @needs_model
@@ -124,10 +127,17 @@ def test_sse_data_reads_the_server_streams_as_the_official_client_does(streams):
             pieces = random_pieces(blob, rng)
             if rng.random() < 0.3:                      # the same events with CRLF line ends
                 pieces = random_pieces(blob.replace(b"\n", b"\r\n"), rng)
-            assert list(ex.sse_data(pieces)) == reference_data(pieces) == whole
+            assert reference_data(pieces) == whole, "oracle check: openai's decoder"
+            got = list(ex.sse_data(pieces))
+            bad = next((i for i, (g, w) in enumerate(zip(got, whole)) if g != w),
+                       min(len(got), len(whole)))
+            assert got == whole, (
+                f"sse_data(pieces): event {bad}: got {got[bad:bad + 1]}, expected "
+                f"{whole[bad:bad + 1]} ({len(got)} events against {len(whole)}); pieces {pieces}")
             checked += 1
         one_byte = [blob[i:i + 1] for i in range(len(blob))]
-        assert list(ex.sse_data(one_byte)) == whole
+        got = list(ex.sse_data(one_byte))
+        assert got == whole, f"the stream one byte at a time: got {got}, expected {whole}"
     assert checked == 40 * len(BODIES)
 
 
@@ -191,18 +201,25 @@ def test_join_stream_equals_the_engine_alone(streams, bundled):
         alone = single.generate(prompt, s04.SamplingParams(
             temperature=0.0, max_tokens=max_tokens, stop=body.get("stop")))
         n = body.get("n", 1)
-        assert [c["index"] for c in joined["choices"]] == list(range(n)), (kind, body)
+        where = f"{kind} stream of {body}"
+        indices = [c["index"] for c in joined["choices"]]
+        assert indices == list(range(n)), \
+            f"got choice indices {indices}, expected {list(range(n))}; {where}"
         for choice in joined["choices"]:                # greedy: every choice is the same
-            assert choice["text"] == alone.text, (kind, body)
-            assert choice["finish_reason"] == alone.finish_reason, (kind, body)
+            i = choice["index"]
+            assert choice["text"] == alone.text, \
+                f"choice {i}: got text {choice['text']!r}, expected {alone.text!r}; {where}"
+            assert choice["finish_reason"] == alone.finish_reason, (
+                f"choice {i}: got finish_reason {choice['finish_reason']!r}, expected "
+                f"{alone.finish_reason!r}; {where}")
         if "stream_options" in body:     # a fresh engine per stream: nothing cached
-            assert joined["usage"] == {"prompt_tokens": prompt_tokens,
-                                       "completion_tokens": n * len(alone.token_ids),
-                                       "total_tokens": prompt_tokens
-                                       + n * len(alone.token_ids),
-                                       "prompt_tokens_details": {"cached_tokens": 0}}
+            want = {"prompt_tokens": prompt_tokens,
+                    "completion_tokens": n * len(alone.token_ids),
+                    "total_tokens": prompt_tokens + n * len(alone.token_ids),
+                    "prompt_tokens_details": {"cached_tokens": 0}}
         else:
-            assert joined["usage"] is None
+            want = None
+        assert joined["usage"] == want, f"usage: got {joined['usage']}, expected {want}; {where}"
     with pytest.raises(ValueError):
         ex.join_stream(reference_data([streams[0][2]])[:-1])       # the client was cut off
 
@@ -327,11 +344,18 @@ def test_admission_under_the_limit_is_the_server_itself(bundled):
         with concurrent.futures.ThreadPoolExecutor(3) as pool:    # 3 at once: 2 in, 1 waits
             texts = list(pool.map(lambda _: served.post({"prompt": PROMPT, "max_tokens": 8,
                                                          "temperature": 0}).json(), range(3)))
-        assert [t["choices"][0]["text"] for t in texts] == [want] * 3
-        assert served.inner.entered == served.outer.entered == 6
-        assert served.inner.most <= 2
+        got = [t.get("choices", [{}])[0].get("text", t) for t in texts]
+        assert got == [want] * 3, f"3 requests at once, limit 2 + 1 queued: got {got}, " \
+                                  f"expected {[want] * 3}"
+        assert served.inner.entered == served.outer.entered == 6, (
+            f"after 6 requests: {served.outer.entered} reached the middleware and "
+            f"{served.inner.entered} were let in, expected 6 and 6")
+        assert served.inner.most <= 2, \
+            f"got {served.inner.most} requests inside at once, expected at most max_running 2"
         assert httpx.get(served.server.url + "/health").status_code == 200
-        assert served.outer.inside == served.inner.inside == 0
+        assert served.outer.inside == served.inner.inside == 0, (
+            f"after every answer: got {served.outer.inside} in the middleware and "
+            f"{served.inner.inside} inside, expected 0 and 0")
     finally:
         served.close()
 
@@ -349,7 +373,9 @@ def test_a_full_server_answers_429_at_once_and_serves_the_queue_after(bundled):
             wait_until(lambda: served.outer.entered == 4 and served.inner.inside == 2,
                        "2 requests inside and 2 more arrived")
             time.sleep(0.2)                    # the 2 waiting must stay out
-            assert served.inner.entered == 2 and not any(f.done() for f in pending)
+            assert served.inner.entered == 2 and not any(f.done() for f in pending), (
+                f"engine held, 4 sent, limit 2 running + 2 queued: got {served.inner.entered} "
+                f"let in and {sum(f.done() for f in pending)} answered, expected 2 and 0")
             start = time.monotonic()
             with pytest.raises(openai.RateLimitError) as caught:
                 served.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
@@ -361,15 +387,22 @@ def test_a_full_server_answers_429_at_once_and_serves_the_queue_after(bundled):
             assert set(body) == {"error"} and set(body["error"]) == {"message", "type",
                                                                      "param", "code"}
             assert body["error"]["message"].strip()
-            assert served.inner.entered == 2             # the refused one never got in
+            assert served.inner.entered == 2, \
+                f"the refused 5th request got in: {served.inner.entered} let in, expected 2"
             health = httpx.get(served.server.url + "/health", timeout=WAIT_S)
             assert health.status_code == 200             # not a generation request
             served.release()
             answers = [f.result(timeout=WAIT_S) for f in pending]
-        assert [a.status_code for a in answers] == [200] * 4
-        assert [a.json()["choices"][0]["text"] for a in answers] == [want] * 4
-        assert served.inner.entered == 4 and served.inner.most == 2
-        assert served.outer.inside == served.inner.inside == 0
+        codes = [a.status_code for a in answers]
+        assert codes == [200] * 4, f"the 4 held requests after release: got statuses {codes}"
+        texts = [a.json()["choices"][0]["text"] for a in answers]
+        assert texts == [want] * 4, f"got texts {texts}, expected {[want] * 4}"
+        assert served.inner.entered == 4 and served.inner.most == 2, (
+            f"got {served.inner.entered} let in, at most {served.inner.most} at once; "
+            f"expected 4, and 2 at once")
+        assert served.outer.inside == served.inner.inside == 0, (
+            f"after every answer: got {served.outer.inside} in the middleware and "
+            f"{served.inner.inside} inside, expected 0 and 0")
     finally:
         served.close()
 
@@ -381,8 +414,10 @@ def test_every_way_a_request_ends_frees_its_place(bundled):
     try:
         client = served.client()
         # An answer the app gives as an error (400) frees the place.
-        assert served.post({"prompt": PROMPT, "n": 0}).status_code == 400
-        assert served.post({"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+        code = served.post({"prompt": PROMPT, "n": 0}).status_code
+        assert code == 400, f"a request with n = 0: got status {code}, expected 400"
+        code = served.post({"prompt": PROMPT, "max_tokens": 2}).status_code
+        assert code == 200, f"after a 400, limit 1: got status {code}, expected 200 (place freed)"
         # A stream holds its place until it ends, and frees it when its client leaves.
         room = 256 - len(bundled[1].encode("ROMEO.\n")) - 1
         with httpx.stream("POST", served.server.url + "/v1/completions", timeout=WAIT_S,
@@ -390,17 +425,22 @@ def test_every_way_a_request_ends_frees_its_place(bundled):
                                 "temperature": 0, "ignore_eos": True, "stream": True}) as r:
             lines = r.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
-            assert served.inner.inside == 1          # streaming: still inside
+            assert served.inner.inside == 1, \
+                f"a stream mid-way: got {served.inner.inside} inside, expected 1"
             with pytest.raises(openai.RateLimitError):
                 client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
         # The client closed its stream: the server aborts it, and the place is free again.
         wait_until(lambda: served.inner.inside == 0, "the disconnected stream's place")
-        assert served.post({"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+        code = served.post({"prompt": PROMPT, "max_tokens": 2}).status_code
+        assert code == 200, f"after a client left its stream: got status {code}, expected 200"
         # A stream that runs to its end frees it too.
         chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3,
                                                 stream=True))
-        assert chunks and served.post({"prompt": PROMPT, "max_tokens": 2}).status_code == 200
-        assert served.inner.most == 1
+        code = served.post({"prompt": PROMPT, "max_tokens": 2}).status_code
+        assert chunks and code == 200, \
+            f"after a stream ran to its end: got {len(chunks)} chunks, then status {code}"
+        assert served.inner.most == 1, \
+            f"got {served.inner.most} requests inside at once, expected at most max_running 1"
         wait_until(lambda: not served.loop.call(
             lambda engine: engine.has_unfinished_requests()).result(WAIT_S),
             "the engine to have nothing left")
