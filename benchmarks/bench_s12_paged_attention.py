@@ -38,6 +38,13 @@ a request may reach, what a contiguous slot reserves); greedy on random ids, EOS
    allocated (computed from the workload, a closed form; the paged run of part 1 measures it
    at --block-size: reserved - used over its steps).
 
+--quick is a smoke run (it checks that everything runs): 48 requests, a decode batch of about
+256-token contexts, 6 timed steps, one repeat. Its decode-step ratio is not comparable with the
+committed run's (512-token contexts, 16 steps x 3 repeats): what the gather copies grows with
+the context, and one repeat on a shared CPU is noisy (one --quick run at load average 1.0 to 1.5
+gave 1.15x; the committed JSON has 1.29x). It says so in one line (`QUICK_DISCLAIMER`) before
+and after its figures.
+
 Flags are checked before any model is built (a usage error, exit status 2, naming the
 rule): --threads, --seed and --device as every Part II script
 (`s08_cli.check_common_arguments`), every count in the range its help gives; a count past
@@ -77,6 +84,10 @@ from bench_s11_chunked_prefill import MID_SHAPE  # noqa: E402
 from s09_trace import trace  # noqa: E402
 
 DEFAULT_JSON = Path(tempfile.gettempdir()) / "bench_s12_paged_attention.json"
+QUICK_DISCLAIMER = ("--quick: a smoke run; its paged / contiguous decode-step ratio (contexts of "
+                    "about 256 tokens, 6 steps, 1 repeat) is not comparable with the committed "
+                    "run's (512 tokens, 16 steps x 3 repeats: "
+                    "chapters/figures/s12_paged_attention.json)")
 COMMITTED_JSON = ROOT / "chapters" / "figures" / "s12_paged_attention.json"
 WASTE_BLOCK_SIZES = (1, 4, 8, 16, 32, 64)
 TINY_SHAPE = dict(
@@ -204,7 +215,9 @@ def main(argv=None) -> None:
                                      "internal waste against block size.")
     window = MID_SHAPE["max_position_embeddings"]
     parser.add_argument("--quick", action="store_true",
-                        help="fewer requests and decode steps (about 30 s on 2 cores)")
+                        help="a smoke run (about 30 s on 2 cores): fewer requests, shorter "
+                             "contexts and decode steps; its step-time ratio is not the "
+                             "committed run's (default: off)")
     parser.add_argument("--requests", type=int, default=None,
                         help=f"requests in the workload, 1 to {MAX_REQUESTS} (default: 96, "
                              "--quick 48)")
@@ -283,6 +296,8 @@ def main(argv=None) -> None:
     if not args.out:
         check_json(parser, args.json)
     torch.set_num_threads(args.threads)
+    if args.quick:
+        print(QUICK_DISCLAIMER)
     before = uptime()
     print(f"before: {before}\ntorch {torch.__version__}, {args.threads} thread(s), "
           f"device {args.device}")
@@ -330,6 +345,8 @@ def main(argv=None) -> None:
           f"({decode['step_ratio']:.2f}x)")
     after = uptime()
     print(f"\nafter: {after}")
+    if args.quick:
+        print(QUICK_DISCLAIMER)
     figures = {"config": {k: getattr(args, k) for k in (
         "requests", "min_tokens", "max_tokens", "context", "kv_slots", "max_num_seqs",
         "budget", "block_size", "decode_batch", "decode_context", "decode_steps", "repeats",

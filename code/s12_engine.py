@@ -54,7 +54,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy load
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -78,8 +78,10 @@ class PagedKVCache:
     """k, v (L, num_blocks, block_size, Hkv, D), zeroed, on the device; max_seq_len: the
     longest context a request may reach (the engine's max_context).
 
-    `slot_mapping(tables, rows, positions)` gives the pool slot of each token; `gather(layer,
-    tables, length)` is the only read; `zero_blocks(ids)` clears blocks newly handed out.
+    `slot_mapping(tables, rows, positions)` gives the pool slot of each token; `write(layer,
+    slots, k, v)` is the only write and `gather(layer, tables, length)` the only read (the
+    runner goes through these two, so a pool storing KV otherwise, S14's 8-bit one, plugs
+    in); `zero_blocks(ids)` clears blocks newly handed out.
     Which request holds which blocks is the manager's business (`KVCacheManager`); the
     tables come with each step's batch. Raises ValueError for sizes < 1, and ParameterError
     for a pool whose two tensors would not fit the device's free memory (checked before
@@ -133,6 +135,14 @@ class PagedKVCache:
         blocks = tables[rows, positions // self.block_size]                        # (N,)
         return blocks * self.block_size + positions % self.block_size
 
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> None:
+        """k, v (Hkv, N, D) to the slots (int64 (N,), `slot_mapping`'s) of the layer's pool,
+        one index_copy_ each into the pool seen as (num_blocks block_size, Hkv, D)."""
+        for pool, new in ((self.k[layer], k), (self.v[layer], v)):
+            n_kv, d = pool.shape[-2:]
+            pool.view(-1, n_kv, d).index_copy_(0, slots, new.transpose(0, 1))  # (N, Hkv, D)
+
     def gather(self, layer: int, tables: torch.Tensor, length: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of positions 0 .. length - 1 of the requests whose block tables
@@ -174,11 +184,9 @@ class PagedRunner(RaggedRunner):
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor,
                  where: torch.Tensor) -> None:
-        """k, v (Hkv, N, D) to the slots `where` (N,) of the layer's pool."""
-        cache = self.cache
-        for pool, new in ((cache.k[layer], k), (cache.v[layer], v)):
-            n_kv, d = pool.shape[-2:]
-            pool.view(-1, n_kv, d).index_copy_(0, where, new.transpose(0, 1))  # (N, Hkv, D)
+        """k, v (Hkv, N, D) to the slots `where` (N,) of the layer's pool (the cache's
+        `write`)."""
+        self.cache.write(layer, where, k, v)
 
     def read_kv(self, layer: int, batch: RaggedBatch, b: int, length: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,11 +223,14 @@ class PagedRunner(RaggedRunner):
 
 def paged_engine(model: s06.TorchTransformer, tokenizer, manager_class, cache_config,
                  max_num_batched_tokens: int | None, policy: str,
-                 long_prefill_token_threshold: int, options: dict) -> s09.LLMEngine:
+                 long_prefill_token_threshold: int, options: dict,
+                 make_cache: Callable[..., PagedKVCache] = PagedKVCache.for_model
+                 ) -> s09.LLMEngine:
     """S09's engine with S11's `ChunkedScheduler` over a block manager of `manager_class`
     (S12's `KVCacheManager`, S13's prefix-caching one) sized by cache_config, and a
-    `PagedRunner` over a pool of as many blocks. The assembly S12's and S13's
-    `build_engine` share."""
+    `PagedRunner` over a pool of as many blocks, made by make_cache(model, num_blocks,
+    block_size, max_seq_len, sized_by) (default `PagedKVCache.for_model`; S14 passes its
+    8-bit pool's). The assembly S12's, S13's and S14's `build_engine` share."""
     config = s09.EngineConfig.of(model, options)
     processor = s09.make_processor(model, tokenizer, config)
     num_blocks = cache_config.num_blocks_for(config.max_num_seqs, config.max_context)
@@ -229,8 +240,8 @@ def paged_engine(model: s06.TorchTransformer, tokenizer, manager_class, cache_co
     sized_by = ("num_blocks" if cache_config.num_blocks is not None else     # what the
                 "block_size" if cache_config.block_size > config.max_context      # default
                 else "max_num_seqs")                                              # grew with
-    cache = PagedKVCache.for_model(model, num_blocks, cache_config.block_size,  # memory checked
-                                   config.max_context, sized_by)                # before the books
+    cache = make_cache(model, num_blocks, cache_config.block_size,  # memory checked
+                       config.max_context, sized_by)                # before the books
     kv = manager_class(num_blocks, cache_config.block_size, cache_config.enable_kv_cache_events)
     runner = PagedRunner(model, cache, config.batch_invariant, config.attention)
     return s09.LLMEngine(config, processor, ChunkedScheduler(scheduler_config, kv), runner)

@@ -457,19 +457,13 @@ def cached_block_map(pool: PrefixCachingBlockPool, digits: int = 8) -> dict[int,
 # The engine with this manager, and its trace
 # ---------------------------------------------------------------------------------------------
 
-def build_engine(model: s06.TorchTransformer, tokenizer, *,
-                 enable_prefix_caching: bool | None = None, block_size: int = 16,
-                 num_blocks: int | None = None, enable_kv_cache_events: bool = False,
-                 max_num_batched_tokens: int | None = None, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0, **options) -> s09.LLMEngine:
-    """S12's paged engine with prefix caching: its block manager is a
-    `PrefixCachingKVCacheManager`. enable_prefix_caching: True, False (S12's manager: S12's
-    engine exactly) or None, the default: on in the fast mode, off with batch_invariant=True
-    (vLLM also leaves it None until the configuration decides). The other arguments are
-    S12's. Raises ParameterError naming the rule: enable_prefix_caching that is not None,
-    True or False, or True with batch_invariant=True (that mode computes each request alone,
-    a chunked prompt again whole, so it cannot reuse another request's KV)."""
-    batch_invariant = options.get("batch_invariant", False)
+def kv_manager_class(enable_prefix_caching: bool | None, batch_invariant) -> type:
+    """The block manager `build_engine` builds on: `PrefixCachingKVCacheManager` when
+    enable_prefix_caching is True, S12's `KVCacheManager` when False; None decides by the mode
+    (on in the fast mode, off with batch_invariant=True). Raises ParameterError naming
+    enable_prefix_caching: a value that is not None, True or False, or True with
+    batch_invariant=True (that mode computes each request alone, a chunked prompt again
+    whole, so it cannot reuse another request's KV)."""
     if enable_prefix_caching is None:
         enable_prefix_caching = batch_invariant is not True
     if not isinstance(enable_prefix_caching, bool):
@@ -479,7 +473,20 @@ def build_engine(model: s06.TorchTransformer, tokenizer, *,
         raise ParameterError("enable_prefix_caching needs the fast mode: batch_invariant=True "
                              "computes every request alone, so it cannot reuse KV another "
                              "request computed (turn one of them off)", "enable_prefix_caching")
-    manager = PrefixCachingKVCacheManager if enable_prefix_caching else KVCacheManager
+    return PrefixCachingKVCacheManager if enable_prefix_caching else KVCacheManager
+
+
+def build_engine(model: s06.TorchTransformer, tokenizer, *,
+                 enable_prefix_caching: bool | None = None, block_size: int = 16,
+                 num_blocks: int | None = None, enable_kv_cache_events: bool = False,
+                 max_num_batched_tokens: int | None = None, policy: str = "fcfs",
+                 long_prefill_token_threshold: int = 0, **options) -> s09.LLMEngine:
+    """S12's paged engine with prefix caching: its block manager is a
+    `PrefixCachingKVCacheManager`. enable_prefix_caching: True, False (S12's manager: S12's
+    engine exactly) or None, the default: on in the fast mode, off with batch_invariant=True
+    (vLLM also leaves it None until the configuration decides). The other arguments are
+    S12's. Raises ParameterError naming the rule (`kv_manager_class`)."""
+    manager = kv_manager_class(enable_prefix_caching, options.get("batch_invariant", False))
     return paged_engine(model, tokenizer, manager,
                         CacheConfig(block_size, num_blocks, enable_kv_cache_events),
                         max_num_batched_tokens, policy, long_prefill_token_threshold, options)

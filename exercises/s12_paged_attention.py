@@ -57,6 +57,9 @@ def largest_block_size(requests: Sequence[tuple[int, int]], block_sizes: Sequenc
 
     Example: largest_block_size([(5, 3)], [1, 2, 4, 8], 0.2) -> 2 (block sizes 8 and 4 both
     waste 6 of the 24 positions held, a quarter; 2 wastes 1 + 0 + 1 of 6 + 6 + 8 held).
+    The test is wasted <= max_waste_share x held, with no division: an empty workload (no
+    requests) holds and wastes nothing, so every candidate passes and the largest is returned
+    (largest_block_size([], [4, 16, 8], 0.0) -> 16), never a ZeroDivisionError.
     Raises ValueError for an empty block_sizes, a block size < 1, or a max_waste_share outside
     [0, 1].
     """

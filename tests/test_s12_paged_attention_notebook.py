@@ -13,8 +13,9 @@ context, block_size), every block size making the same tokens, a mean waste per 
 that agrees with the share printed and the tokens a request holds on average; the printed slot
 mapping equals the block-table arithmetic worked here (table[p // 8] * 8 + p % 8) and the pool
 is empty after the run, with the preemptions the small pool forces; the KV budget of
-published configs (s12_kv_budget) gives Llama-3.1-8B's blocks, tokens and requests as worked
-by hand in the test, fp8 twice the blocks.
+published configs (s12_kv_budget's PUBLISHED_CONFIGS, not a copy) gives Llama-3.1-8B's blocks,
+tokens and requests as worked by hand in the test, fp8 twice the blocks, under a header and a
+legend.
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def test_notebook_imports_the_engine_and_does_not_redefine_it():
                  "allocate_slots", "slot_mapping", "format_block_table", "cdiv"):
         assert not re.search(rf"^\s*(class|def) {name}\b", source, re.MULTILINE), name
     assert f"BLOCK_SIZES = {BLOCK_SIZES}" in source
+    # The published configs come from the calculator's presets, not a second copy here.
+    assert "CONFIGS = kvb.PUBLISHED_CONFIGS" in source
+    assert "num_key_value_heads" not in source and "intermediate_size" not in source
 
 
 @pytest.mark.slow
@@ -146,9 +150,13 @@ def test_kv_budget_of_real_configs(executed):
     assert "Llama-3.1-8B: 8,030,261,248 parameters, 131,072 bytes of KV per token" in text
     assert "Qwen3-0.6B: 596,049,920 parameters, 114,688 bytes of KV per token" in text
     kv_bytes = 72 * 10**9 - 2 * 8_030_261_248 - 2 * 2**30
-    rows = re.findall(r"^(\S+)\s+([\d.]+) KiB/token\s+([\d,]+) blocks\s+([\d,]+) tokens\s+"
-                      r"contiguous@([\d,]+):\s+(\d+)\s+paged@2,048:\s+([\d,]+)", text, re.M)
+    assert len(re.findall(r"^model\s+KV/token\s+blocks\s+tokens\s+max_model_len\s+contiguous"
+                          r"\s+paged@2,048$", text, re.M)) == 2
+    rows = re.findall(r"^(\S+)\s+([\d.]+) KiB\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s+(\d+)\s+"
+                      r"([\d,]+)$", text, re.M)
     assert len(rows) == 6, text[-3000:]
+    assert [r[0] for r in rows] == 2 * ["Llama-3.1-8B", "Qwen3-0.6B", "Qwen2.5-7B-Instruct"]
+    assert re.search(r"^  paged@2,048 +requests of 2,048 tokens", text, re.M)   # the legend
     as_int = lambda s: int(s.replace(",", ""))                             # noqa: E731
     bf16, fp8 = rows[:3], rows[3:]
     name, kib, blocks, tokens, max_len, contiguous, paged = bf16[0]

@@ -53,6 +53,11 @@ def run_waste(requests: Sequence[tuple[int, int]], block_size: int) -> tuple[int
 
 def largest_block_size(requests: Sequence[tuple[int, int]], block_sizes: Sequence[int],
                        max_waste_share: float) -> int | None:
+    """The largest of block_sizes whose run wastes at most max_waste_share of the positions
+    it holds, or None. Compared as wasted <= max_waste_share x held (no division), so an empty
+    workload, which holds and wastes nothing, passes every candidate: the largest is returned.
+    ValueError for an empty block_sizes, a block size < 1 (from run_waste) or a share outside
+    [0, 1]."""
     if not block_sizes:
         raise ValueError("block_sizes is empty")
     if not 0 <= max_waste_share <= 1:
