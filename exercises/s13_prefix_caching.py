@@ -40,7 +40,8 @@ class RadixCache:
     """A token-granular prefix cache: the token sequences inserted, kept as a radix tree.
 
     RadixCache(capacity=None): capacity is the most tokens the tree may hold (None: no
-    limit). Raises ValueError for a capacity that is not None or an integer >= 1.
+    limit). Raises ValueError for a capacity that is not None or an int >= 1; a bool is not
+    a capacity (Python counts True as the int 1, so check for it: RadixCache(True) raises).
 
     num_tokens: the tokens the tree holds now (each token of a shared prefix counted once).
 

@@ -35,7 +35,8 @@ class _Node:
 class RadixCache:
     """A token-granular prefix cache (see the stub's docstring). Invariant: all tokens of a
     node were last used at the same tick (a walk that ends inside a node splits it first),
-    and a parent's tick is >= its children's (a walk touches the whole path)."""
+    and a parent's tick is >= its children's (a walk touches the whole path). capacity: None
+    or an int >= 1, a bool refused (True is an int to Python, not a capacity)."""
 
     def __init__(self, capacity=None):
         if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool)

@@ -41,12 +41,17 @@ def random_prompts(rng: random.Random, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(1, 2000) for _ in range(n)] for n in lengths]
 
 
-def check_plan(plan, n: int, max_batch_size: int) -> None:
+def check_plan(plan, lengths: list[int], max_batch_size: int) -> None:
+    n, call = len(lengths), f"plan_batches({lengths}, {max_batch_size})"
     flat = [i for batch in plan for i in batch]
-    assert sorted(flat) == list(range(n)), f"every request exactly once (got {plan})"
-    assert all(1 <= len(batch) <= max_batch_size for batch in plan), \
-        f"every batch holds 1 to {max_batch_size} requests (got {plan})"
-    assert len(plan) == -(-n // max_batch_size), f"as many batches as FIFO makes (got {plan})"
+    assert sorted(flat) == list(range(n)), \
+        f"got {plan}, expected every request index 0 to {n - 1} exactly once, from {call}"
+    sizes = [len(batch) for batch in plan]
+    assert all(1 <= size <= max_batch_size for size in sizes), \
+        f"got batches of {sizes} requests, expected 1 to {max_batch_size} each, from {call}"
+    want = -(-n // max_batch_size)
+    assert len(plan) == want, \
+        f"got {len(plan)} batches, expected {want} (as many as FIFO makes), from {call}"
 
 
 def run_plan(engine: s08.Engine, prompts, plan, max_tokens: int = 1):
@@ -102,6 +107,46 @@ def least_padding_by_brute_force(lengths: list[int], max_batch_size: int) -> int
     return best[0]
 
 
+def least_padding_with_one_short_batch(lengths: list[int], max_batch_size: int) -> int:
+    """The least padding of the plans that cut the sorted lengths into full batches and at
+    most one short one, wherever it goes: enough on many queues, not on all."""
+    ordered, n = sorted(lengths, reverse=True), len(lengths)
+    num_batches = -(-n // max_batch_size)
+    short = n - (num_batches - 1) * max_batch_size
+    best = None
+    for where in range(num_batches):
+        sizes = [max_batch_size] * num_batches
+        sizes[where] = short
+        padding, start = 0, 0
+        for size in sizes:
+            run = ordered[start:start + size]
+            padding += len(run) * run[0] - sum(run)
+            start += size
+        best = padding if best is None else min(best, padding)
+    return best
+
+
+def clustered_lengths(rng: random.Random) -> tuple[list[int], int]:
+    """(lengths, max_batch_size) of a queue in as many clusters of near-equal prompts as it
+    needs batches, two or more of the clusters smaller than a batch: the least padding then
+    leaves several batches short, and a plan with one short batch mixes clusters."""
+    max_batch_size = rng.choice([3, 4])
+    num_batches = rng.choice([3, 4] if max_batch_size == 3 else [2, 3])
+    n = rng.randint((num_batches - 1) * max_batch_size + 1,
+                    min(10, num_batches * max_batch_size - 2))
+    sizes = [max_batch_size] * num_batches
+    for where in rng.sample(range(num_batches), 2):         # two short clusters at least
+        sizes[where] -= 1
+    while sum(sizes) > n:
+        where = rng.choice([k for k, size in enumerate(sizes) if size > 1])
+        sizes[where] -= 1
+    bases = sorted(rng.sample(range(2, 40, 3), num_batches))
+    lengths = [base + rng.randint(0, 1) for base, size in zip(bases, sizes)
+               for _ in range(size)]
+    rng.shuffle(lengths)
+    return lengths, max_batch_size
+
+
 @needs_model
 @pytest.mark.points(1)
 def test_plan_is_valid_and_runs_on_the_engine(bundled):
@@ -116,7 +161,7 @@ def test_plan_is_valid_and_runs_on_the_engine(bundled):
     lengths = [rng.randint(1, 40) for _ in range(20)]
     prompts = random_prompts(rng, lengths)
     plan = ex.plan_batches(lengths, 6)
-    check_plan(plan, 20, 6)
+    check_plan(plan, lengths, 6)
     engine = s08.Engine(model, tokenizer, 256, max_batch_size=6)   # refuses a bigger batch
     padding, tokens = run_plan(engine, prompts, plan, max_tokens=3)
     single = s06.Engine(model, tokenizer, 256)
@@ -130,13 +175,17 @@ def test_plan_is_valid_and_runs_on_the_engine(bundled):
     assert padding < fifo_padding, (f"padding: got {padding}, expected less than FIFO's "
                                     f"{fifo_padding}; plan {plan} of lengths {lengths}")
     # The chapter's two examples, measured by the engine: no padding at all (sorted chunks of 2
-    # pad 5 on one of them, whichever end they are cut from).
-    for lengths in ([10, 5, 5], [5, 10, 10]):
-        plan = ex.plan_batches(lengths, 2)
-        check_plan(plan, 3, 2)
-        got = run_plan(s08.Engine(model, tokenizer, 256, max_batch_size=2),
+    # pad 5 on one of them, whichever end they are cut from). The third needs two short
+    # batches, [10, 10], [6, 6], [3, 3, 3]: sorted chunks of 3 from either end pad 8, and the
+    # best of sorted cuts with one short batch pads 4.
+    for lengths, max_batch_size in (([10, 5, 5], 2), ([5, 10, 10], 2),
+                                    ([10, 10, 6, 6, 3, 3, 3], 3)):
+        plan = ex.plan_batches(lengths, max_batch_size)
+        check_plan(plan, lengths, max_batch_size)
+        got = run_plan(s08.Engine(model, tokenizer, 256, max_batch_size=max_batch_size),
                        random_prompts(rng, lengths), plan)[0]
-        assert got == 0, f"plan_batches({lengths}, 2) = {plan}: got padding {got}, expected 0"
+        assert got == 0, (f"plan_batches({lengths}, {max_batch_size}) = {plan}: got padding "
+                          f"{got}, expected 0")
 
 
 @needs_model
@@ -144,16 +193,23 @@ def test_plan_is_valid_and_runs_on_the_engine(bundled):
 def test_plan_pads_as_little_as_any_split_can(bundled):
     model, tokenizer = bundled
     rng = random.Random(82)
+    workloads = []
     for _ in range(30):
         n, max_batch_size = rng.randint(1, 8), rng.randint(1, 4)
-        lengths = [rng.choice([1, 2, 3, 5, 8, 13, 21]) for _ in range(n)]
+        workloads.append(([rng.choice([1, 2, 3, 5, 8, 13, 21]) for _ in range(n)],
+                          max_batch_size))
+    workloads += [clustered_lengths(rng) for _ in range(12)]
+    several_short = 0
+    for lengths, max_batch_size in workloads:
         plan = ex.plan_batches(lengths, max_batch_size)
-        check_plan(plan, n, max_batch_size)
+        check_plan(plan, lengths, max_batch_size)
         engine = s08.Engine(model, tokenizer, 256, max_batch_size=max_batch_size)
         padding, _ = run_plan(engine, random_prompts(rng, lengths), plan)
         want = least_padding_by_brute_force(lengths, max_batch_size)
         assert padding == want, (f"got padding {padding}, expected {want} (the least of any "
                                  f"split) from plan_batches({lengths}, {max_batch_size}) = {plan}")
+        several_short += want < least_padding_with_one_short_batch(lengths, max_batch_size)
+    assert several_short >= 5, several_short      # queues that need more than one short batch
 
 
 @needs_model
@@ -165,7 +221,7 @@ def test_plan_beats_fifo_and_sorted_chunks_on_a_longer_queue(bundled):
     prompts = random_prompts(rng, lengths)
     engine = s08.Engine(model, tokenizer, 256, max_batch_size=8)
     plan = ex.plan_batches(lengths, 8)
-    check_plan(plan, 48, 8)
+    check_plan(plan, lengths, 8)
     padding, _ = run_plan(engine, prompts, plan)
     fifo_padding, _ = run_plan(engine, prompts, fifo(48, 8))
     by_length = sorted(range(48), key=lambda i: lengths[i])

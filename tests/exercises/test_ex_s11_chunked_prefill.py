@@ -11,7 +11,10 @@ transformers), whose rows a chunk must reproduce. For the step orders of exercis
 "admission" order must reproduce them; the others must keep every token and the budget), the
 notebook's measured time to first token at each budget (recorded from the real engine and model
 with S09's `StepTracer`; the chapter quotes it), and counts of gaps and first tokens the tests
-make themselves from the steps. No model is needed. What your functions return is compared as
+make themselves from the steps. A running request counts as decoding when it has sampled and
+lacks exactly one token in the cache (the exercise's rule): worked cases hold the orders to it
+on a prompt's last chunk and on a recompute after a preemption (the one case with KV short of
+every seat's context). No model is needed. What your functions return is compared as
 lists of tuples, so any sequence of pairs is accepted.
 """
 import random
@@ -243,13 +246,16 @@ class Served:
     whole context (so a token sampled from a wrong context would show): per step, the plan as
     (id, tokens, start, decoding?, running before the step?) in schedule order, the running
     requests that were decoding before it, and the ids that sampled; each request's outputs at
-    the end."""
+    the end. KV holds every seat's whole context (nobody is preempted) unless `capacity` (in
+    tokens) says less; then the number of preemptions is counted."""
 
-    def __init__(self, make, arrivals, seats: int, budget: int, threshold: int = 0):
+    def __init__(self, make, arrivals, seats: int, budget: int, threshold: int = 0,
+                 capacity: int | None = None):
         context = max(p + m for _, _, p, m in arrivals)
         sched = make(ChunkedSchedulerConfig(seats, context, budget,
                                             long_prefill_token_threshold=threshold),
-                     TokenKVPool(seats, context, seats * context))
+                     TokenKVPool(seats, context, capacity or seats * context))
+        self.preemptions = 0
         pending = sorted(arrivals)
         self.arrivals, reqs = {}, {}
         self.plans, self.decoding, self.sampled = [], [], []
@@ -265,9 +271,11 @@ class Served:
             out = sched.schedule()
             def where():                      # built only when an assertion fails
                 return (f"step {step} of arrivals (step, id, prompt, max_tokens) {arrivals}, "
-                        f"{seats} seats, budget {budget}, threshold {threshold}")
+                        f"{seats} seats, budget {budget}, threshold {threshold}"
+                        + (f", KV for {capacity} tokens" if capacity else ""))
             planned = dict(out.num_scheduled_tokens)
-            assert out.preempted_ids == () and len(planned) <= seats, (
+            self.preemptions += len(out.preempted_ids)
+            assert (capacity or out.preempted_ids == ()) and len(planned) <= seats, (
                 f"got plan {planned}, preempted {list(out.preempted_ids)}: expected at most "
                 f"{seats} requests and no preemption; {where()}")
             assert out.total_num_scheduled_tokens <= budget, \
@@ -365,17 +373,35 @@ def test_latency_in_steps_by_hand_and_against_the_notebook():
                                             f"latency_in_steps({sampled}, {arrivals})")
 
 
+# Worked cases for the step orders: (name, arrivals, seats, budget, threshold, KV capacity).
+ORDER_CASES = [
+    # r0's 9-token prompt goes in chunks of 4, 4, 1: in step 2 r0 lacks one token, the last of
+    # its prompt, but has sampled nothing: a chunk, not a decode. r1 (2 tokens, admitted in
+    # step 1) decodes in step 2 and must come first under decode-first.
+    ("a prompt's last chunk", ((0, "r0", 9, 4), (1, "r1", 2, 4)), 2, 10, 4, None),
+    # KV for 15 tokens: requests are preempted and recompute their prompt and outputs. In
+    # step 10, r1 (preempted after 4 outputs) recomputes its second chunk of 4 while r2 has
+    # recomputed all it had and decodes: r2 first under decode-first, though r1 has sampled.
+    ("a recompute after a preemption", ((1, "r0", 3, 8), (2, "r1", 4, 6), (3, "r2", 3, 4)),
+     3, 15, 4, 15),
+]
+
+
 @pytest.mark.points(1)
 def test_step_orders_keep_tokens_budget_and_their_order():
     with pytest.raises(ValueError):
         ordered("shortest-first")(ChunkedSchedulerConfig(2, 16, 8), TokenKVPool(2, 16))
-    for case, (arrivals, seats, budget, threshold) in enumerate(workloads(seed=33, count=25)):
-        base = Served(stock, arrivals, seats, budget, threshold)    # budget checked inside
+    cases = list(ORDER_CASES) + [(f"workloads(seed=33) case {k}", *w, None)
+                                 for k, w in enumerate(workloads(seed=33, count=25))]
+    preempted = 0
+    for name, arrivals, seats, budget, threshold, capacity in cases:
+        base = Served(stock, arrivals, seats, budget, threshold, capacity)   # budget checked
+        preempted += base.preemptions > 0
         for order in ORDERS:
-            where = (f"order {order!r}, workloads(seed=33) case {case}: arrivals (step, id, "
-                     f"prompt, max_tokens) {arrivals}, {seats} seats, budget {budget}, "
-                     f"threshold {threshold}")
-            served = Served(ordered(order), arrivals, seats, budget, threshold)
+            where = (f"order {order!r}, {name}: arrivals (step, id, prompt, max_tokens) "
+                     f"{arrivals}, {seats} seats, budget {budget}, threshold {threshold}"
+                     + (f", KV for {capacity} tokens" if capacity else ""))
+            served = Served(ordered(order), arrivals, seats, budget, threshold, capacity)
             for rid, want in base.outputs.items():                 # tokens unchanged
                 assert served.outputs.get(rid) == want, \
                     f"request {rid}: got tokens {served.outputs.get(rid)}, expected {want}; {where}"
@@ -388,14 +414,17 @@ def test_step_orders_keep_tokens_budget_and_their_order():
                     assert plan == want, (f"step {step}: got plan (id, tokens, start, decoding, "
                                           f"was running) {plan}, expected {want}; {where}")
                 elif order == "decode-first":
-                    assert kinds[step] == sorted(kinds[step], reverse=True), \
-                        f"step {step}: a decode after a chunk in plan {plan}; {where}"
+                    assert kinds[step] == sorted(kinds[step], reverse=True), (
+                        f"step {step}: got a decode after a chunk in plan (id, tokens, start, "
+                        f"decoding, was running) {plan}, expected the decodes first; {where}")
                 else:
-                    assert kinds[step] == sorted(kinds[step]), \
-                        f"step {step}: a chunk after a decode in plan {plan}; {where}"
+                    assert kinds[step] == sorted(kinds[step]), (
+                        f"step {step}: got a chunk after a decode in plan (id, tokens, start, "
+                        f"decoding, was running) {plan}, expected the chunks first; {where}")
             if order == "admission":
                 assert len(served.plans) == len(base.plans), \
                     f"got {len(served.plans)} steps, expected {len(base.plans)}; {where}"
+    assert preempted >= 1, "oracle check: one case preempts"
 
 
 @pytest.mark.points(1)

@@ -3,9 +3,10 @@
 Oracles, none of them the solution: values worked by hand; S11's real `ChunkedScheduler` over
 S12's real `KVCacheManager`, driven with a fake model (one token per scheduled request and
 step), whose counters give the waste of every step (capacity - free - used) and whose
-`num_preemptions` says whether a seat count preempts, tried for every seat count and every
-candidate block size; and, for the copy-on-write fork, a pool of real storage (a dict from
-slot to the token written there) that replays every copy you ask for, and must read back
+`num_preemptions` says whether a seat count preempts, tried for every seat count (more seats
+can preempt where fewer and still more do not: the seeded queues include such cases, counted)
+and every candidate block size; and, for the copy-on-write fork, a pool of real storage (a dict
+from slot to the token written there) that replays every copy you ask for, and must read back
 through every block table exactly the tokens each sequence was given, with reference counts
 equal to how many tables hold each block. Block 0 is the null block: never in a table or a
 free queue.
@@ -84,8 +85,10 @@ def test_run_waste_matches_the_real_manager_over_a_run():
         need = sum(math.ceil((p + o - 1) / block_size) for p, o in requests)
         preempted, wasted, held = run_real(requests, need + 1, block_size, len(requests))
         assert preempted == 0
-        assert tuple(int(x) for x in ex.run_waste(requests, block_size)) == (wasted, held), (
-            requests, block_size)
+        got = tuple(int(x) for x in ex.run_waste(requests, block_size))
+        assert got == (wasted, held), (
+            f"got (wasted, held) {got}, expected {(wasted, held)} (the real manager summed "
+            f"over the run) from run_waste({requests}, {block_size})")
 
 
 @pytest.mark.points(1)
@@ -93,6 +96,10 @@ def test_largest_block_size_against_every_candidate_run_for_real():
     assert ex.largest_block_size([(5, 3)], [1, 2, 4, 8], 0.2) == 2
     assert ex.largest_block_size([(5, 3)], [8, 4], 0.25) == 8
     assert ex.largest_block_size([(5, 3)], [4, 8], 0.1) is None
+    # An empty workload holds and wastes nothing: every candidate passes (the docstring's rule,
+    # wasted <= share x held, no 0 / 0), and the largest wins, whatever the share.
+    assert ex.largest_block_size([], [4, 16, 8], 0.0) == 16
+    assert ex.largest_block_size([], [1], 1.0) == 1
     for bad in (([(5, 3)], [], 0.1), ([(5, 3)], [4], 1.5), ([(5, 3)], [4], -0.1)):
         with pytest.raises(ValueError):
             ex.largest_block_size(*bad)
@@ -108,7 +115,11 @@ def test_largest_block_size_against_every_candidate_run_for_real():
             if wasted <= share * held:
                 ok.append(bs)
         want = max(ok) if ok else None
-        assert ex.largest_block_size(requests, rng.sample(candidates, 6), share) == want
+        order = rng.sample(candidates, 6)
+        got = ex.largest_block_size(requests, order, share)
+        assert got == want, (f"got {got}, expected {want} (block sizes within the share when "
+                             f"run for real: {ok}) from largest_block_size({requests}, "
+                             f"{order}, {share})")
 
 
 # Exercise 2 ----------------------------------------------------------------------------------
@@ -119,6 +130,13 @@ def test_max_num_seqs_by_hand():
     assert ex.max_num_seqs_without_preemption([(4, 6)] * 3, 6, 4) == 1   # two also collide
     assert ex.max_num_seqs_without_preemption([(4, 6)] * 3, 10, 4) == 3  # 9 usable: all fit
     assert ex.max_num_seqs_without_preemption([(2, 1)], 2, 2) == 1
+    # More seats can preempt where fewer do not and still more do not: the real scheduler over
+    # this queue is free of preemption with 1 to 6 seats as [yes, yes, no, yes, no, no]. The
+    # answer is 4; stopping at the first seat count that preempts says 2.
+    queue = [(3, 9), (3, 4), (6, 8), (5, 12), (2, 12), (11, 12)]
+    got = ex.max_num_seqs_without_preemption(queue, 22, 2)
+    assert got == 4, (f"max_num_seqs_without_preemption({queue}, 22, 2): got {got}, expected 4 "
+                      f"(preemption-free with 1 to 6 seats: yes, yes, no, yes, no, no)")
     for bad in (([], 8, 4), ([(4, 6)], 1, 4), ([(4, 6)], 8, 0), ([(0, 6)], 8, 4),
                 ([(4, 0)], 8, 4), ([(8, 10)], 4, 4)):                   # 17 tokens > 3 blocks
         with pytest.raises(ValueError):
@@ -128,21 +146,38 @@ def test_max_num_seqs_by_hand():
 @pytest.mark.points(2)
 def test_max_num_seqs_against_the_real_scheduler_at_every_seat_count():
     rng = random.Random(1203)
-    interesting = 0
-    for _ in range(40):
-        n = rng.randint(2, 7)
-        requests = random_queue(rng, n)
-        block_size = rng.choice([1, 2, 4, 8])
+    edge = random.Random(1213)
+    interesting = not_monotone = 0
+    cases = [([(3, 9), (3, 4), (6, 8), (5, 12), (2, 12), (11, 12)], 22, 2)]
+    for trial in range(70):
+        if trial < 40:              # any pool from the largest request alone to all at once
+            n = rng.randint(2, 7)
+            requests = random_queue(rng, n)
+            block_size = rng.choice([1, 2, 4, 8])
+            lo, hi = 0.0, 1.0
+        else:                       # tighter pools, where a seat more can help or hurt
+            n = edge.randint(5, 7)
+            requests = [(edge.randint(1, 12), edge.randint(1, 12)) for _ in range(n)]
+            block_size = 2
+            lo, hi = 0.2, 0.6
+        gen = rng if trial < 40 else edge
         alone = max(math.ceil((p + o - 1) / block_size) for p, o in requests)
         total = sum(math.ceil((p + o - 1) / block_size) for p, o in requests)
-        num_blocks = rng.randint(alone, max(alone, total)) + 1
-        free_of_preemption = [k for k in range(1, n + 1)
-                              if run_real(requests, num_blocks, block_size, k)[0] == 0]
-        want = max(free_of_preemption)
+        first = alone + int(lo * (total - alone))
+        num_blocks = gen.randint(first, max(first, alone + int(hi * (total - alone)))) + 1
+        cases.append((requests, num_blocks, block_size))
+    for requests, num_blocks, block_size in cases:
+        n = len(requests)
+        free = [run_real(requests, num_blocks, block_size, k)[0] == 0 for k in range(1, n + 1)]
+        want = max(k for k in range(1, n + 1) if free[k - 1])
         got = ex.max_num_seqs_without_preemption(requests, num_blocks, block_size)
-        assert got == want, (requests, num_blocks, block_size, free_of_preemption)
+        assert got == want, (
+            f"max_num_seqs_without_preemption({requests}, {num_blocks}, {block_size}): got "
+            f"{got}, expected {want} (the real scheduler is free of preemption with 1 to {n} "
+            f"seats: {['yes' if f else 'no' for f in free]})")
         interesting += 1 < want < n
-    assert interesting >= 5
+        not_monotone += not all(free[:want])          # a seat count below the answer preempts
+    assert interesting >= 5 and not_monotone >= 3, (interesting, not_monotone)
 
 
 # Exercise 3 ----------------------------------------------------------------------------------
@@ -193,20 +228,26 @@ def test_copy_on_write_keeps_every_sequence_intact_on_real_storage():
         tokens: dict[str, list[int]] = {}                           # what each sequence was given
         for step in range(120):
             op = rng.random()
+            case = f"trial {trial} (block_size {block_size}, {num_blocks} blocks), step {step}"
             if not tables or op < 0.1:
                 rid = f"s{trial}.{step}"
                 tables[rid], tokens[rid] = [], []
+                call = f"a new sequence {rid!r}"
             elif op < 0.25:
                 parent = rng.choice(sorted(tables))
                 child = f"{parent}/{step}"
+                call = f"fork(tables, ref, {parent!r}, {child!r}) of table {tables[parent]}"
                 ex.fork(tables, ref, parent, child)
                 tokens[child] = list(tokens[parent])
                 forks += 1
             elif op < 0.35:
                 rid = rng.choice(sorted(tables))
                 before = list(queue)
+                call = f"free(tables, ref, queue, {rid!r}) of table {tables[rid]}"
                 freed = [int(b) for b in ex.free(tables, ref, queue, rid)]
-                assert list(queue) == before + freed                # appended to the back
+                assert list(queue) == before + freed, (
+                    f"got free queue {list(queue)}, expected {before + freed} (the returned "
+                    f"blocks {freed} appended to the back) from {call}; {case}")
                 tokens.pop(rid)
             else:
                 rid = rng.choice(sorted(tables))
@@ -214,33 +255,54 @@ def test_copy_on_write_keeps_every_sequence_intact_on_real_storage():
                 last = tables[rid][-1] if tables[rid] else None
                 shared = last is not None and n % block_size and ref[last] > 1
                 front = queue[0] if queue else None
+                call = (f"append_slot(tables, ref, queue, {rid!r}, {n}, {block_size}) with table "
+                        f"{tables[rid]}, ref counts {[ref[b] for b in tables[rid]]}, queue front "
+                        f"{front}")
                 try:
                     slot, copy = ex.append_slot(tables, ref, queue, rid, n, block_size)
-                except ValueError:
-                    assert front is None                            # only when none is free
+                except ValueError as error:
+                    assert front is None, (f"got ValueError ({error}), expected a slot (a "
+                                           f"free block is left) from {call}; {case}")
                     continue
                 if n % block_size == 0 or shared:
-                    assert tables[rid][-1] == front                 # from the front
+                    assert tables[rid][-1] == front, (
+                        f"got last block {tables[rid][-1]}, expected {front} (the front of "
+                        f"the free queue) from {call}; {case}")
                 if shared:
-                    assert tuple(copy) == (last, front)
+                    assert copy is not None and tuple(copy) == (last, front), (
+                        f"got copy {copy}, expected {(last, front)} (the shared last block "
+                        f"is copied before it is written) from {call}; {case}")
                     old, new = copy
                     for i in range(block_size):                     # the engine's block copy
                         if old * block_size + i in storage:
                             storage[new * block_size + i] = storage[old * block_size + i]
                     copies += 1
                 else:
-                    assert copy is None
-                assert ref[slot // block_size] == 1                 # never write a shared block
+                    assert copy is None, f"got copy {copy}, expected None from {call}; {case}"
+                assert ref.get(slot // block_size) == 1, (
+                    f"got slot {slot} in block {slot // block_size} with ref count "
+                    f"{ref.get(slot // block_size)}, expected a block held once (never write a "
+                    f"shared block) from {call}; {case}")
                 token = rng.randint(0, 10**6)
                 storage[slot] = token
                 tokens[rid].append(token)
             held = Counter(b for t in tables.values() for b in t)
-            assert dict(held) == {b: c for b, c in ref.items() if c > 0}
-            assert sorted(list(queue) + list(held)) == list(range(1, num_blocks))
+            counts = {b: c for b, c in ref.items() if c > 0}
+            assert dict(held) == counts, (
+                f"got ref counts {counts}, expected {dict(held)} (how many tables hold each "
+                f"block) after {call}; {case}")
+            blocks = sorted(list(queue) + list(held))
+            assert blocks == list(range(1, num_blocks)), (
+                f"got free queue + held blocks {blocks}, expected each of 1 to "
+                f"{num_blocks - 1} once, after {call}; {case}")
             for rid, table in tables.items():
                 n = len(tokens[rid])
-                assert len(table) == math.ceil(n / block_size)
-                read = [storage[table[p // block_size] * block_size + p % block_size]
+                assert len(table) == math.ceil(n / block_size), (
+                    f"got {len(table)} blocks in {rid!r}'s table {table}, expected "
+                    f"{math.ceil(n / block_size)} for its {n} tokens, after {call}; {case}")
+                read = [storage.get(table[p // block_size] * block_size + p % block_size)
                         for p in range(n)]
-                assert read == tokens[rid], (rid, table)
-    assert copies > 100 and forks > 300
+                assert read == tokens[rid], (
+                    f"got {read} read back through {rid!r}'s table {table}, expected "
+                    f"{tokens[rid]}, after {call}; {case}")
+    assert copies > 100 and forks > 300, (copies, forks)

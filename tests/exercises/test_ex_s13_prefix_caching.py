@@ -91,9 +91,13 @@ def test_radix_cache_by_hand():
     for op, ids in [("insert", [1, 2, 3, 4]), ("insert", [1, 2, 5, 6]),
                     ("match_prefix", [1, 2, 3]), ("insert", [7, 8])]:
         getattr(small, op)(ids)
-    assert small.num_tokens == 6
-    assert [small.match_prefix(ids) for ids in ([1, 2, 5, 6], [1, 2, 3, 4], [7, 8])] == [3, 3, 2]
-    for bad in (0, -1, 2.5, "6"):
+    calls = ("RadixCache(6), insert [1, 2, 3, 4], insert [1, 2, 5, 6], match [1, 2, 3], "
+             "insert [7, 8]")
+    assert small.num_tokens == 6, f"got num_tokens {small.num_tokens}, expected 6 after {calls}"
+    got = [small.match_prefix(ids) for ids in ([1, 2, 5, 6], [1, 2, 3, 4], [7, 8])]
+    assert got == [3, 3, 2], (f"match_prefix of [1, 2, 5, 6], [1, 2, 3, 4], [7, 8]: got {got}, "
+                              f"expected [3, 3, 2] (4 and 6 evicted) after {calls}")
+    for bad in (0, -1, 2.5, "6", True, False):               # a bool is not a capacity
         refuses(f"RadixCache({bad!r})", ex.RadixCache, bad)
 
 
