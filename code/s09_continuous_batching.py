@@ -337,12 +337,12 @@ class LLMEngine:
         """Plan, compute, sample, stop, report. Returns the step's outputs: the outputs held
         since the last step first (the last outputs of requests that ended between steps),
         then those the scheduler ended, then one per request that sampled, in batch order
-        ([] when there is nothing to do). If the model run, the draw of the tokens or an
-        observer raises, the plan is reverted (KV as before) and nothing is lost: the outputs
-        wait for the next step."""
+        ([] when there is nothing to do). If the scheduler, the model run, the draw of the
+        tokens or an observer raises, the plan is reverted (KV as before) and nothing is lost:
+        the outputs wait for the next step."""
         start = time.perf_counter()
-        outputs, self._pending, self._pending_ids = self._pending, [], set()
         plan = self.scheduler.schedule()                  # who runs, and how many tokens each
+        outputs, self._pending, self._pending_ids = self._pending, [], set()
         for rid in plan.finished_ids:                     # ended by the KV capacity (S10)
             outputs.append(self._end(self.requests.pop(rid), s01.FINISH_LENGTH))
         try:

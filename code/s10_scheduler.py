@@ -35,6 +35,14 @@ What is new since S09
       forever, blocking everyone behind it, vLLM PR #1534); a running request whose next step
       would need more KV than the whole capacity is ended (`SchedulerOutput.finished_ids`;
       the engine ends it with finish_reason "length": the capacity is its context limit).
+    - A plan is all or nothing: when `schedule` raises (an `admits` that raises or returns
+      something other than a bool, an admission policy that refuses the head of the queue
+      while nothing runs, which would wait forever), what the call did is taken back before
+      the exception goes on: the requests it admitted wait again at the head of the queue
+      holding no KV, and each running request holds KV for what it has computed (S09's
+      `revert_plan`, as after a failed model step). Only what a retry would redo stays: a
+      request ended for outgrowing the pool is reported by the next plan, and a request
+      preempted before the failure waits with nothing computed.
     - Policies: "fcfs" (default) and "priority" (vLLM's: lower value first, ties by arrival).
       Priority can starve: a steady stream of high-priority arrivals keeps low-priority
       requests waiting (the benchmark measures it).
@@ -81,6 +89,8 @@ import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
+
+import numpy as np
 
 import s01_generation_loop as s01
 import s09_continuous_batching as s09
@@ -192,6 +202,9 @@ class _Plan:
 
     budget: int
     scheduled: dict[str, int] = field(default_factory=dict)
+    # admitted in this call, (request, status, num_cached_tokens) before: what a failed
+    # call puts back
+    admitted: list[tuple[Request, RequestStatus, int]] = field(default_factory=list)
     starts: dict[str, int] = field(default_factory=dict)
     running: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)
@@ -233,6 +246,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_steps = 0                    # plans that did something
         self.num_preemptions = 0              # in all, since construction
+        self._ended: list[str] = []           # ended by a call that raised: next plan reports
 
     @property
     def max_num_seqs(self) -> int:
@@ -266,11 +280,14 @@ class Scheduler:
 
     def finish_requests(self, request_ids: Sequence[str]) -> list[str]:
         """Take each request out of its queue, free its KV, status finished (vLLM V1's
-        `finish_requests`, S09's rule). Returns the ids taken out."""
-        return take_out((self.running, self.waiting), request_ids, self.kv)
+        `finish_requests`, S09's rule). Returns the ids taken out (with any still to be
+        reported as ended by a call of `schedule` that raised: they are ended already)."""
+        ended = [rid for rid in self._ended if rid in request_ids]
+        self._ended = [rid for rid in self._ended if rid not in ended]
+        return take_out((self.running, self.waiting), request_ids, self.kv) + ended
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._ended)
 
     # --- one step --------------------------------------------------------------------------
 
@@ -278,19 +295,43 @@ class Scheduler:
         """Plan one step: running requests first (in admission order, with preemption when KV
         runs out), then, if nobody was preempted, waiting requests in policy order while
         max_num_seqs, the token budget and KV allow. See the module docstring; the KV for
-        every scheduled token is allocated here."""
+        every scheduled token is allocated here. If it raises, `_take_back` undoes what a retry
+        would not redo before the exception goes on (see the module docstring)."""
         step = _Plan(self.max_num_batched_tokens)
-        self._schedule_running(step)
-        if not step.preempted:
-            self._schedule_waiting(step)
-        plan = SchedulerOutput(
-            self.num_steps, step.scheduled, step.starts,
-            {rid: tuple(self.kv.block_table(rid)) for rid in step.scheduled},
-            tuple(step.new), tuple(step.resumed), tuple(step.running), tuple(step.preempted),
-            tuple(step.finished), tuple(self.kv.take_new_blocks()))
+        step.finished += self._ended           # ended by a call that raised
+        try:
+            self._schedule_running(step)
+            if not step.preempted:
+                self._schedule_waiting(step)
+            plan = SchedulerOutput(
+                self.num_steps, step.scheduled, step.starts,
+                {rid: tuple(self.kv.block_table(rid)) for rid in step.scheduled},
+                tuple(step.new), tuple(step.resumed), tuple(step.running),
+                tuple(step.preempted), tuple(step.finished), tuple(self.kv.take_new_blocks()))
+        except BaseException:
+            self._take_back(step)
+            raise
+        self._ended = []
         if plan.planned:                       # an idle call is not a step
             self.num_steps += 1
         return plan
+
+    def _take_back(self, step: _Plan) -> None:
+        """`schedule` raised: the requests it admitted leave `running`, give their KV back and
+        wait again at the head of the queue, in their order, as they were; each running
+        request it scheduled holds KV for what it has computed again (S09's `revert_plan`,
+        the rule after a failed model step). What a retry would redo is kept: the requests
+        it ended (they can never run; the next plan reports them) and those it preempted
+        (they wait with nothing computed; their outputs are unchanged by the recompute)."""
+        for request, status, num_cached in reversed(step.admitted):
+            self.running.remove(request)
+            self.kv.free(request)
+            request.status, request.num_computed_tokens = status, 0
+            request.num_cached_tokens = num_cached
+            self.waiting.appendleft(request)
+        revert_plan(self.running, SchedulerOutput(self.num_steps, step.scheduled, step.starts,
+                                                  {}), self.kv, self.num_steps)
+        self._ended = list(step.finished)
 
     def _schedule_running(self, step: _Plan) -> None:
         """The running requests, in admission order, each with its new tokens while the
@@ -334,9 +375,10 @@ class Scheduler:
                 continue
             blocks, num_cached = self.kv.get_computed_blocks(request)   # S13's prefix hit
             n = self.num_new_tokens(request, num_cached, step.budget)
-            if (n == 0 or n > step.budget or not self.admits(request, n)
+            if (n == 0 or n > step.budget or not self._admits(request, n)
                     or not self.kv.allocate_slots(request, n, blocks)):
                 break
+            step.admitted.append((request, request.status, request.num_cached_tokens))
             self.waiting.popleft()
             if request.status == RequestStatus.PREEMPTED:
                 group = step.resumed
@@ -374,8 +416,26 @@ class Scheduler:
         a request joins whenever its tokens fit the free KV now, and preemption handles the
         steps in which the running requests outgrow it (vLLM V1's optimistic admission). A
         subclass may refuse, to keep KV aside for what the running requests will still
-        decode (SGLang's conservative admission; the exercises write one)."""
+        decode (SGLang's conservative admission; the exercises write one). It must return a
+        bool and must admit when nothing runs (`_admits` raises otherwise)."""
         return True
+
+    def _admits(self, request: Request, num_new_tokens: int) -> bool:
+        """`admits`, its answer checked: a bool (NumPy's too), or TypeError; and a refusal
+        while nothing runs is a RuntimeError, since nothing would ever change its answer
+        (no running request will finish and free KV): the queue would wait forever."""
+        ok = self.admits(request, num_new_tokens)
+        if not isinstance(ok, (bool, np.bool_)):
+            raise TypeError(f"{type(self).__name__}.admits must return a bool (True: admit, "
+                            f"False: wait) but returned {ok!r} ({type(ok).__name__}) for "
+                            f"request {request.request_id!r}")
+        if not ok and not self.running:
+            raise RuntimeError(
+                f"{type(self).__name__}.admits refused request {request.request_id!r} while "
+                "no request is running: nothing will free KV or change its answer, so the "
+                "policy can never make progress (it must admit the head of the queue when "
+                "nothing runs)")
+        return bool(ok)
 
     def _key(self, request: Request) -> tuple[int, int]:
         return (request.priority, request.arrival) if self.policy == "priority" else (

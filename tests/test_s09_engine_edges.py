@@ -299,3 +299,34 @@ def test_trace_cache_refuses_an_engine_without_the_cache(bundled):
     with pytest.raises(s01.ParameterError) as err:
         s13.trace_cache(engine)
     assert err.value.parameter == "enable_prefix_caching"
+
+
+@pytest.mark.parametrize("build", [s10.build_engine, s12.build_engine], ids=["s10", "s12"])
+def test_a_schedule_that_raises_keeps_the_outputs_held_since_the_last_step(bundled, build):
+    """An abort between steps leaves its request's last output held for the next step. If that
+    step's schedule() raises, the held output must still come out of the step after it (it was
+    taken out of the pending list before the scheduler ran, and lost)."""
+    model, tok, alone = bundled
+    engine = build(model, tok, max_context=96, max_num_seqs=2)
+    kept, aborted = (engine.add_request(p, greedy(6)) for p in PROMPTS[:2])
+    got = {kept: [], aborted: []}
+    for out in engine.step():
+        got[out.request_id].append(out)
+    engine.abort(aborted)
+    schedule, calls = engine.scheduler.schedule, {"n": 0}
+
+    def raises_once():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected in schedule")
+        return schedule()
+
+    engine.scheduler.schedule = raises_once
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()
+    for rid, outs in drain(engine).items():
+        got[rid] += outs
+    assert got[aborted] and got[aborted][-1].finished
+    assert got[aborted][-1].finish_reason == s09.FINISH_ABORT
+    assert tokens_of(got[kept]) == alone[PROMPTS[0]]
+    assert engine.scheduler.kv.num_used_tokens == 0

@@ -716,3 +716,115 @@ def test_the_figure_is_the_benchmarks_json_drawn_with_its_legend_off_the_data():
     done = subprocess.run([sys.executable, str(root / "scripts" / "s10_figure.py"), "--check"],
                           cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- a plan that raises (admits) is all or nothing; a policy that can never admit -------------
+
+def with_admits(engine, answer):
+    """The engine's scheduler with `admits` replaced by answer(scheduler, request, n)."""
+    base = type(engine.scheduler)
+
+    class Flaky(base):
+        def admits(self, request, num_new_tokens):
+            return answer(self, request, num_new_tokens)
+
+    engine.scheduler.__class__ = Flaky
+    return engine
+
+
+def scheduler_books(s) -> tuple:
+    """The queues in order, each queued request's status, counts and KV, the pool's total."""
+    return (tuple((r.request_id, r.status, r.num_computed_tokens, s.kv.num_tokens(r.request_id))
+                  for q in (s.running, s.waiting) for r in q),
+            s.kv.num_used_tokens, s.num_steps, s.num_preemptions)
+
+
+def test_admits_raising_where_a_request_outgrows_the_capacity_loses_nothing(tiny):
+    """A prompt of 16 tokens in a capacity of 20 ends after 5 tokens (the test above); here
+    "b" waits and admits raises in the very call that ends "a", and again twice. step()
+    raises each time, nothing is allocated, "a" is not lost: the next step returns its last
+    output ("length", its 5 tokens alone before), "b" then runs alone, and the engine ends
+    idle with every KV token free."""
+    name, _, model, references = tiny
+    armed = {"on": False}
+
+    def answer(s, request, n):
+        if armed["on"]:
+            raise RuntimeError("admits failed")
+        return not s.running
+
+    engine = with_admits(engine_for(model, 2, kv_capacity=20), answer)
+    s = engine.scheduler
+    seen = {}
+    engine.add_request(text(PROMPTS[3]), greedy(30), request_id="a")
+    while engine.requests["a"].num_tokens <= s.kv_capacity:
+        for o in engine.step():
+            seen.setdefault(o.request_id, []).append(o)
+    engine.add_request(text(PROMPTS[2]), greedy(), request_id="b")
+    armed["on"] = True
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="admits failed"):
+            engine.step()
+        assert engine.has_unfinished_requests() and s.kv.num_used_tokens == 0
+    armed["on"] = False
+    collect(engine, seen)
+    assert tokens_of(seen["a"]) == references[3][0].token_ids[:5]
+    assert seen["a"][-1].finish_reason == "length" and seen["a"][-1].finished
+    assert tokens_of(seen["b"]) == references[2][0].token_ids
+    assert kv_idle(engine)
+
+
+@pytest.mark.parametrize("chapter", ["s10", "s11", "s12", "s13"])
+def test_admits_raising_five_times_leaves_the_engine_as_it_was(tiny, chapter):
+    """Two requests decode; a third arrives and admits raises for it five steps in a row:
+    the scheduler's queues, counts and KV are what they were before each failed step (no
+    KV leaks, one token per running request per step, in S10's, S11's, S12's and S13's
+    engines alike, all planned by S10's schedule). Then every request gives its greedy
+    tokens alone."""
+    import s11_chunked_prefill as s11
+    import s12_engine as s12
+    import s13_prefix_caching as s13
+    name, _, model, references = tiny
+    build = {"s10": s10.build_engine, "s11": s11.build_engine, "s12": s12.build_engine,
+             "s13": s13.build_engine}[chapter]
+    armed = {"on": False}
+
+    def answer(s, request, n):
+        if armed["on"] and request.request_id == "c":
+            raise RuntimeError("admits failed")
+        return True
+
+    engine = with_admits(build(model, IdTokenizer(), max_num_seqs=3, max_context=CONTEXT),
+                         answer)
+    s, seen = engine.scheduler, {}
+    engine.add_request(text(PROMPTS[3]), greedy(), request_id="a")
+    engine.add_request(text(PROMPTS[4]), greedy(), request_id="b")
+    for _ in range(2):
+        for o in engine.step():
+            seen.setdefault(o.request_id, []).append(o)
+    engine.add_request(text(PROMPTS[2]), greedy(), request_id="c")
+    armed["on"] = True
+    before = scheduler_books(s)
+    for _ in range(5):
+        with pytest.raises(RuntimeError, match="admits failed"):
+            engine.step()
+        assert scheduler_books(s) == before
+    armed["on"] = False
+    collect(engine, seen)
+    for rid, k in (("a", 3), ("b", 4), ("c", 2)):
+        assert tokens_of(seen[rid]) == references[k][0].token_ids, rid
+    assert not engine.has_unfinished_requests() and s.kv.num_used_tokens == 0
+
+
+def test_generate_with_a_policy_that_never_admits_raises_instead_of_hanging(tiny):
+    """An admits that refuses while nothing runs: LLM.generate raises a RuntimeError naming
+    the request (it used to step forever, each step returning nothing); an admits that
+    returns None is a TypeError naming admits."""
+    name, _, model, references = tiny
+    engine = with_admits(engine_for(model, 2), lambda s, request, n: False)
+    with pytest.raises(RuntimeError, match=r"admits refused request '0' while no request is "
+                                           r"running.*can never make progress"):
+        LLM(engine).generate(text(PROMPTS[2]), greedy())
+    engine = with_admits(engine_for(model, 2), lambda s, request, n: None)
+    with pytest.raises(TypeError, match=r"admits must return a bool .* returned None"):
+        LLM(engine).generate(text(PROMPTS[2]), greedy())

@@ -13,12 +13,15 @@ Public bug reports (../shared/cases/public-bugs.md, section (g)): G1 vllm PR #15
 that can never fit must not block the queue) and G5 sglang PR #2238 / #1674 / #6778 (once idle,
 every KV token is free), each a test below; G2 (preemption loses tokens) is the recompute test.
 """
+import re
+
+import numpy as np
 import pytest
 
 from s01_generation_loop import ParameterError
 from s09_scheduler import RequestStatus
 from s10_scheduler import Scheduler, SchedulerConfig, TokenKVPool
-from scheduler_testing import FakeModel, alone, make_request
+from scheduler_testing import FakeModel, alone, check_invariants, make_request
 
 
 def scheduler(max_num_seqs=4, budget=64, capacity=None, max_model_len=64, policy="fcfs"):
@@ -361,3 +364,178 @@ def test_bad_arguments_are_refused_naming_the_rule():
         with pytest.raises(ParameterError, match="cache_salt must be") as err:
             make_request("e", 3, 1, cache_salt=salt)
         assert err.value.parameter == "cache_salt"
+
+
+# --- a schedule() that raises is all or nothing; admits' answer is checked --------------------
+
+def flaky(s, answer):
+    """The scheduler s with `admits` replaced by answer(scheduler, request, n) (its class
+    swapped for a subclass, so S10's schedule calls it as it calls any override)."""
+    base = type(s)
+
+    class Flaky(base):
+        def admits(self, request, num_new_tokens):
+            return answer(self, request, num_new_tokens)
+
+    s.__class__ = Flaky
+    return s
+
+
+def books(s) -> tuple:
+    """Everything a call of `schedule` may change: the queues in order, each queued request's
+    status and counts and the KV it holds, the pool's total, the step count."""
+    return (tuple((r.request_id, r.status, r.num_computed_tokens, r.num_cached_tokens,
+                   r.num_preemptions, s.kv.num_tokens(r.request_id))
+                  for q in (s.running, s.waiting) for r in q),
+            s.kv.num_used_tokens, s.kv.num_free_tokens, s.num_steps, s.num_preemptions,
+            s.has_unfinished_requests())
+
+
+def s11_scheduler():
+    from scheduler_testing import chunked_scheduler
+    return chunked_scheduler(TokenKVPool(4, 64), 4, 16, 64)
+
+
+def s12_scheduler():
+    from s12_paged_attention import KVCacheManager
+    from scheduler_testing import chunked_scheduler
+    return chunked_scheduler(KVCacheManager(17, 4), 4, 16, 64)
+
+
+def s13_scheduler():
+    from s13_prefix_caching import PrefixCachingKVCacheManager
+    from scheduler_testing import chunked_scheduler
+    return chunked_scheduler(PrefixCachingKVCacheManager(17, 4), 4, 16, 64)
+
+
+@pytest.mark.parametrize("make", [lambda: scheduler(budget=64), s11_scheduler, s12_scheduler,
+                                  s13_scheduler], ids=["s10", "s11", "s12", "s13"])
+def test_a_schedule_that_raises_in_admits_changes_nothing_and_loses_nothing(make):
+    """Two requests run; then "2" and "3" arrive and admits raises for "3", after "2" was
+    admitted and both running requests got KV for their next token in the same call. Five
+    such calls in a row leave every queue, count and KV token as they were, and the
+    exception reaches the caller; once admits answers, every request gets its tokens
+    alone, and the pool ends empty (S10's scheduler, S11's chunked one, and S11's over S12's
+    and S13's block managers, all running S10's schedule)."""
+    armed = {"on": False}
+
+    def answer(s, request, n):
+        if armed["on"] and request.request_id == "3":
+            raise RuntimeError("admits failed")
+        return True
+
+    s = flaky(make(), answer)
+    model = FakeModel(s, 64)
+    for rid, (p, m) in enumerate([(6, 12), (9, 12)]):
+        model.add(make_request(str(rid), p, m))
+    while not all(r.output_ids for r in model.by_id.values()):
+        model.step()                      # both prompts computed, both decoding
+    model.add(make_request("2", 5, 4))
+    model.add(make_request("3", 7, 4))
+    armed["on"] = True
+    before = books(s)
+    for _ in range(5):
+        with pytest.raises(RuntimeError, match="admits failed"):
+            s.schedule()
+        assert books(s) == before
+        check_invariants(s, model.plans[-1])
+    armed["on"] = False
+    model.drain()
+    for rid, (p, m) in enumerate([(6, 12), (9, 12), (5, 4), (7, 4)]):
+        assert model.by_id[str(rid)].output_ids == alone(p, m, 64)
+        assert model.ended[str(rid)] == "stop"
+    assert s.kv.num_used_tokens == 0 and not s.has_unfinished_requests()
+
+
+def test_a_request_ended_by_the_capacity_in_a_call_that_raises_is_ended_by_the_next_plan():
+    """A prompt of 6 tokens in a capacity of 10: after 10 - 6 + 1 = 5 tokens it has 11, more
+    than the pool, and the call that ends it raises (admits, for "b" waiting). The end is
+    not lost: it can never run again, so it stays ended (its KV free) and the next plan
+    reports it in finished_ids; until then the scheduler has unfinished requests. Then "b"
+    runs alone and everything is free."""
+    armed = {"on": False}
+
+    def answer(s, request, n):
+        if armed["on"]:
+            raise RuntimeError("admits failed")
+        return True
+
+    s = flaky(scheduler(max_num_seqs=2, budget=64, capacity=10, max_model_len=32), answer)
+    model = FakeModel(s, 32)
+    a = model.add(make_request("a", 6, 20))
+    while a.num_tokens <= s.kv_capacity:
+        model.step()
+    assert len(a.output_ids) == 5 and a.status == RequestStatus.RUNNING
+    model.add(make_request("b", 3, 2))
+    armed["on"] = True
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="admits failed"):
+            s.schedule()
+        assert s.has_unfinished_requests() and s.kv.num_used_tokens == 0
+        assert [r.request_id for r in s.waiting] == ["b"] and not s.running
+    armed["on"] = False
+    plan = model.step()
+    assert plan.finished_ids == ("a",) and plan.scheduled_new_ids == ("b",)
+    model.drain()
+    assert model.ended == {"a": "length", "b": "stop"} and a.output_ids == alone(6, 20, 32)[:5]
+    assert idle(s) and s.schedule().finished_ids == ()
+
+
+def test_finish_requests_takes_out_a_request_still_to_be_reported_as_ended():
+    """An abort between the failed call that ended "a" and the next plan: finish_requests
+    returns its id, and the next plan does not report it again."""
+    def answer(s, request, n):
+        if request.request_id == "b":
+            raise RuntimeError("admits failed")
+        return True
+
+    s = flaky(scheduler(max_num_seqs=2, capacity=10, max_model_len=32), answer)
+    model = FakeModel(s, 32)
+    a = model.add(make_request("a", 10, 20))
+    model.step()                        # 10 computed, 11 tokens: ended by the next call
+    model.add(make_request("b", 3, 2))
+    with pytest.raises(RuntimeError):
+        s.schedule()
+    assert a.status == RequestStatus.FINISHED and s.has_unfinished_requests()
+    assert s.finish_requests(["a"]) == ["a"] and s.finish_requests(["a"]) == []
+    assert not s.running and [r.request_id for r in s.waiting] == ["b"]
+
+
+@pytest.mark.parametrize("answer,shown", [(None, "None (NoneType)"), ("no", "'no' (str)"),
+                                          (np.array([True, False]), "(ndarray)"),
+                                          (1, "1 (int)")])
+def test_admits_must_answer_a_bool(answer, shown):
+    """None, a string, an array or an int are not an answer: TypeError naming admits, what it
+    returned and the request, and nothing changes. NumPy's bool is one."""
+    s = flaky(scheduler(), lambda s, request, n: answer)
+    model = FakeModel(s, 64)
+    model.add(make_request("a", 5, 3))
+    before = books(s)
+    with pytest.raises(TypeError, match=r"Flaky\.admits must return a bool .* returned "
+                                        rf".*{re.escape(shown)} for request 'a'"):
+        s.schedule()
+    assert books(s) == before
+    s2 = flaky(scheduler(), lambda s, request, n: np.bool_(True))
+    FakeModel(s2, 64).add(make_request("a", 5, 3))
+    assert s2.schedule().scheduled_new_ids == ("a",)
+
+
+def test_an_admits_that_refuses_while_nothing_runs_is_an_error_not_a_hang():
+    """Refusing the head of the queue while nothing runs would wait forever (no running
+    request will finish and free KV): RuntimeError naming the request, nothing changed.
+    Refusing while something runs is a wait, as before."""
+    s = flaky(scheduler(), lambda s, request, n: bool(s.running) and False)
+    model = FakeModel(s, 64)
+    model.add(make_request("a", 5, 3))
+    before = books(s)
+    with pytest.raises(RuntimeError, match=r"refused request 'a' while no request is running"
+                                           r".*can never make progress"):
+        s.schedule()
+    assert books(s) == before
+    s = flaky(scheduler(), lambda s, request, n: not s.running)
+    model = FakeModel(s, 64)
+    model.add(make_request("a", 5, 3))
+    model.add(make_request("b", 5, 3))
+    assert model.step().scheduled_new_ids == ("a",)     # "b" waits while "a" runs
+    model.drain()
+    assert model.ended == {"a": "stop", "b": "stop"} and idle(s)
