@@ -425,20 +425,29 @@ class RaggedRunner:
 
         S06 computes a request's positions 0 .. end - 1 in these passes: the prompt in one,
         then one per token. `alone_computed[rid]` is how many of a request's positions hold
-        KV computed by those passes; it counts only while the scheduler agrees they are
-        computed (at most the plan's num_computed_tokens: a failed step the scheduler took
-        back, a preemption, a request id used again all bring it down), and only from the
-        prompt's end (below it, nothing counts: the prompt is one pass). A request that
-        samples runs the passes from there to its end: usually the one decode token, or its
-        whole prompt; after a prompt that arrived in chunks, or a recompute, every pass from
-        position 0 (each pass's KV overwriting what was there). A row that does not sample
-        computes nothing: its positions are computed when it samples. The count is taken out
-        while its passes run and recorded when they are done, so passes that raise leave
-        none: that request is computed again from position 0.
+        KV computed by those passes (in the KV it holds now), and only from the prompt's end
+        (below it, nothing counts: the prompt is one pass). It counts only while the
+        scheduler agrees they are computed: every plan that schedules the request, whether
+        it samples or not, lowers the count to that plan's num_computed_tokens. A preemption
+        frees the request's KV and sets num_computed_tokens to 0; the recompute may come in
+        chunks that do not sample (S11, S12) until num_computed_tokens is past the old count
+        again, so checking only when the request samples would be too late. A failed step
+        the scheduler took back and a request id used again bring it down too. The
+        scheduler's count grows only through plans the runner executes, so the runner sees
+        every decrease. A request that samples runs the passes from there to its end:
+        usually the one decode token, or its whole prompt; after a prompt that arrived in
+        chunks, or a recompute, every pass from position 0 (each pass's KV overwriting what
+        was there). A row that does not sample computes nothing: its positions are computed
+        when it samples. The count is taken out while its passes run and recorded when they
+        are done, so passes that raise leave none: that request is computed again from
+        position 0.
         """
         for rid in list(self.alone_computed):
             if rid not in requests:
                 del self.alone_computed[rid]
+        for rid in order:                  # every scheduled row, the ones that sample or not
+            if self.alone_computed.get(rid, 0) > plan.num_computed_tokens[rid]:
+                self.alone_computed[rid] = plan.num_computed_tokens[rid]
         model = self.model
         logits = torch.empty((len(batch.sample_rows), self.vocab_size), dtype=torch.float32,
                              device=model.device)
@@ -448,7 +457,7 @@ class RaggedRunner:
                 continue
             token_ids, end = requests[rid].token_ids, batch.context_lens[b]
             prompt = len(requests[rid].prompt_ids)
-            done = min(self.alone_computed.pop(rid, 0), plan.num_computed_tokens[rid])
+            done = self.alone_computed.pop(rid, 0)    # lowered to num_computed_tokens
             done = done if done >= prompt else 0
             pieces = ([(0, prompt)] if done == 0 else []) + [
                 (p, p + 1) for p in range(max(done, prompt), end)]        # S06's passes

@@ -5,7 +5,8 @@ alone by S06's single-request engine, never the code under test.
 
 - The batch-invariant reference (`RaggedRunner._requests_alone`) must not trust a count of
   positions it computed that the scheduler no longer agrees with: a request id used again, a
-  step that failed after the runner ran (the plan taken back), a preemption in a failed step.
+  step that failed after the runner ran (the plan taken back), a preemption in a failed step,
+  a preemption whose recompute comes back in chunks that do not sample (S11, S12).
 - `LLM` must never give an open stream's id to another stream, and a stream closed or dropped
   at any point (before its first step too) must abort its requests and not wedge the LLM.
 - `queue` takes only requests this engine made; an observer that raises loses nothing and
@@ -24,9 +25,10 @@ import s04_sampling as s04
 import s06_torch as s06
 import s09_continuous_batching as s09
 import s10_scheduler as s10
+import s11_chunked_prefill as s11
 import s12_engine as s12
 import s13_prefix_caching as s13
-from engine_testing import FailingRunner, tokens_of
+from engine_testing import FailingRunner, drive, tokens_of
 from s09_llm import LLM
 from s09_trace import trace
 
@@ -124,6 +126,45 @@ def test_reference_mode_with_failed_preempting_and_resuming_steps_equals_alone(b
     for rid, prompt in zip(ids, PROMPTS[:3]):
         assert tokens_of(got[rid]) == alone[prompt]
     assert engine.scheduler.kv.num_used_tokens == 0
+
+
+SHARED = "Romeo.\nBut soft! what light through yonder window breaks?\n"
+RECOMPUTE_PROMPTS = [SHARED + "Jul.\n", SHARED + "Ham.\nTo be", "First Citizen.\nBefore we",
+                     SHARED + "Jul.\nAy me", SHARED, "Ham.\n"]
+
+
+@pytest.mark.parametrize("build, options", [
+    (s11.build_engine, dict(kv_capacity=128)),
+    (s12.build_engine, dict(block_size=8, num_blocks=14)),
+], ids=["s11", "s12"])
+def test_reference_mode_with_a_recompute_in_chunks_that_do_not_sample_equals_alone(
+        bundled, build, options):
+    """A preempted request's recompute comes back in prompt chunks that do not sample (the
+    reference computes nothing for those rows); by the time it samples, num_computed_tokens
+    is past the count of positions the runner computed before the preemption. The runner
+    must see the count drop at the first chunk, not trust it at the sampling one: that KV was
+    freed (S12 hands out zeroed blocks, S11 a slot another request may have written)."""
+    model, tok, _ = bundled
+    alone = s06.Engine(model, tok, 96)
+    expected = [alone.generate(p, greedy(24)).token_ids for p in RECOMPUTE_PROMPTS]
+    engine = build(model, tok, max_num_batched_tokens=8, max_num_seqs=4, max_context=96,
+                   batch_invariant=True, **options)
+    chunked = set()
+
+    class ChunkedRecompute:
+        def on_plan(self, engine, plan):
+            for rid in plan.scheduled_resumed_ids:
+                start, n = plan.num_computed_tokens[rid], plan.num_scheduled_tokens[rid]
+                if start + n < len(engine.requests[rid].token_ids):
+                    chunked.add(rid)
+
+        def on_step(self, engine, result):
+            pass
+
+    engine.observers.append(ChunkedRecompute())
+    outs, _ = drive(engine, [(p, greedy(24)) for p in RECOMPUTE_PROMPTS], [0, 0, 1, 1, 2, 5])
+    assert chunked, "no recompute came in chunks: the test checks nothing"
+    assert [tokens_of(outs[i]) for i in range(len(RECOMPUTE_PROMPTS))] == expected
 
 
 # --- LLM ------------------------------------------------------------------------------------
