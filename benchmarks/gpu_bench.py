@@ -4,6 +4,7 @@
     python benchmarks/gpu_bench.py s06 --json OUT/bench_s06.json --bandwidth-json OUT/bandwidth.json
     python benchmarks/gpu_bench.py s08 --json OUT/bench_s08.json --budget-s 60
     python benchmarks/gpu_bench.py s12 --device cpu --shape tiny --json /tmp/s12.json  # smoke run
+    python benchmarks/gpu_bench.py s14 --json OUT/bench_s14.json --bandwidth-json OUT/bandwidth.json
 
 A benchmark, not a test: it prints and writes JSON, never asserts speed. Each part is its own
 process, so scripts/gpu_check.sh can stop it at its time budget; the JSON file is rewritten
@@ -27,6 +28,14 @@ without it the part measures its own):
              `LLM`) against S08's static batches of the same size, in arrival order.
   s12        decode steps of one batch: S12's paged engine against S09's contiguous slots,
              steps alternated between the two.
+  s14        S14's weight-only quantization against the bf16 model: the fused int8 and int4
+             (g32) GEMVs (torch's `_weight_int8pack_mm`, tinygemm's `_weight_int4pack_mm`)
+             and int4 dequantize-then-matmul against a bf16 F.linear, at the issue's 4096x1024
+             and 11008x4096; then S06's `Engine` at batch 1 on the model in bf16, with its
+             linear weights in int8 and in int4 g32 (`quantize_model`; embedding and tied
+             head kept in bf16), tokens/s and the bandwidth of the bytes the step reads (the
+             kernels' operands, scales included). Where torch has no CUDA int4 kernel for
+             the device, the int4 rows say why (S14's refusal) and the part goes on.
 
 How the figures are made. tokens/s: generated tokens / wall seconds of the whole call
 (prefill included), the device synchronised before and after, best of the repeats, the engines'
@@ -35,12 +44,17 @@ made twice, so each engine is timed through its public call with no instrument i
 step (s09, s12): the engine's own step time (an observer's `StepResult.step_s`) over the steps
 in which every scheduled request decodes one token. Bytes of a decode step: S07's
 `decode_step_cost` / `batched_decode_cost` (every weight read once, plus each request's K and
-V), at the step's context; achieved bandwidth = bytes / decode step seconds, reported next to
+V), at the step's context (s14: with each quantized weight's bytes replaced by what its
+kernel reads, `QuantizedTensor.kernel_nbytes`); GEMV (s14): the median over alternated rounds
+of `iters` back-to-back calls timed between two synchronisations, bytes = the weight as the
+kernel reads it plus x and y; achieved bandwidth = bytes / decode step seconds, reported next to
 the measured copy bandwidth as a fraction of it. A decode step far below 100 % of the copy is
 limited not by memory but by the host: kernel launches and Python, step by step.
 
 What it leaves out: HF's own continuous batching as S09's peer (bench_s09_continuous_batching.py
-has it), prefill throughput on its own, S13's prefix caching and S19's server (no GPU part yet).
+has it), prefill throughput on its own, S13's prefix caching and S19's server (no GPU part yet);
+S14's q8_0 / q4_0 (q4_0 runs int4 g32's kernel; q8_0 has no fused kernel), its 8-bit KV
+cache and its perplexity (CPU figures: benchmarks/bench_s14_quantization.py).
 
 Tests: tests/test_gpu_check.py runs every part here with --device cpu --shape tiny (the code
 paths, not the figures) and checks that a failing part still writes its JSON with the reason.
@@ -58,7 +72,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("bandwidth", "s06", "s08", "s09", "s12")
+PARTS = ("bandwidth", "s06", "s08", "s09", "s12", "s14")
 H200_COPY_BYTES_PER_S = 4.3e12   # device-to-device copy measured on H200s (bytes read + written)
 
 # The tiny shape: the 0.6B code path on a CPU in seconds (Qwen3 layout, GQA 4:2, tied head).
@@ -74,12 +88,16 @@ WORKLOADS = {
         s08=dict(prompt=32, tokens=64, batch_sizes=(1, 8, 32, 64), repeats=2),
         s09=dict(prompt=32, requests=64, max_num_seqs=16, min_tokens=8, max_tokens=64),
         s12=dict(prompt=512, batch=16, steps=32, warmup=3, block_size=16),
+        s14=dict(prompt=32, tokens=64, repeats=3, group_size=32,
+                 gemv_shapes=((4096, 1024), (11008, 4096)), gemv_iters=100, gemv_rounds=7),
         bandwidth=dict(nbytes=4 * 2**30, matmul_n=8192)),
     "tiny": dict(
         s06=dict(prompt=8, tokens=4, repeats=1),
         s08=dict(prompt=8, tokens=4, batch_sizes=(3,), repeats=1),
         s09=dict(prompt=8, requests=5, max_num_seqs=2, min_tokens=2, max_tokens=6),
         s12=dict(prompt=16, batch=3, steps=3, warmup=1, block_size=4),
+        s14=dict(prompt=8, tokens=4, repeats=1, group_size=32,
+                 gemv_shapes=((128, 64), (256, 128)), gemv_iters=2, gemv_rounds=2),
         bandwidth=dict(nbytes=16 * 2**20, matmul_n=128)),
 }
 
@@ -530,8 +548,188 @@ def part_s12(args, report: Report) -> None:
             "contiguous_fraction_of_copy": contiguous["fraction_of_copy"]}
 
 
+def part_s14(args, report: Report) -> None:
+    """S14 on the device: fused GEMVs, then batch-1 decode of S06's engine, bf16 vs int8 vs
+    int4 (see the module docstring). A scheme torch has no kernel for here is a row with
+    "refused" (S14's ParameterError, naming the rule), not a failed part."""
+    import s06_torch as s06
+    import s07_roofline
+    import s14_quantization as s14q
+    import torch.nn.functional as F
+    from s01_generation_loop import ParameterError
+    torch, bench06 = course_imports()
+    device, dtype = resolve(args)
+    base_label = "bf16" if dtype == torch.bfloat16 else str(dtype).removeprefix("torch.")
+    work = WORKLOADS[args.shape]["s14"]
+    copy, copy_how = copy_bandwidth(args, device)
+    report.data.update(workload=work, copy_bytes_per_s=copy, copy_source=copy_how)
+    width = torch.empty((), dtype=dtype).element_size()
+    g = work["group_size"]
+    schemes = {"int8": dict(scheme="int8"), f"int4 g{g}": dict(scheme="int4", group_size=g)}
+    report.data["gemv"], report.data["refused"] = [], {}
+
+    # --- the GEMVs: one token's product x (1, K) @ W^T, W (N, K) ----------------------------
+    generator = torch.Generator().manual_seed(args.seed)
+    for n, k in work["gemv_shapes"]:
+        w = (torch.randn(n, k, generator=generator) * 0.02).to(device)
+        x = torch.randn(1, k, generator=generator).to(device, dtype)
+        variants = {base_label: (lambda w16=w.to(dtype): F.linear(x, w16), n * k * width)}
+        for label, options in [*schemes.items(), (f"int4 g{g} dequant+matmul",
+                                                  dict(scheme="int4", group_size=g,
+                                                       path="reference"))]:
+            options = dict(path="fused") | options
+            try:
+                q = s14q.QuantizedTensor.from_float(w, dtype=dtype, **options)
+            except ParameterError as err:
+                report.data["refused"][f"gemv {n}x{k} {label}"] = str(err)
+                print(f"  {n}x{k} {label}: refused ({err})", flush=True)
+                continue
+            variants[label] = (lambda q=q: F.linear(x, q), q.kernel_nbytes)
+        iters = work["gemv_iters"]
+        with torch.inference_mode():
+            rounds = {name: device_rounds(fn, iters, device) for name, (fn, _) in
+                      variants.items()}
+            eager = {name: [] for name in variants}
+            graph = {name: [] for name, (_, how) in rounds.items() if how != "eager"}
+            for _ in range(work["gemv_rounds"]):                        # alternated rounds
+                for name, (fn, _) in variants.items():
+                    eager[name].append(seconds(lambda: [fn() for _ in range(iters)], device)
+                                       / iters)
+                    if name in graph:
+                        graph[name].append(seconds(rounds[name][0], device) / iters)
+        measured = graph if len(graph) == len(variants) else eager
+        base = statistics.median(measured[base_label])
+        for name, (_, nbytes) in variants.items():
+            t = statistics.median(measured[name])
+            moved = nbytes + (k + n) * width                            # weight + x + y
+            row = {"shape": [n, k], "variant": name, "seconds_per_call": t,
+                   "timed": rounds[name][1] if measured is graph else "eager",
+                   "eager_seconds_per_call": statistics.median(eager[name]),
+                   "speedup_over_base": base / t, "bytes_per_call": moved,
+                   "achieved_bytes_per_s": moved / t, "fraction_of_copy": moved / t / copy}
+            report.data["gemv"].append(row)
+            print(f"  GEMV {n}x{k} {name:<24} {t * 1e6:9.1f} us  x{base / t:5.2f} vs "
+                  f"{base_label}, {moved / t / 1e9:,.0f} GB/s "
+                  f"({row['fraction_of_copy']:.1%} of the copy); eager "
+                  f"{row['eager_seconds_per_call'] * 1e6:.1f} us", flush=True)
+        if measured is eager and graph != {}:
+            report.data["gemv_timing_note"] = "some variants could not be captured in a CUDA " \
+                                              "graph: every variant timed eagerly"
+        report.save()
+
+    key = report.data["key"]                  # the largest shape's speedups over base_label
+    for row in report.data["gemv"]:
+        if row["shape"] == report.data["gemv"][-1]["shape"] and row["variant"] != base_label:
+            n, k = row["shape"]
+            key[f"gemv_{n}x{k}_{row['variant'].replace(' ', '_')}_speedup"] = \
+                row["speedup_over_base"]
+    if report.data["refused"]:
+        key["refused"] = sorted(report.data["refused"])
+    report.save()
+
+    # --- batch-1 decode: S06's engine on the model as built, and quantized copies ----------
+    if not report.fits("batch-1 decode", 15):
+        return
+    hf, base_model, tokenizer, config = build_model(args, device, dtype, report)
+    state = hf.state_dict()
+    models = {base_label: base_model}
+    for label, options in schemes.items():
+        copy_model = s06_model(config, state, device, dtype, args.attention)
+        try:
+            models[label] = s14q.quantize_model(copy_model, **options)
+        except ParameterError as err:
+            report.data["refused"][f"decode {label}"] = str(err)
+            print(f"  decode {label}: refused ({err})", flush=True)
+    del hf, state
+    report.save()
+    prompt = random_prompts(1, work["prompt"], config.vocab_size, args.seed)[0]
+    n = work["tokens"]
+    runs = {}
+    for label, model in models.items():
+        runs[label] = bench06.OurEngine(model, tokenizer, prompt, n).once
+        runs[f"{label}_1"] = bench06.OurEngine(model, tokenizer, prompt, 1).once
+    with torch.inference_mode():
+        best, outputs = best_times(report, "s14 decode", runs, work["repeats"], device, bench06)
+    full = s07_roofline.decode_step_cost(config, len(prompt) + n // 2, width).bytes
+    for label, model in models.items():
+        quantized = s14q.quantized_weights(model).values()
+        moved = full - sum(q.numel() * width - q.kernel_nbytes for q in quantized)
+        step_s = (best[label] - best[f"{label}_1"]) / (n - 1)
+        row = {"engine": f"S06 Engine, {label}", "weights": label, "batch_size": 1,
+               "prompt_tokens": len(prompt), "generated_tokens": n,
+               "tokens_per_s": n / best[label], "wall_s": best[label],
+               "one_token_wall_s": best[f"{label}_1"], "decode_step_s": step_s,
+               "greedy_vs_" + base_label: bench06.agreement(outputs[label],
+                                                            outputs[base_label]),
+               **bandwidth_figures(moved, step_s, copy)}
+        report.data["rows"].append(row)
+        print(f"  {row['engine']:<22} {row['tokens_per_s']:9.1f} tokens/s, decode step "
+              f"{step_s * 1e3:.2f} ms, {moved / 1e6:,.0f} MB read per step, {share(row)}",
+              flush=True)
+    report.save()
+    key = report.data["key"]
+    rows = {r["weights"]: r for r in report.data["rows"]}
+    for label, row in rows.items():
+        tag = label.replace(" ", "_")
+        key[f"decode_{tag}_tokens_per_s"] = row["tokens_per_s"]
+        key[f"decode_{tag}_fraction_of_copy"] = row["fraction_of_copy"]
+        if label != base_label:
+            key[f"decode_{tag}_speedup"] = (row["tokens_per_s"]
+                                            / rows[base_label]["tokens_per_s"])
+    if report.data["refused"]:
+        key["refused"] = sorted(report.data["refused"])
+
+
+def seconds(fn, device) -> float:
+    """Wall seconds of fn(), the device synchronised before and after."""
+    import s06_torch as s06
+    s06.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    s06.synchronize(device)
+    return time.perf_counter() - start
+
+
+def device_rounds(fn, iters: int, device) -> tuple:
+    """(a zero-argument call that runs fn() iters times as one CUDA graph replay, its
+    description), or (None, "eager") on the CPU or where the capture fails (the reason
+    printed). A replay launches the recorded kernels without Python in between, so it times
+    the device's work, not the host's: at 4096x1024 a bf16 GEMV takes a few microseconds on
+    the device, less than the host needs to launch it through F.linear and S14's
+    __torch_function__ (the eager time, reported beside it). Warm-up on a side stream
+    first, as torch.cuda.graphs' documentation asks."""
+    import torch
+    for _ in range(2):
+        fn()                                                            # warm-up, eager
+    if device.type != "cuda":
+        return None, "eager"
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                fn()
+        graph.replay()                                                  # its own warm-up
+        return graph.replay, f"CUDA graph of {iters} calls, replayed"
+    except Exception as err:     # a capture torch refuses: time it eagerly, say why
+        print(f"  (no CUDA graph: {type(err).__name__}: {str(err).splitlines()[0][:120]})")
+        return None, "eager"
+
+
+def s06_model(config, state, device, dtype, attention):
+    """Another S06 model holding the same weights (a quantized copy needs its own: S14's
+    `quantize_model` works in place)."""
+    import s06_torch as s06
+    return s06.TorchTransformer(config, state, device, dtype, attention)
+
+
 PART_FUNCTIONS = {"bandwidth": part_bandwidth, "s06": part_s06, "s08": part_s08,
-                  "s09": part_s09, "s12": part_s12}
+                  "s09": part_s09, "s12": part_s12, "s14": part_s14}
 
 
 # ---------------------------------------------------------------------------------------------

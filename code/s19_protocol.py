@@ -190,7 +190,15 @@ class ChatTemplate:
     which `transformers` writes and prefers, rendered by `transformers`'
     `apply_chat_template` with add_generation_prompt=True, then encoded with its special
     tokens as special ids and none added: the template writes its own BOS) when it has one,
-    else `course_chat_prompt` (plain text, encoded as any prompt)."""
+    else `course_chat_prompt` (plain text, encoded as any prompt).
+
+    A template is a program, and it can fail two ways. A syntax error is the checkpoint's:
+    `transformers` compiles a template only when it first renders it, so it is compiled
+    here, once, and the server refuses to start (ValueError naming the template and the
+    line). A template may also refuse a conversation (Llama's and Mistral's call
+    raise_exception("... roles must alternate ...")): that is the request's fault, a 400
+    naming messages with the template's own words (vLLM's chat serving catches
+    jinja2.TemplateError while it prepares the prompt and answers 400 too)."""
 
     def __init__(self, checkpoint_dir: str | Path | None):
         self.hf = None
@@ -198,17 +206,39 @@ class ChatTemplate:
         if directory is not None and _has_chat_template(directory):
             from transformers import AutoTokenizer
             self.hf = AutoTokenizer.from_pretrained(str(directory))
+            self._compile(directory)
+
+    def _compile(self, directory: Path) -> None:
+        """Render one short conversation, which compiles the template (transformers caches
+        the compiled template for the requests): a syntax error is a ValueError now. Any
+        other failure is left to the requests (the template may refuse this conversation)."""
+        import jinja2
+        try:
+            self.hf.apply_chat_template([{"role": "user", "content": "Hello"}], tokenize=False,
+                                        add_generation_prompt=True)
+        except jinja2.TemplateSyntaxError as err:
+            raise ValueError(f"the chat template of {directory} does not compile: "
+                             f"{err.message} (line {err.lineno} of the template)") from None
+        except Exception:        # noqa: BLE001 - a refusal of this conversation: not ours
+            pass
 
     @property
     def name(self) -> str:
         return "checkpoint" if self.hf is not None else "course"
 
     def render(self, messages: Sequence[dict], tokenizer) -> list[int]:
-        """The prompt's token ids for these messages."""
+        """The prompt's token ids for these messages. Raises APIError 400 (param
+        "messages") when the template refuses them (a jinja2.TemplateError: its
+        raise_exception, an undefined value it needs, a sandbox refusal)."""
         if self.hf is None:
             return list(tokenizer.encode(course_chat_prompt(messages)))
-        text = self.hf.apply_chat_template(list(messages), tokenize=False,
-                                           add_generation_prompt=True)
+        import jinja2
+        try:
+            text = self.hf.apply_chat_template(list(messages), tokenize=False,
+                                               add_generation_prompt=True)
+        except jinja2.TemplateError as err:
+            raise APIError(400, f"messages: the model's chat template refused them: {err}",
+                           "messages") from None
         # The template writes every special token it wants, a BOS included: encode the text
         # without the tokenizer's own (a Llama tokenizer would put a second BOS in front),
         # its special-token strings as their ids, as HF's apply_chat_template(tokenize=True)

@@ -59,6 +59,7 @@ What it does not handle yet
 Run it
     python code/s19_server.py                       # the bundled model on 127.0.0.1:8000
     python code/s19_server.py --port 8001 --max-num-seqs 16 --max-num-batched-tokens 64
+    python code/s19_server.py --quantize int8 --kv-cache-dtype int8   # S14's 8-bit weights, KV
     curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
         -d '{"model": "bundled", "prompt": "ROMEO.\n", "max_tokens": 20, "stream": true}'
     python benchmarks/bench_s19_server.py --quick   # TTFT / ITL over HTTP vs in-process
@@ -120,6 +121,8 @@ import s06_torch as s06
 import s08_cli
 import s09_trace
 import s13_prefix_caching as s13
+import s14_kv_cache
+import s14_quantization as s14
 import s19_protocol as proto
 from s01_generation_loop import ParameterError
 from s19_protocol import APIError, Delta
@@ -130,6 +133,9 @@ ENGINE_BUILDER = s13.build_engine   # the engine served; s11/s12's build_engine 
 DEFAULT_MODEL_NAME = "bundled"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_CONTEXT = 4096          # the longest context served unless --max-context says
+QUANTIZED_BUILDER = s14.build_engine  # with --quantize / --kv-cache-dtype: S14's, over S13's
+FLAGS = {"scheme": "--quantize", "group_size": "--group-size", "symmetric": "--quantize",
+         "path": "--quantize", "kv_cache_dtype": "--kv-cache-dtype"}   # S14's names -> flags
 JSON_MEDIA_TYPE = "application/json"
 MAX_BODY_BYTES = 4 * 2**20       # a larger request body is a 413, unread
 OFF_LOOP_BYTES = 64 * 2**10      # a larger body is parsed and tokenized in a worker thread
@@ -782,6 +788,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-context", type=int, default=None,
                         help="longest context a request may reach (default: the model's "
                              "window, at most 4096)")
+    parser.add_argument("--quantize", default=None, choices=s14.SCHEMES,
+                        help="store the linear weights as S14's int8 (per channel), int4 "
+                             "(group-wise) or llama.cpp's q8_0 / q4_0, the engine built by "
+                             f"{builder_name(QUANTIZED_BUILDER)} (default: none, the "
+                             "checkpoint's weights)")
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="--quantize int4: weights per scale, one of "
+                             f"{', '.join(map(str, s14.GROUP_SIZES))} (default: 32)")
+    parser.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
+                        choices=list(s14_kv_cache.KV_CACHE_DTYPES),
+                        help="how the paged KV cache stores keys and values, vLLM's names "
+                             f"(S14): one of {', '.join(s14_kv_cache.KV_CACHE_DTYPES)}; auto "
+                             "= the model's dtype, int8 and fp8 one byte per value with "
+                             "their scales (default: %(default)s)")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=1,
@@ -792,18 +812,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--port must be in [0, 65535] (got {args.port})")
     if args.max_num_seqs < 1:
         parser.error(f"--max-num-seqs must be >= 1 (got {args.max_num_seqs})")
+    if args.group_size is not None and args.quantize != "int4":
+        parser.error("--group-size needs --quantize int4 (int4's weights per scale; int8 "
+                     "has one scale per channel, q8_0 / q4_0 blocks of 32)")
+    if args.group_size is not None and args.group_size not in s14.GROUP_SIZES:
+        parser.error(f"--group-size must be one of {', '.join(map(str, s14.GROUP_SIZES))} "
+                     f"(got {args.group_size})")
+    quantized = args.quantize is not None or args.kv_cache_dtype != "auto"
     import torch
     torch.set_num_threads(args.threads)
     try:
         model, tokenizer, template, directory = load_served(args.model, args.device)
+        # S14's build_engine when asked: the KV dtype checked, then the weights quantized
+        s14_options = dict(builder=QUANTIZED_BUILDER, quantize=args.quantize,
+                           group_size=args.group_size,
+                           kv_cache_dtype=args.kv_cache_dtype) if quantized else {}
         engine = make_engine(model, tokenizer, args.max_num_seqs, args.max_num_batched_tokens,
-                             args.max_context)
+                             args.max_context, **s14_options)
+    except ParameterError as err:            # named by the flag that set the parameter
+        flag = FLAGS.get(err.parameter)
+        parser.error(f"{flag}: {err}" if flag else str(err))
     except ValueError as err:
         parser.error(str(err))
     name = args.served_model_name or (DEFAULT_MODEL_NAME if args.model is None else args.model)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    weights = s14.quantized_weights(model)
+    formats = (f", weights {next(iter(weights.values())).describe()}" if weights else "") + (
+        f", KV cache {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else "")
     print(f"serving {name} ({model.config.model_type}, "
-          f"{s03.parameter_count(model.config):,} parameters, {builder_name()}, context "
+          f"{s03.parameter_count(model.config):,} parameters{formats}, "
+          f"{builder_name(QUANTIZED_BUILDER if quantized else None)}, context "
           f"{engine.max_context}, chat template {template.name}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(build_app(engine, tokenizer, name, template), host=args.host, port=args.port,

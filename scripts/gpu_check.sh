@@ -9,7 +9,7 @@
 # skips), summary.json (per part: status ok / failed / skipped / timeout, reason, seconds,
 # budget, key figures; rewritten after every part, so it is there whatever stops the run), and
 # one JSON per benchmark (bandwidth.json, bench_s06.json, bench_s08.json, bench_s09.json,
-# bench_s12.json; each rewritten after every row, so a part stopped at its budget keeps what it
+# bench_s12.json, bench_s14.json; each rewritten after every row, so a part stopped at its budget keeps what it
 # measured). On a machine without a CUDA device it says so, writes versions.json and
 # summary.json (status "no_device") and exits 0.
 #
@@ -22,6 +22,9 @@
 #   s08          75   S08's static batches against HF's padded generate(), B = 1 .. 64
 #   s09          45   S09's continuous batching against S08's static batches, mixed lengths
 #   s12          45   S12's paged decode against S09's contiguous slots
+#   s14          60   S14's int8 / int4 fused GEMVs and batch-1 decode against bf16
+# The budgets add up to more than the total: a part that ends early leaves its time to the
+# next, and a part that would start with under 15 s left is skipped, said in the summary.
 # A benchmark is told its budget less 10 s (--budget-s) and leaves out the rows that would
 # not fit; `timeout` stops a part still running at its budget (a benchmark with TERM, pytest
 # with INT so that it still reports the tests it ran; KILL 10 s later).
@@ -90,7 +93,7 @@ main() {
         local why="torch $(field versions.json cuda.torch) sees none"
         [ "$torch_ok" = "True" ] || why="torch is not importable with $PYTHON"
         echo "no CUDA device: nothing to check ($why)"
-        for part in bandwidth pytest_gpu s06 s08 s09 s12; do
+        for part in bandwidth pytest_gpu s06 s08 s09 s12 s14; do
             record "$part" skipped "no CUDA device ($why)" 0 "" ""
         done
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -132,7 +135,7 @@ main() {
     fi
 
     if [ "$(field versions.json modules.transformers.found)" != "True" ]; then
-        for part in s06 s08 s09 s12; do
+        for part in s06 s08 s09 s12 s14; do
             record "$part" skipped "transformers is not installed: no random model to build" 0 "" ""
         done
     else
@@ -141,6 +144,7 @@ main() {
         bench s08 75 "${bw[@]}"
         bench s09 45 "${bw[@]}"
         bench s12 45 "${bw[@]}"
+        bench s14 60 "${bw[@]}"
     fi
 
     local total=$((SECONDS - START))

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ["s01_generation_loop", "s02_tokenizer", "s03_transformer", "s04_sampling",
            "s05_kv_cache", "s06_torch", "s07_measuring", "s08_static_batching",
            "s09_continuous_batching", "s10_scheduler", "s11_chunked_prefill",
-           "s12_paged_attention", "s13_prefix_caching", "s19_server"]
+           "s12_paged_attention", "s12_kv_budget", "s13_prefix_caching", "s14_quantization",
+           "s14_kv_cache", "s14_quality", "s19_server"]
 
 
 def options(help_text: str) -> dict[str, str]:

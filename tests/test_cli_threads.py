@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow   # 15 subprocesses that import torch
+pytestmark = pytest.mark.slow   # 30 subprocesses that import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CORES = os.cpu_count() or 1
@@ -25,6 +25,9 @@ CORES = os.cpu_count() or 1
 CLIS = [
     "code/s06_torch.py",
     "scripts/train_bundled_model.py",
+    "code/s14_quantization.py",
+    "code/s14_kv_cache.py",
+    "code/s14_quality.py",
     "code/s19_server.py",
 ]
 
@@ -68,6 +71,7 @@ COUNTS = {   # benchmark: (one of its count flags, the upper bound it states)
     "bench_s11_chunked_prefill": ("--running", 64),
     "bench_s12_paged_attention": ("--requests", 1000),
     "bench_s13_prefix_caching": ("--turns", 64),
+    "bench_s14_quantization": ("--tokens", 512),
     "bench_s19_server": ("--requests", 4096),
     "bench_s19_split": ("--requests", 4096),
 }

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 # The script's rule for the files that use the marker (its grep -E, here as a Python regex).
 MARKER_LINE = re.compile(r"^[^#\"']*pytest\.mark\.gpu\b", re.MULTILINE)
-PARTS = ("bandwidth", "pytest_gpu", "s06", "s08", "s09", "s12")
+PARTS = ("bandwidth", "pytest_gpu", "s06", "s08", "s09", "s12", "s14")
 
 
 def load(path: Path):
@@ -71,7 +71,8 @@ def test_script_refuses_a_missing_outdir_argument():
 @pytest.mark.slow   # pytest in a subprocess imports the S06 and S08 test modules: ~10 s
 def test_every_gpu_test_skips_with_its_reason_without_cuda(tmp_path):
     files = gpu_test_files()
-    assert {"test_s06_torch.py", "test_s08_static_batching.py"} <= {p.name for p in files}
+    assert {"test_s06_torch.py", "test_s08_static_batching.py", "test_s14_quantization.py",
+            "test_s14_kv_cache.py", "test_s14_quality.py"} <= {p.name for p in files}
     junit = tmp_path / "gpu.xml"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
@@ -118,7 +119,7 @@ def test_gpu_bench_help_needs_no_torch():
     done = subprocess.run([sys.executable, "-S", str(ROOT / "benchmarks" / "gpu_bench.py"),
                            "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert "bandwidth,s06,s08,s09,s12" in done.stdout.replace(" ", "")
+    assert "bandwidth,s06,s08,s09,s12,s14" in done.stdout.replace(" ", "")
 
 
 def test_gpu_bench_part_that_fails_writes_its_reason(tmp_path, capsys):
@@ -131,12 +132,12 @@ def test_gpu_bench_part_that_fails_writes_its_reason(tmp_path, capsys):
     assert data["status"] == "failed" and "needs a CUDA device" in data["reason"]
 
 
-@pytest.mark.slow   # four tiny models built and run: a few seconds
+@pytest.mark.slow   # five tiny models built and run: a few seconds
 def test_gpu_bench_parts_run_end_to_end_on_the_cpu(tmp_path, capsys):
     bench = load(ROOT / "benchmarks" / "gpu_bench.py")
     common = ["--device", "cpu", "--shape", "tiny", "--bandwidth-json",
               str(tmp_path / "bandwidth.json")]
-    for part in ("bandwidth", "s06", "s08", "s09", "s12"):
+    for part in ("bandwidth", "s06", "s08", "s09", "s12", "s14"):
         out = tmp_path / f"{part}.json"
         assert bench.main([part, "--json", str(out), *common]) == 0, capsys.readouterr().out
         data = json.loads(out.read_text())
@@ -149,3 +150,43 @@ def test_gpu_bench_parts_run_end_to_end_on_the_cpu(tmp_path, capsys):
     assert s06["key"]["greedy_agreement"] == "all 4 equal"   # float32: ours == HF
     s12 = json.loads((tmp_path / "s12.json").read_text())
     assert [r["decode_steps"] for r in s12["rows"]] == [3, 3]
+    s14 = json.loads((tmp_path / "s14.json").read_text())
+    assert [r["weights"] for r in s14["rows"]] == ["float32", "int8", "int4 g32"]
+    assert all(r["greedy_vs_float32"].startswith(("all 4", "first ")) for r in s14["rows"])
+    assert [(tuple(r["shape"]), r["variant"]) for r in s14["gemv"]] == [
+        (shape, v) for shape in ((128, 64), (256, 128))
+        for v in ("float32", "int8", "int4 g32", "int4 g32 dequant+matmul")]
+    assert s14["refused"] == {} and all(r["timed"] == "eager" for r in s14["gemv"])
+    # the bytes a quantized step reads: the bf16 step's, each linear weight's full-precision
+    # bytes replaced by what its kernel reads (by hand for int4 g32: K/2 code bytes per row
+    # (repacked) and a bfloat16 scale and zero per 32 weights, so 4 + 1 bits per weight;
+    # float32 weights are 32 bits)
+    linear = 2 * (128 * 64 + 64 * 64 + 256 * 64 + 64 * 128)      # TINY: qkv, o, gate_up, down
+    steps = {r["weights"]: r["bytes_per_decode_step"] for r in s14["rows"]}
+    assert steps["float32"] - steps["int4 g32"] == linear * (32 - 5) // 8
+
+
+@pytest.mark.slow   # one tiny model built and run
+def test_gpu_bench_s14_without_an_int4_kernel_says_why_and_measures_the_rest(tmp_path,
+                                                                            monkeypatch):
+    """Where torch has no int4 kernel for the device (CUDA before sm_80, or a build without
+    tinygemm), S14 refuses int4's fused path (ParameterError naming "path"); the part records
+    the refusal and measures the rest. Simulated here: the int4 kernel raises as torch does."""
+    import s14_quantization as s14q
+    bench = load(ROOT / "benchmarks" / "gpu_bench.py")
+    run_kernel = s14q._run_kernel
+
+    def no_int4(scheme, kernel, x, group_size):
+        if scheme != "int8":
+            raise RuntimeError("_weight_int4pack_mm: no kernel image for this device")
+        return run_kernel(scheme, kernel, x, group_size)
+    monkeypatch.setattr(s14q, "_run_kernel", no_int4)
+    out = tmp_path / "s14.json"
+    assert bench.main(["s14", "--json", str(out), "--device", "cpu", "--shape", "tiny"]) == 0
+    data = json.loads(out.read_text())
+    assert data["status"] == "ok"
+    assert sorted(data["refused"]) == ["decode int4 g32", "gemv 128x64 int4 g32",
+                                       "gemv 256x128 int4 g32"]
+    assert "needs torch's int4 weight-only kernel" in data["refused"]["decode int4 g32"]
+    assert [r["weights"] for r in data["rows"]] == ["float32", "int8"]
+    assert data["key"]["refused"] == sorted(data["refused"])

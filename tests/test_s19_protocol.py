@@ -512,3 +512,59 @@ def test_the_character_guard_runs_before_a_prompts_surrogate_and_after_a_message
         parse(tok, {"messages": [{"role": "user", "content": long}]}, proto.CHAT,
               max_token_chars=1)
     assert (err.value.param, err.value.code) == ("messages[0].content", None)
+
+
+# A template that refuses a conversation the way Llama's and Mistral's do: raise_exception
+# (transformers' helper in the template sandbox, raising jinja2's TemplateError).
+REFUSING_TEMPLATE = (
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/...') }}"
+    "{% endif %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+@pytest.mark.parametrize("jinja_file", [False, True], ids=["config", "jinja_file"])
+def test_a_template_that_refuses_the_messages_is_a_400_naming_messages(tmp_path, tok,
+                                                                       jinja_file):
+    """The template's refusal is the request's fault: 400 invalid_request_error, param
+    messages, the template's own message; a conversation it accepts still renders as HF
+    renders it."""
+    directory = _checkpoint_with_template(tmp_path, REFUSING_TEMPLATE, jinja_file=jinja_file,
+                                          bos=False)
+    template = proto.ChatTemplate(directory)
+    bad = [{"role": "user", "content": "Hi"}, {"role": "user", "content": "again"}]
+    with pytest.raises(APIError) as err:
+        parse(tok, {"messages": bad}, proto.CHAT, chat_template=template)
+    assert (err.value.status, err.value.type, err.value.param) == (
+        400, "invalid_request_error", "messages")
+    assert "Conversation roles must alternate user/assistant/user/..." in err.value.message
+    good = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hail"},
+            {"role": "user", "content": "again"}]
+    r = parse(tok, {"messages": good}, proto.CHAT, chat_template=template)
+    assert list(r.prompt_ids) == _hf_chat_ids(directory, good)
+
+
+@pytest.mark.parametrize("jinja_file", [False, True], ids=["config", "jinja_file"])
+def test_a_template_with_a_syntax_error_fails_when_the_server_loads_it(tmp_path, capsys,
+                                                                       jinja_file):
+    """transformers compiles a template only when it first renders it; the server compiles
+    it when it loads the checkpoint, so a broken template stops the server at startup with
+    the template's line, not every chat request with a 500. A template that merely refuses
+    the probe conversation (a lone user message) is not broken: it loads."""
+    import s19_server
+    broken = "{% for m in messages %}{{ m['content'] }\n{% endfor %}"   # "}" for "}}"
+    directory = _checkpoint_with_template(tmp_path, broken, jinja_file=jinja_file, bos=False)
+    with pytest.raises(ValueError, match=r"the chat template of .* does not compile: .*"
+                                         r"\(line 1 of the template\)"):
+        proto.ChatTemplate(directory)
+    with pytest.raises(SystemExit) as exit_:
+        s19_server.main(["--model", str(directory), "--port", "0"])
+    assert exit_.value.code == 2
+    assert "does not compile" in capsys.readouterr().err
+    fussy = tmp_path / "fussy"
+    fussy.mkdir()
+    picky = _checkpoint_with_template(
+        fussy, "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}"
+               "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        jinja_file=jinja_file, bos=False)
+    assert proto.ChatTemplate(picky).name == "checkpoint"

@@ -9,7 +9,10 @@ the same prompt (greedy text, token ids, seeded samples, logprobs); the tokenize
 counts; the chat prompt written out by hand (the course's template in the module docstring of
 code/s19_protocol.py); OpenAI's documented formats. The engine is seen only through its public
 state (has_unfinished_requests, the KV manager's counts) and, where a test needs a step's
-rows, through an observer the test attaches.
+rows, through an observer the test attaches. S14's flags (--quantize, --group-size,
+--kv-cache-dtype): the server started as its own process with --quantize int8 --kv-cache-dtype
+int8 against S14's `build_engine` run in process on a fresh copy of the model; every bad flag a
+usage error (exit status 2) before a model loads, fp8 on a device without it after.
 
 Public bug reports (../shared/cases/public-bugs.md, sections (k) and (g)), each a test below:
 K1 ggml-org/llama.cpp #3817 (a prompt over the context crashed the server), K2
@@ -1016,3 +1019,88 @@ def test_the_server_runs_no_tracer_and_record_stream_takes_its_own_off(loaded, s
     same = lambda t: [(s["scheduled"], s["lines"]) for s in t["steps"]] + [t["end"]]  # noqa
     assert same(again) == same(first) and len(first["steps"]) >= 5
     assert again["steps"][0]["step"] == first["steps"][-1]["step"] + 1
+
+
+# --- S14's flags: --quantize, --group-size, --kv-cache-dtype ----------------------------------
+
+def test_the_command_line_with_quantize_int8_and_an_int8_kv_cache_serves_s14s_greedy_text(
+        tmp_path):
+    """`code/s19_server.py --quantize int8 --kv-cache-dtype int8` started as a user starts it
+    (its own process, loopback, a free port): each greedy completion equals S14's engine
+    (`s14_quantization.build_engine`, the same flags, built as the server builds it) run in
+    process on a fresh copy of the bundled model, one request at a time."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import s14_kv_cache
+    import s14_quantization as s14q
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(root / "code" / "s19_server.py"), "--port", str(port),
+             "--quantize", "int8", "--kv-cache-dtype", "int8", "--threads", "1"],
+            cwd=root, stdout=out, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no /health within 120 s"
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        model, tok = s06.load()                       # a fresh copy: quantized in place
+        engine = srv.make_engine(model, tok, builder=s14q.build_engine, quantize="int8",
+                                 kv_cache_dtype="int8")
+        assert isinstance(engine.runner.cache, s14_kv_cache.QuantizedPagedKVCache)
+        llm = LLM(engine)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=60)
+        for prompt in PROMPTS[:3]:
+            want = llm.generate(prompt, s04.SamplingParams(temperature=0.0, max_tokens=24))
+            got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                            temperature=0).choices[0]
+            assert (got.text, got.finish_reason) == (want.text, want.finish_reason), prompt
+    finally:
+        process.terminate()
+        process.wait(30)
+    started = log.read_text()
+    assert "weights int8 per-channel, KV cache int8, s14_quantization.build_engine" in started
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--quantize", "int3"], "argument --quantize: invalid choice: 'int3'"),
+    (["--kv-cache-dtype", "int4"], "argument --kv-cache-dtype: invalid choice: 'int4'"),
+    (["--group-size", "32"], "--group-size needs --quantize int4"),
+    (["--quantize", "q4_0", "--group-size", "32"], "--group-size needs --quantize int4"),
+    (["--quantize", "int4", "--group-size", "48"], "--group-size must be one of 32, 64, 128 "
+                                                   "(got 48)"),
+    (["--quantize", "int4", "--group-size", "x"], "argument --group-size: invalid int value"),
+])
+def test_bad_quantization_flags_are_usage_errors_before_a_model_loads(argv, message, capsys,
+                                                                      monkeypatch):
+    monkeypatch.setattr(srv, "load_served", lambda *a: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit) as stop:
+        srv.main(argv)
+    assert stop.value.code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_fp8_kv_on_a_device_without_fp8_is_a_usage_error_naming_the_flag(capsys, monkeypatch):
+    """S14's door (`check_kv_cache_dtype`), reached through the flag: refused before the
+    weights are quantized or a port is opened."""
+    import s14_kv_cache
+    monkeypatch.setattr(s14_kv_cache, "fp8_support", lambda *a, **k: "no fp8 on this device")
+    monkeypatch.setattr(srv.uvicorn, "run", lambda *a, **k: pytest.fail("it served"))
+    with pytest.raises(SystemExit) as stop:
+        srv.main(["--quantize", "int8", "--kv-cache-dtype", "fp8", "--device", "cpu"])
+    assert stop.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--kv-cache-dtype: kv_cache_dtype='fp8' needs fp8 on the device: no fp8" in err
