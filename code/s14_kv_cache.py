@@ -630,6 +630,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = "row" if e.kv_scale is None else f"{e.kv_scale:.3g}"
         print(f"{name:<20} {shown:>9} {e.rel_rms_k:>10.2e} {e.rel_rms_v:>10.2e} "
               f"{max(e.max_abs_k, e.max_abs_v):>10.2e} {e.flushed:>8.2%}")
+    print("rel rms: root-mean-square error over that of the values; flushed: the share of "
+          "nonzero values stored as 0")
     return 0
 
 
