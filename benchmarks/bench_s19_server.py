@@ -259,6 +259,12 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
                "--model", args.model, "--served-model-name", "bench"]
     if args.device:
         command += ["--device", args.device]
+    return launch_server(command, port)
+
+
+def launch_server(command: list[str], port: int) -> tuple[subprocess.Popen, str]:
+    """Start `command` (a server listening on 127.0.0.1:`port`) and wait, up to 120 s, until
+    GET /health answers 200; returns the process and the base URL."""
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"

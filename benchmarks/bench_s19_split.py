@@ -151,21 +151,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, str(Path(__file__).resolve()), "--serve", str(port),
                "--max-num-seqs", str(args.max_num_seqs), "--threads", str(args.threads),
                "--model", args.model] + (["--device", args.device] if args.device else [])
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited: {process.stderr.read()[-2000:]}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return process, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("the server did not answer /health within 120 s")
+    return bench.launch_server(command, port)
 
 
 # --- the replays -----------------------------------------------------------------------------

@@ -57,6 +57,29 @@ def drain(engine) -> dict[str, list]:
     return got
 
 
+def drain_through_failures(engine, injected, check_kv=False) -> tuple[dict[str, list], int]:
+    """drain, stepping on past each RuntimeError for which injected(err) is true (any other
+    propagates); with check_kv, the KV books are checked after every step that succeeds.
+    Returns the outputs by request id and the number of failed steps."""
+    got: dict[str, list] = {}
+    failures = steps = 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        assert steps < 200, "the engine does not drain"
+        try:
+            outputs = engine.step()
+        except RuntimeError as err:
+            if not injected(err):
+                raise
+            failures += 1
+            continue
+        if check_kv:
+            engine.scheduler.kv.check()
+        for out in outputs:
+            got.setdefault(out.request_id, []).append(out)
+    return got, failures
+
+
 # --- the batch-invariant reference ----------------------------------------------------------
 
 @pytest.mark.parametrize("build", [s10.build_engine, s12.build_engine], ids=["s10", "s12"])
@@ -108,20 +131,7 @@ def test_reference_mode_with_failed_preempting_and_resuming_steps_equals_alone(b
     engine.observers.append(Failing())
     ids = [engine.add_request(p, greedy(6)) for p in PROMPTS[:3]]
     failing["left"] = 2
-    got: dict[str, list] = {}
-    failures = steps = 0
-    while engine.has_unfinished_requests():
-        steps += 1
-        assert steps < 200, "the engine does not drain"
-        try:
-            outputs = engine.step()
-        except RuntimeError as err:
-            if "injected" not in str(err):
-                raise
-            failures += 1
-            continue
-        for out in outputs:
-            got.setdefault(out.request_id, []).append(out)
+    got, failures = drain_through_failures(engine, lambda err: "injected" in str(err))
     assert failures == 2 and failing["left"] == 0 and engine.scheduler.num_preemptions >= 1
     for rid, prompt in zip(ids, PROMPTS[:3]):
         assert tokens_of(got[rid]) == alone[prompt]
@@ -238,21 +248,8 @@ def test_an_observer_that_raises_loses_nothing_and_leaves_the_kv_books_right(bun
 
     engine.observers.append(Raises())
     ids = [engine.add_request(p, greedy(6)) for p in PROMPTS[:2]]
-    got: dict[str, list] = {}
-    failures = steps = 0
-    while engine.has_unfinished_requests():
-        steps += 1
-        assert steps < 200, "the engine does not drain"
-        try:
-            outputs = engine.step()
-        except RuntimeError as err:
-            if str(err) != "observer failed":
-                raise
-            failures += 1
-            continue
-        engine.scheduler.kv.check()
-        for out in outputs:
-            got.setdefault(out.request_id, []).append(out)
+    got, failures = drain_through_failures(engine, lambda err: str(err) == "observer failed",
+                                           check_kv=True)
     assert calls["n"] >= 2 and failures == 1
     for rid, prompt in zip(ids, PROMPTS[:2]):
         assert tokens_of(got[rid]) == alone[prompt]
