@@ -249,7 +249,13 @@ class DeviceSampler:
         u = None
         if self.generator is not None:
             u = torch.rand((), generator=self.generator, device=self.device, dtype=torch.float64)
-        token = draw(processed, self.params, u)
+        return self.flag(draw(processed, self.params, u), processed, num_output_tokens, raw)
+
+    def flag(self, token: torch.Tensor, processed: torch.Tensor, num_output_tokens: int,
+             raw: torch.Tensor | None = None) -> torch.Tensor:
+        """The token (int64 (1,)), or in its place the negative id of `BAD_ROW_ERRORS` that
+        `draw` describes, for the row `process` just made (S15 flags each verified position
+        with it)."""
         # What S04's `process_logits` raises for the processed row, flagged without a host
         # round trip: +inf or NaN from the repetition penalty (-4); no finite entry left, from
         # min_tokens (-1) or from the penalty (-5).

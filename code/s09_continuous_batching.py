@@ -85,7 +85,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import sys
 import time
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from typing import Sequence
 
@@ -186,13 +186,16 @@ class EngineConfig:
 class StepResult:
     """What observers hear after a step (`on_step`): the plan; run, the runner's
     `ModelRunnerOutput` (None when nothing ran); outputs, everything `step` returns; step_s,
-    wall seconds of the whole step. req_ids, num_tokens and model_s are the run's (the
+    wall seconds of the whole step; num_accepted_tokens, {request id: its draft tokens the
+    rejection sampler accepted} for each request that verified drafts (S15; the drafts are
+    `plan.scheduled_spec_decode_tokens`). req_ids, num_tokens and model_s are the run's (the
     requests that sampled, in batch order; tokens computed; seconds of the model call)."""
 
     plan: SchedulerOutput
     run: object
     outputs: list[RequestOutput]
     step_s: float
+    num_accepted_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def req_ids(self) -> list[str]:
@@ -215,15 +218,22 @@ class LLMEngine:
     machinery, an S08 `Engine` on the same model and tokenizer (checks, `make_sequence`,
     `sample_batch`, `postprocess`, `finish`). scheduler: `FIFOScheduler`, S10's `Scheduler`
     or S11's; its `kv` manager decides the block tables. runner: `RaggedRunner` or S12's
-    `PagedRunner`. State: `requests` (the unfinished ones by id), `observers`.
+    `PagedRunner`. proposer, rejection_sampler: S15's speculative decoding (None: each
+    request gains one token a step, drawn by the processor's `sample_batch`): before each
+    step the proposer drafts tokens for the requests that decode (`request.spec_token_ids`),
+    the scheduler schedules them, the runner returns logits for every position they occupy,
+    and the rejection sampler turns those into each request's tokens for the step (the
+    accepted drafts and one more). State: `requests` (the unfinished ones by id), `observers`.
 
     Every check is made once, in `add_request`, before anything is taken (ParameterError
     naming the parameter); a request's failure inside a step ends that request alone.
     """
 
-    def __init__(self, config: EngineConfig, processor: s08.Engine, scheduler, runner):
+    def __init__(self, config: EngineConfig, processor: s08.Engine, scheduler, runner,
+                 proposer=None, rejection_sampler=None):
         self.config, self.processor = config, processor
         self.scheduler, self.runner = scheduler, runner
+        self.proposer, self.rejection_sampler = proposer, rejection_sampler
         self.requests: dict[str, Request] = {}
         self.observers: list = []
         self._pending: list[RequestOutput] = []  # outputs the next step returns first: last
@@ -341,6 +351,8 @@ class LLMEngine:
         tokens or an observer raises, the plan is reverted (KV as before) and nothing is lost:
         the outputs wait for the next step."""
         start = time.perf_counter()
+        if self.proposer is not None:
+            self._propose()                               # draft tokens to verify (S15)
         plan = self.scheduler.schedule()                  # who runs, and how many tokens each
         outputs, self._pending, self._pending_ids = self._pending, [], set()
         for rid in plan.finished_ids:                     # ended by the KV capacity (S10)
@@ -354,14 +366,21 @@ class LLMEngine:
             self.scheduler.revert(plan)
             self._hold(outputs, first=True)
             raise
+        accepted = {}
         if run is not None:
             outputs += self._finish_rows(run, *drawn, start)  # text, Part I's stop rules
             finished = [o.request_id for o in outputs
                         if o.finished and o.request_id in self.requests]
-            self.scheduler.update_from_output(plan, finished)
+            accepted = {request.request_id: len(tokens) - 1 for request, tokens, d in zip(
+                drawn[0], drawn[1], run.num_draft_tokens) if d and tokens is not None}
+            self.scheduler.update_from_output(plan, finished, {
+                rid: len(plan.scheduled_spec_decode_tokens[rid]) - a
+                for rid, a in accepted.items()})
             for rid in finished:
                 del self.requests[rid]
-        result = StepResult(plan, run, outputs, time.perf_counter() - start)
+        if self.proposer is not None:
+            self.proposer.release(set(self.requests))     # S15: drafts' state of the gone
+        result = StepResult(plan, run, outputs, time.perf_counter() - start, accepted)
         try:
             for observer in self.observers:
                 observer.on_step(self, result)
@@ -389,40 +408,83 @@ class LLMEngine:
             self._pending += outputs
         self._pending_ids.update(o.request_id for o in outputs)
 
-    def _draw(self, run) -> tuple[list[Request], list[int | None], dict[int, ParameterError]]:
-        """One token per sampling row (S08's `sample_batch`): (the rows' requests, their
-        tokens, the refused rows' errors by row). A row the sampler refuses gets None and its
-        error; the other rows are sampled again, drawing what they would have drawn anyway
-        (a failed call puts every random stream back). All or nothing: when it raises, no
-        row has drawn and the step can be reverted."""
+    def _draw(self, run) -> tuple[list[Request], list[list[int] | None],
+                                  dict[int, ParameterError]]:
+        """The tokens of each sampling row: (the rows' requests, their new tokens, the
+        refused rows' errors by row). One token per row from S08's `sample_batch`; with a
+        rejection sampler (S15), a row's accepted drafts and one more. A row the sampler
+        refuses gets None and its error; the other rows are sampled again, drawing what they
+        would have drawn anyway (a failed call puts every random stream back). All or
+        nothing: when it raises, no row has drawn and the step can be reverted."""
         requests = [self.requests[rid] for rid in run.req_ids]
         if not requests:                          # S11: a step of prompt chunks samples none
             return [], [], {}
-        seqs = [request.seq for request in requests]
         try:
-            tokens, _ = self.processor.sample_batch(run.logits, seqs, [True] * len(seqs))
-            return requests, tokens, {}
+            return requests, self._sample(run, requests, [True] * len(requests)), {}
         except s08.RowsRefused as refused:
-            active = [i not in refused.errors for i in range(len(seqs))]
-            tokens, _ = (self.processor.sample_batch(run.logits, seqs, active) if any(active)
-                         else ([None] * len(seqs), None))
+            active = [i not in refused.errors for i in range(len(requests))]
+            tokens = (self._sample(run, requests, active) if any(active)
+                      else [None] * len(requests))
             return requests, tokens, refused.errors
 
-    def _finish_rows(self, run, requests: list[Request], tokens: list[int | None],
+    def _sample(self, run, requests: list[Request], active: list[bool]
+                ) -> list[list[int] | None]:
+        if self.rejection_sampler is not None:
+            return self.rejection_sampler.sample(run, requests, active)
+        tokens, _ = self.processor.sample_batch(run.logits, [r.seq for r in requests], active)
+        return [None if t is None else [t] for t in tokens]
+
+    def _propose(self) -> None:
+        """S15: the proposer's draft tokens for every running request whose next step is a
+        decode (its prompt computed, its last token not), at most the proposer's
+        num_speculative_tokens and fewer near its max_tokens or the context's end
+        (`num_drafts_allowed`); the others' are cleared."""
+        running = [r for r in self.requests.values() if r.status == RequestStatus.RUNNING]
+        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1]
+        for request in running:
+            request.spec_token_ids, request.spec_draft_probs = [], None
+        caps = [self.num_drafts_allowed(r) for r in decoding]
+        drafts = self.proposer.propose(decoding, caps, live_ids=set(self.requests))
+        for request, (token_ids, probs) in zip(decoding, drafts):
+            request.spec_token_ids, request.spec_draft_probs = list(token_ids), probs
+
+    def num_drafts_allowed(self, request: Request) -> int:
+        """How many draft tokens a decoding request may verify in its next step: at most
+        the proposer's num_speculative_tokens, and so few that the step's tokens (the drafts
+        and one more) fit both its max_tokens and the context (S15)."""
+        left = request.params.max_tokens - len(request.output_ids)
+        room = self.max_context - request.num_tokens
+        return max(0, min(self.proposer.num_speculative_tokens, left - 1, room - 1))
+
+    def _finish_rows(self, run, requests: list[Request], tokens: list[list[int] | None],
                      errors: dict[int, ParameterError], start: float) -> list[RequestOutput]:
-        """Part I's postprocess for each row that drew (text, stop rules); a refused row ends
-        its request ("abort", with the error). Part I's per-request `Stats` get the step's
-        times."""
+        """Part I's postprocess for each token a row drew, in order (text, stop rules),
+        until one ends the request: the tokens after it are dropped (S15: an EOS, a stop
+        string or max_tokens inside a run of accepted drafts), with their logprobs. One
+        output per row, its tokens and text joined; a refused row ends its request ("abort",
+        with the error). Part I's per-request `Stats` get the step's times."""
         outputs = []
-        for i, (request, token) in enumerate(zip(requests, tokens)):
-            if token is None:
+        for i, (request, new) in enumerate(zip(requests, tokens)):
+            if new is None:
                 outputs.append(self._end(request, FINISH_ABORT, errors[i]))
                 continue
-            request.seq.stats.context_lens.append(request.num_tokens)
-            outputs.append(self._output(request, self.processor.postprocess(request.seq, token)))
+            seq, before, deltas = request.seq, len(request.output_ids), []
+            seq.stats.context_lens.append(request.num_tokens)      # one pass, however many
+            for token in new:
+                out = self.processor.postprocess(seq, token)
+                deltas.append(out.text_delta)
+                if seq.finished:
+                    break
+            logprobs = None
+            if seq.logprobs is not None:       # drawn for every token, kept for the shown
+                del seq.logprobs[len(seq.output_ids):]
+                logprobs = seq.logprobs[before:]
+            outputs.append(self._output(request, s01.RequestOutput(
+                out.request_id, seq.output_ids[before:], "".join(deltas), out.finished,
+                out.finish_reason, out.stop_reason, logprobs)))
         step_s = time.perf_counter() - start
-        for request, token in zip(requests, tokens):
-            if token is not None:
+        for request, new in zip(requests, tokens):
+            if new is not None:
                 request.seq.stats.pass_times_s.append(run.model_s)
                 request.seq.stats.step_times_s.append(step_s)
         return outputs

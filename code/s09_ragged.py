@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -165,9 +165,11 @@ class RaggedBatch:
     block_tables: B tuples of host ints, each request's KV blocks (S09-S11: its one slot),
     and block_table_tensor the same as int64 (B, longest table) on the device, shorter
     tables padded with block 0 (S12's null block). samples: B bools, whether request b's new
-    tokens reach the end of its tokens (its next token is sampled). sample_rows: int64
-    (B_s,) on the device, the rows of the sampling requests' last tokens, whose logits are
-    computed.
+    tokens reach the end of its tokens (its next token is sampled). num_draft_tokens: B ints,
+    the draft tokens at the end of request b's new tokens (S15; 0 without speculation).
+    sample_rows: int64 (sum over sampling requests of 1 + num_draft_tokens,) on the device,
+    the rows whose logits are computed: each sampling request's last token, preceded by its
+    drafts' positions when it verifies drafts (S15), in batch order.
     """
 
     input_ids: torch.Tensor
@@ -178,6 +180,7 @@ class RaggedBatch:
     block_table_tensor: torch.Tensor
     samples: list[bool]
     sample_rows: torch.Tensor
+    num_draft_tokens: list[int]
 
     @property
     def num_tokens(self) -> int:
@@ -202,13 +205,19 @@ class RaggedBatch:
     @classmethod
     def build(cls, new_tokens: Sequence[Sequence[int]], starts: Sequence[int],
               block_tables: Sequence[Sequence[int]], samples: Sequence[bool] | None = None,
-              device: str | torch.device = "cpu") -> "RaggedBatch":
-        """From each request's new token ids, its first new position, its block table and
-        whether it samples (default: every request). Raises ValueError for no request, or a
-        request with no new token."""
+              device: str | torch.device = "cpu",
+              num_draft_tokens: Sequence[int] | None = None) -> "RaggedBatch":
+        """From each request's new token ids, its first new position, its block table,
+        whether it samples (default: every request) and how many of its new tokens are drafts
+        to verify (default: none). Raises ValueError for no request, a request with no new
+        token, or drafts that are not the end of a sampling request's new tokens."""
         if not new_tokens or any(len(t) == 0 for t in new_tokens):
             raise ValueError("a ragged batch needs at least one request, each with a new token")
         samples = [True] * len(new_tokens) if samples is None else list(samples)
+        drafts = [0] * len(new_tokens) if num_draft_tokens is None else list(num_draft_tokens)
+        if any(d and (not s or d >= len(t)) for d, s, t in zip(drafts, samples, new_tokens)):
+            raise ValueError("a request's draft tokens must be the end of its new tokens, after "
+                             "at least one token of its own, and it must sample")
         cu = np.cumsum([0] + [len(t) for t in new_tokens]).tolist()
         ids = [t for tokens in new_tokens for t in tokens]
         positions = [start + i for tokens, start in zip(new_tokens, starts)
@@ -219,20 +228,24 @@ class RaggedBatch:
         return cls(as_tensor(ids), as_tensor(positions), cu,
                    [start + len(t) for t, start in zip(new_tokens, starts)], tables,
                    as_tensor([list(t) + [0] * (width - len(t)) for t in tables]), samples,
-                   as_tensor([end - 1 for end, s in zip(cu[1:], samples) if s]))
+                   as_tensor([row for end, s, d in zip(cu[1:], samples, drafts) if s
+                              for row in range(end - 1 - d, end)]), drafts)
 
 
 @dataclass
 class ModelRunnerOutput:
     """What a runner returns for a step (vLLM's `ModelRunnerOutput`, trimmed): req_ids, the
     requests whose next token is sampled, in batch order; logits float32 (B_s, V) on the
-    device, their raw logits in that order; num_tokens, the tokens the step computed;
-    model_s, wall seconds of the run (the engine sets it)."""
+    device, their raw logits in that order (with speculative decoding, S15: 1 +
+    num_draft_tokens[i] rows for request i, one per position it verifies, then its bonus
+    position); num_tokens, the tokens the step computed; model_s, wall seconds of the run
+    (the engine sets it); num_draft_tokens, per request in req_ids (empty: none drafted)."""
 
     req_ids: list[str]
     logits: torch.Tensor
     num_tokens: int
     model_s: float = 0.0
+    num_draft_tokens: list[int] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,15 +308,18 @@ class RaggedRunner:
         + n], rows in the order of their first block (S09: their slot, so the decoding slots
         form one range of the cache when they can). Returns (the ids in row order, batch)."""
         order = sorted(plan.num_scheduled_tokens, key=lambda rid: plan.block_tables[rid][0])
-        new_tokens, starts, tables, samples = [], [], [], []
+        new_tokens, starts, tables, samples, drafts = [], [], [], [], []
+        spec = plan.scheduled_spec_decode_tokens
         for rid in order:
             start, n = plan.num_computed_tokens[rid], plan.num_scheduled_tokens[rid]
-            token_ids = requests[rid].token_ids
+            token_ids = requests[rid].token_ids + list(spec.get(rid, ()))    # drafts: S15
             new_tokens.append(token_ids[start:start + n])
             starts.append(start)
             tables.append(plan.block_tables[rid])
             samples.append(start + n == len(token_ids))
-        return order, RaggedBatch.build(new_tokens, starts, tables, samples, self.model.device)
+            drafts.append(len(spec.get(rid, ())))
+        return order, RaggedBatch.build(new_tokens, starts, tables, samples, self.model.device,
+                                        drafts)
 
     @torch.inference_mode()
     def execute_model(self, plan, requests: Mapping) -> ModelRunnerOutput:
@@ -314,8 +330,9 @@ class RaggedRunner:
             logits = self._requests_alone(plan, requests, order, batch)
         else:
             logits = self.forward(batch)
-        return ModelRunnerOutput([rid for rid, s in zip(order, batch.samples) if s], logits,
-                                 batch.num_tokens)
+        sampled = [b for b, s in enumerate(batch.samples) if s]
+        return ModelRunnerOutput([order[b] for b in sampled], logits, batch.num_tokens,
+                                 num_draft_tokens=[batch.num_draft_tokens[b] for b in sampled])
 
     def forward(self, batch: RaggedBatch) -> torch.Tensor:
         """The fast mode: the N tokens through S06's layer code together (`qkv`, `finish`:
@@ -455,7 +472,9 @@ class RaggedRunner:
         for b, rid in enumerate(order):
             if not batch.samples[b]:
                 continue
-            token_ids, end = requests[rid].token_ids, batch.context_lens[b]
+            token_ids = requests[rid].token_ids + list(
+                plan.scheduled_spec_decode_tokens.get(rid, ()))           # drafts: S15
+            end, first = batch.context_lens[b], batch.context_lens[b] - 1 - batch.num_draft_tokens[b]
             prompt = len(requests[rid].prompt_ids)
             done = self.alone_computed.pop(rid, 0)    # lowered to num_computed_tokens
             done = done if done >= prompt else 0
@@ -463,8 +482,10 @@ class RaggedRunner:
                 (p, p + 1) for p in range(max(done, prompt), end)]        # S06's passes
             assert pieces, "a row that samples has at least its last token to compute"
             for a, e in pieces:
-                logits[row] = self._alone_pass(batch, b, token_ids[a:e], a)
-            row += 1
+                out = self._alone_pass(batch, b, token_ids[a:e], a)
+                if e - 1 >= first:         # a position whose logits the step returns
+                    logits[row + e - 1 - first] = out
+            row += end - first
             self.alone_computed[rid] = end
         return logits
 

@@ -40,7 +40,7 @@ import enum
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import s01_generation_loop as s01
 from s01_generation_loop import ParameterError
@@ -83,6 +83,11 @@ class Request:
     only (after each step, at a prefix hit, at a preemption). num_preemptions: times it was
     preempted (S10). num_cached_tokens: prompt tokens found in the prefix cache when it was
     first admitted (S13; 0 before). block_hashes: the names of its full KV blocks (S13).
+    spec_token_ids: the draft tokens proposed to follow token_ids, verified in the next step
+    (S15; empty before), and spec_draft_probs the distributions they were drawn from, float32
+    (len(spec_token_ids), V) on the device, or None for drafts drawn deterministically
+    (n-gram lookup, a greedy draft): written by the engine from its proposer, read and
+    cleared by the scheduler (vLLM's `Request.spec_token_ids`).
     Raises ParameterError for a priority that is not an int or a bad cache_salt.
     """
 
@@ -96,6 +101,8 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0
     block_hashes: list[bytes] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_draft_probs: object = None
 
     def __post_init__(self) -> None:
         if not s01.is_int(self.priority):
@@ -131,6 +138,15 @@ class Request:
         return len(self.seq.token_ids)
 
     @property
+    def num_tokens_with_spec(self) -> int:
+        """Tokens with the draft tokens to verify (S15): what a running request computes up to."""
+        return len(self.seq.token_ids) + len(self.spec_token_ids)
+
+    @property
+    def token_ids_with_spec(self) -> list[int]:
+        return self.seq.token_ids + self.spec_token_ids
+
+    @property
     def params(self):
         return self.seq.params
 
@@ -156,7 +172,10 @@ class SchedulerOutput:
     preempted_ids: preempted in this step (S10). finished_ids: ended by the scheduler in this
     step (S10: their next step would need more KV than the pool has; finish_reason
     "length"). new_block_ids: blocks this plan took from the free queue, whose storage the
-    runner zeroes before writing (S12; empty before).
+    runner zeroes before writing (S12; empty before). scheduled_spec_decode_tokens:
+    {request id: the draft tokens it verifies in this step} (S15; vLLM's name), the last of
+    its scheduled tokens: a request's new tokens are then its token_ids_with_spec[start:start
+    + n], and its logits come for its last 1 + len(drafts) positions.
     """
 
     step: int
@@ -169,6 +188,7 @@ class SchedulerOutput:
     preempted_ids: tuple[str, ...] = ()
     finished_ids: tuple[str, ...] = ()
     new_block_ids: tuple[int, ...] = ()
+    scheduled_spec_decode_tokens: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -291,15 +311,34 @@ class SlotKVManager:
         return ()
 
 
-def record_computed(running: Sequence[Request], plan: SchedulerOutput, kv) -> None:
+def record_computed(running: Sequence[Request], plan: SchedulerOutput, kv,
+                    num_rejected: Mapping[str, int] | None = None) -> None:
     """`update_from_output`'s rule, every scheduler's: each scheduled request still running
     has computed its scheduled tokens (num_computed_tokens = its start + n), and the KV
-    manager may name the blocks they filled (S13's prefix cache; nothing before)."""
+    manager may name the blocks they filled (S13's prefix cache; nothing before). With
+    speculative decoding (S15), num_rejected[rid] of its scheduled draft tokens were
+    rejected: their positions hold KV of tokens that are not the request's, so it has
+    computed n - num_rejected tokens and the KV manager trims what it held for the rest
+    (S12: blocks past the last computed token go back). Its drafts are spent either way."""
+    num_rejected = num_rejected or {}
     for request in running:
-        n = plan.num_scheduled_tokens.get(request.request_id)
+        rid = request.request_id
+        n = plan.num_scheduled_tokens.get(rid)
         if n is not None:
-            request.num_computed_tokens = plan.num_computed_tokens[request.request_id] + n
+            rejected = num_rejected.get(rid, 0)
+            request.num_computed_tokens = plan.num_computed_tokens[rid] + n - rejected
+            if rejected:
+                kv.trim(request, request.num_computed_tokens)
+            request.spec_token_ids, request.spec_draft_probs = [], None
             kv.cache_blocks(request, request.num_computed_tokens)
+
+
+def scheduled_drafts(request: Request, num_computed_tokens: int, n: int) -> tuple[int, ...]:
+    """The draft tokens among a request's n scheduled tokens from num_computed_tokens (S15):
+    those of its spec_token_ids that fall inside them (all, or the first few when a budget cut
+    the step short); () when it has none."""
+    num_drafts = num_computed_tokens + n - request.num_tokens
+    return tuple(request.spec_token_ids[:num_drafts]) if num_drafts > 0 else ()
 
 
 def take_out(queues: Sequence[list], request_ids: Sequence[str], kv) -> list[str]:
@@ -363,7 +402,8 @@ class FIFOScheduler:
 
     def schedule(self) -> SchedulerOutput:
         for request in self.running:   # what it has not computed: the token sampled last step
-            fits = self.kv.allocate_slots(request, request.num_tokens - request.num_computed_tokens)
+            fits = self.kv.allocate_slots(request, request.num_tokens_with_spec
+                                          - request.num_computed_tokens)     # and drafts (S15)
             assert fits, "a slot holds max_context positions; the stop rules end a request there"
         new = []
         while self.waiting and len(self.running) < self.max_num_seqs:
@@ -374,20 +414,23 @@ class FIFOScheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             new.append(request.request_id)
-        scheduled = {r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running}
+        scheduled = {r.request_id: r.num_tokens_with_spec - r.num_computed_tokens
+                     for r in self.running}
+        drafts = {r.request_id: tuple(r.spec_token_ids) for r in self.running if r.spec_token_ids}
         plan = SchedulerOutput(
             self.num_steps, scheduled, {r.request_id: r.num_computed_tokens for r in self.running},
             {rid: self.kv.block_table(rid) for rid in scheduled}, scheduled_new_ids=tuple(new),
             scheduled_running_ids=tuple(rid for rid in scheduled if rid not in new),
-            new_block_ids=tuple(self.kv.take_new_blocks()))
+            new_block_ids=tuple(self.kv.take_new_blocks()), scheduled_spec_decode_tokens=drafts)
         self.num_steps += plan.planned
         return plan
 
-    def update_from_output(self, plan: SchedulerOutput, finished_ids: Sequence[str] = ()
-                           ) -> None:
+    def update_from_output(self, plan: SchedulerOutput, finished_ids: Sequence[str] = (),
+                           num_rejected: Mapping[str, int] | None = None) -> None:
         """After the model step: every scheduled request still running has computed its
-        scheduled tokens (`record_computed`); then the finished ones leave."""
-        record_computed(self.running, plan, self.kv)
+        scheduled tokens but its rejected drafts (`record_computed`); then the finished ones
+        leave."""
+        record_computed(self.running, plan, self.kv, num_rejected)
         self.finish_requests(finished_ids)
 
     def finish_requests(self, request_ids: Sequence[str]) -> list[str]:

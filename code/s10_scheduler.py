@@ -88,7 +88,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy load
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -96,7 +96,7 @@ import s01_generation_loop as s01
 import s09_continuous_batching as s09
 from s01_generation_loop import ParameterError
 from s09_scheduler import (Request, RequestStatus, SchedulerOutput, SlotKVManager,
-                           record_computed, revert_plan, take_out)
+                           record_computed, revert_plan, scheduled_drafts, take_out)
 
 POLICIES = ("fcfs", "priority")
 
@@ -303,11 +303,15 @@ class Scheduler:
             self._schedule_running(step)
             if not step.preempted:
                 self._schedule_waiting(step)
+            drafts = {r.request_id: scheduled_drafts(r, step.starts[r.request_id],
+                                                     step.scheduled[r.request_id])
+                      for r in self.running if r.spec_token_ids and r.request_id in step.scheduled}
             plan = SchedulerOutput(
                 self.num_steps, step.scheduled, step.starts,
                 {rid: tuple(self.kv.block_table(rid)) for rid in step.scheduled},
                 tuple(step.new), tuple(step.resumed), tuple(step.running),
-                tuple(step.preempted), tuple(step.finished), tuple(self.kv.take_new_blocks()))
+                tuple(step.preempted), tuple(step.finished), tuple(self.kv.take_new_blocks()),
+                {rid: d for rid, d in drafts.items() if d})
         except BaseException:
             self._take_back(step)
             raise
@@ -348,6 +352,10 @@ class Scheduler:
                 self._end(request, step)
                 continue
             while not self.kv.allocate_slots(request, n):
+                if request.spec_token_ids:   # drafts are a bet: dropped before anyone waits
+                    n -= len(scheduled_drafts(request, request.num_computed_tokens, n))
+                    request.spec_token_ids, request.spec_draft_probs = [], None
+                    continue
                 victim = self._victim()
                 at = self.running.index(victim)
                 self.running.pop(at)
@@ -388,12 +396,13 @@ class Scheduler:
             self.running.append(request)
             step.add(request, n, num_cached, group)
 
-    def update_from_output(self, plan: SchedulerOutput, finished_ids: Sequence[str] = ()
-                           ) -> None:
+    def update_from_output(self, plan: SchedulerOutput, finished_ids: Sequence[str] = (),
+                           num_rejected: Mapping[str, int] | None = None) -> None:
         """After the model step: each scheduled request still running has computed its
-        scheduled tokens, and the KV manager names the blocks they filled (S13); then the
-        requests in finished_ids (ended by the engine's stop rules) leave (S09's rules)."""
-        record_computed(self.running, plan, self.kv)
+        scheduled tokens but its num_rejected drafts (S15), and the KV manager names the
+        blocks they filled (S13); then the requests in finished_ids (ended by the engine's
+        stop rules) leave (S09's rules)."""
+        record_computed(self.running, plan, self.kv, num_rejected)
         self.finish_requests(finished_ids)
 
     def revert(self, plan: SchedulerOutput) -> None:
@@ -407,8 +416,10 @@ class Scheduler:
         """Tokens the request computes when scheduled with `budget` tokens left in the step,
         starting after num_computed_tokens: here all it has not computed (the prompt, one
         decode token, or after a preemption prompt + outputs), whatever the budget (the
-        caller checks it fits). The rule S11 changes, to cut a prompt into chunks."""
-        return request.num_tokens - num_computed_tokens
+        caller checks it fits), and its draft tokens (S15) as far as the budget holds them.
+        The rule S11 changes, to cut a prompt into chunks."""
+        n = request.num_tokens - num_computed_tokens
+        return n + max(0, min(len(request.spec_token_ids), budget - n))
 
     def admits(self, request: Request, num_new_tokens: int) -> bool:
         """The admission policy, asked for the head of the waiting queue once a seat and the
@@ -451,6 +462,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
         request.num_computed_tokens = 0
+        request.spec_token_ids, request.spec_draft_probs = [], None   # proposed for a decode
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED

@@ -1,6 +1,8 @@
 """Train the course's bundled model: a tiny Qwen3-architecture transformer on the corpus.
 
     python scripts/train_bundled_model.py                 # the checkpoint in data/model/
+    python scripts/train_bundled_model.py --layers 1 --threads 1 --out data/draft_model
+                                                          # S15's draft model (same tokenizer)
     python scripts/train_bundled_model.py --steps 20 --out /tmp/probe   # a quick timing probe
 
 Data: data/shakespeare.txt, split into speeches (blocks between blank lines, as chapter 1 does),
@@ -26,7 +28,8 @@ practice, the same validation loss to about 0.01).
 
 Outputs in --out: config.json, generation_config.json, model.safetensors (float32),
 tokenizer.json and tokenizer_config.json (copied from data/), training_log.json (the loss
-curve and the final validation loss / perplexity that data/model/README.md reports).
+curve and the final validation loss / perplexity that data/model/README.md reports). The
+README.md of each directory is written by hand from that log; the script does not write it.
 """
 from __future__ import annotations
 
