@@ -201,8 +201,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def causal_mask(q_start: int, t_len: int, device) -> torch.Tensor:
+    """bool (T, S), S = q_start + T: True where query t (at position q_start + t) sees key s
+    (s <= q_start + t). The same for every layer: a caller with many layers makes it once."""
+    s_len = q_start + t_len
+    return (torch.arange(s_len, device=device)[None, :]
+            <= torch.arange(q_start, s_len, device=device)[:, None])
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, scale: float,
-              impl: str = "manual") -> torch.Tensor:
+              impl: str = "manual", causal: torch.Tensor | None = None) -> torch.Tensor:
     """Causal grouped-query attention of T queries against S keys and values.
 
     q: (H, T, D) at absolute positions q_start .. q_start + T - 1; k, v: (Hkv, S, D) at
@@ -212,7 +220,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, s
     impl "manual": S03's computation, scores in the activations' dtype, softmax in float32 (as
     HF's eager attention). impl "sdpa": `torch.nn.functional.scaled_dot_product_attention`,
     which may run a fused kernel (flash or memory-efficient) that never stores the (H, T, S)
-    scores. Returns (H, T, D). Raises ValueError for an unknown impl or inconsistent shapes.
+    scores. causal: None, or `causal_mask(q_start, T)` made once by a caller that runs many
+    layers (S09's runner, per step). Returns (H, T, D). Raises ValueError for an unknown impl
+    or inconsistent shapes.
     """
     n_heads, t_len, head_dim = q.shape
     n_kv_heads, s_len, _ = k.shape
@@ -230,8 +240,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, s
             q[None], k[None], v[None], is_causal=True, scale=scale,
             enable_gqa=n_heads != n_kv_heads)                        # (1, H, T, D)
         return out[0]
-    causal = (torch.arange(s_len, device=q.device)[None, :]           # (T, S): True where
-              <= torch.arange(q_start, q_start + t_len, device=q.device)[:, None])  # visible
+    if causal is None:
+        causal = causal_mask(q_start, t_len, q.device)                 # (T, S): True: visible
     if impl == "sdpa":  # a chunk after cached positions: the mask's diagonal is offset
         out = F.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=causal, scale=scale,

@@ -233,6 +233,10 @@ class LLMEngine:
                  proposer=None, rejection_sampler=None):
         self.config, self.processor = config, processor
         self.scheduler, self.runner = scheduler, runner
+        if (proposer is None) != (rejection_sampler is None):
+            raise ParameterError("proposer and rejection_sampler come together: a step with "
+                                 "drafts returns 1 + k rows of logits per request, which only "
+                                 "a rejection sampler reads", "rejection_sampler")
         self.proposer, self.rejection_sampler = proposer, rejection_sampler
         self.requests: dict[str, Request] = {}
         self.observers: list = []

@@ -180,7 +180,11 @@ class RaggedBatch:
     block_table_tensor: torch.Tensor
     samples: list[bool]
     sample_rows: torch.Tensor
-    num_draft_tokens: list[int]
+    num_draft_tokens: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.num_draft_tokens:          # made without drafts: none for any request
+            object.__setattr__(self, "num_draft_tokens", [0] * len(self.block_tables))
 
     @property
     def num_tokens(self) -> int:
@@ -349,6 +353,8 @@ class RaggedRunner:
                             batch.query_start_loc[1:], batch.context_lens))
         meta = self._decode_meta(batch) if self.attention == "masked" else None
         alone = [r for r in requests if meta is None or r[2] - r[1] > 1]  # attended one by one
+        masks = {b: s06.causal_mask(ctx - (e - a), e - a, device)      # (T_b, S_b), per step
+                 for b, a, e, ctx in alone if e - a > 1}
         x, cos, sin = s08.embed(model, batch.input_ids, batch.positions)           # (N, C)
         for layer, block in enumerate(model.blocks):
             q, k, v = block.qkv(x, cos, sin)         # q (H, N, D); k, v (Hkv, N, D)
@@ -363,7 +369,7 @@ class RaggedRunner:
                 for b, a, e, ctx in alone:
                     attn[:, a:e] = s06.attention(q[:, a:e], *self.read_kv(layer, batch, b, ctx),
                                                  ctx - (e - a), block.scale,
-                                                 model.attention_impl)
+                                                 model.attention_impl, masks.get(b))
             x = block.finish(x, attn)                                              # (N, C)
         return model.head(x[batch.sample_rows])                                   # (B_s, V)
 

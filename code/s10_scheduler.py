@@ -303,6 +303,7 @@ class Scheduler:
             self._schedule_running(step)
             if not step.preempted:
                 self._schedule_waiting(step)
+            self._schedule_drafts(step)
             drafts = {r.request_id: scheduled_drafts(r, step.starts[r.request_id],
                                                      step.scheduled[r.request_id])
                       for r in self.running if r.spec_token_ids and r.request_id in step.scheduled}
@@ -352,10 +353,6 @@ class Scheduler:
                 self._end(request, step)
                 continue
             while not self.kv.allocate_slots(request, n):
-                if request.spec_token_ids:   # drafts are a bet: dropped before anyone waits
-                    n -= len(scheduled_drafts(request, request.num_computed_tokens, n))
-                    request.spec_token_ids, request.spec_draft_probs = [], None
-                    continue
                 victim = self._victim()
                 at = self.running.index(victim)
                 self.running.pop(at)
@@ -396,6 +393,29 @@ class Scheduler:
             self.running.append(request)
             step.add(request, n, num_cached, group)
 
+    def _schedule_drafts(self, step: _Plan) -> None:
+        """S15's draft tokens, last: each running request scheduled for its decode token gets
+        as many of its drafts as the budget left and the free KV hold, in admission order,
+        and drops the rest. Drafts are a bet, so they take only what no real token needed:
+        they never delay a decode or an admission, and never cost anyone a preemption."""
+        for request in self.running:
+            rid = request.request_id
+            if not request.spec_token_ids:
+                continue
+            n = step.scheduled.get(rid)
+            if n is None or step.starts[rid] + n != request.num_tokens:  # not its last token
+                request.spec_token_ids, request.spec_draft_probs = [], None
+                continue
+            extra = min(len(request.spec_token_ids), step.budget)
+            while extra and not self.kv.allocate_slots(request, extra):
+                extra -= 1
+            del request.spec_token_ids[extra:]
+            if request.spec_draft_probs is not None:
+                request.spec_draft_probs = (request.spec_draft_probs[:extra] if extra
+                                            else None)
+            step.scheduled[rid] += extra
+            step.budget -= extra
+
     def update_from_output(self, plan: SchedulerOutput, finished_ids: Sequence[str] = (),
                            num_rejected: Mapping[str, int] | None = None) -> None:
         """After the model step: each scheduled request still running has computed its
@@ -416,10 +436,9 @@ class Scheduler:
         """Tokens the request computes when scheduled with `budget` tokens left in the step,
         starting after num_computed_tokens: here all it has not computed (the prompt, one
         decode token, or after a preemption prompt + outputs), whatever the budget (the
-        caller checks it fits), and its draft tokens (S15) as far as the budget holds them.
-        The rule S11 changes, to cut a prompt into chunks."""
-        n = request.num_tokens - num_computed_tokens
-        return n + max(0, min(len(request.spec_token_ids), budget - n))
+        caller checks it fits). The rule S11 changes, to cut a prompt into chunks. (S15's
+        draft tokens are not counted here: `_schedule_drafts` gives them what is left.)"""
+        return request.num_tokens - num_computed_tokens
 
     def admits(self, request: Request, num_new_tokens: int) -> bool:
         """The admission policy, asked for the head of the waiting queue once a seat and the

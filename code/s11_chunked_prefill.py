@@ -132,7 +132,7 @@ class ChunkedScheduler(Scheduler):
     def num_new_tokens(self, request, num_computed_tokens: int, budget: int) -> int:
         """min(what it has not computed, the budget left, the threshold if set): vLLM V1's
         rule. 0 when no budget is left (the waiting loop stops there)."""
-        n = min(request.num_tokens_with_spec - num_computed_tokens, budget)  # drafts: S15
+        n = min(request.num_tokens - num_computed_tokens, budget)
         threshold = self.config.long_prefill_token_threshold
         return min(n, threshold) if threshold else n
 

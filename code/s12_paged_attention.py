@@ -110,6 +110,12 @@ class FreeBlockQueue:
     def append(self, block: KVCacheBlock) -> None:
         self._blocks[block.block_id] = block
 
+    def appendleft(self, block: KVCacheBlock) -> None:
+        """A freed block at the front: the next to be taken (a trimmed block, see
+        `KVCacheManager.trim`)."""
+        self._blocks[block.block_id] = block
+        self._blocks.move_to_end(block.block_id, last=False)
+
     def remove(self, block: KVCacheBlock) -> None:
         del self._blocks[block.block_id]
 
@@ -174,7 +180,9 @@ class BlockPool:
         new, self._new = list(self._new), {}
         return new
 
-    def free(self, blocks: Iterable[KVCacheBlock]) -> None:
+    def free(self, blocks: Iterable[KVCacheBlock], front: bool = False) -> None:
+        """See the class docstring; front: the blocks that reach 0 go to the front of the
+        free queue instead (blocks that hold nothing worth keeping)."""
         blocks = list(blocks)
         self._check(blocks, "free")
         times = Counter(blocks)              # KVCacheBlock hashes by identity (eq=False)
@@ -185,7 +193,8 @@ class BlockPool:
         for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_block_queue.append(block)
+                (self.free_block_queue.appendleft if front else
+                 self.free_block_queue.append)(block)
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         blocks = list(blocks)
@@ -362,7 +371,10 @@ class KVCacheManager:
 
     def trim(self, request, num_tokens: int) -> None:
         """Keep the request's first num_tokens tokens (no more than it holds) and the
-        cdiv(num_tokens, block_size) blocks holding them; the rest go back, last first."""
+        cdiv(num_tokens, block_size) blocks holding them; the rest go back to the front of the
+        free queue: they hold no token anyone computed (a failed step's, or S15's rejected
+        drafts'), so they are the next taken, and a block S13 keeps cached further back is
+        not evicted for them."""
         if not s01.is_int(num_tokens) or num_tokens < 0:
             raise ValueError(f"num_tokens must be an integer >= 0 (got {num_tokens!r})")
         rid = request.request_id
@@ -371,12 +383,13 @@ class KVCacheManager:
         num_tokens = min(int(num_tokens), self.req_tokens[rid])
         blocks = self.req_blocks[rid]
         keep = cdiv(num_tokens, self.block_size)
-        self._give_back(rid, self.blocks_to_free(blocks[keep:]))
+        self._give_back(rid, self.blocks_to_free(blocks[keep:]), front=True)
         del blocks[keep:]
         self.req_tokens[rid] = num_tokens
 
-    def _give_back(self, request_id: str, blocks: list[KVCacheBlock]) -> None:
-        self.pool.free(blocks)
+    def _give_back(self, request_id: str, blocks: list[KVCacheBlock], front: bool = False
+                   ) -> None:
+        self.pool.free(blocks, front)
         if blocks:
             self.record("freed", request_id, blocks)
 

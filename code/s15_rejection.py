@@ -67,10 +67,32 @@ import torch
 # vLLM's PLACEHOLDER_TOKEN_ID: the slots of output_token_ids past a request's emitted tokens.
 PLACEHOLDER_TOKEN_ID = -1
 
+# The most draft tokens per step the formulas accept: far beyond any real k, and small enough
+# that k + 1 and k x c stay exact floats (10**400 would overflow them).
+MAX_K = 10**6
+
 
 # ---------------------------------------------------------------------------------------------
 # The draw
 # ---------------------------------------------------------------------------------------------
+
+def _check_tensor(t, name: str, optional: bool = False) -> None:
+    """TypeError unless t is a torch.Tensor (or None, when optional): lists and numpy arrays
+    would otherwise fail later with an AttributeError that names no argument."""
+    if optional and t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor{' or None' if optional else ''}, got "
+                        f"{type(t).__name__}")
+
+
+def _show(value) -> str:
+    """repr, except for an int too long to print usefully (or at all: Python refuses to turn
+    an int of more than 4300 digits into a string)."""
+    if isinstance(value, Integral) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"an int of {int(value).bit_length()} bits"
+    return repr(value)
+
 
 def _check_uniforms(u: torch.Tensor, name: str) -> None:
     if not u.is_floating_point():
@@ -83,6 +105,8 @@ def _check_probs(probs: torch.Tensor, name: str, used: torch.Tensor | None = Non
     """probs (..., V) finite and non-negative; only the rows where `used` (...) is True."""
     if not probs.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got {probs.dtype}")
+    if probs.dim() == 0:
+        raise ValueError(f"{name} must have a vocabulary dimension (..., V), got a 0-d tensor")
     if probs.shape[-1] == 0:
         raise ValueError(f"{name} must have a vocabulary of at least one token")
     # amin and amax propagate NaN, and NaN fails both comparisons.
@@ -94,6 +118,13 @@ def _check_probs(probs: torch.Tensor, name: str, used: torch.Tensor | None = Non
                          "entries)")
 
 
+def _check_mass(probs: torch.Tensor, name: str) -> None:
+    """Every row of probs (..., V), already checked by `_check_probs`, has positive mass."""
+    if not bool((probs.double().sum(dim=-1) > 0).all()):
+        raise ValueError(f"{name} rows must have positive mass (a row of zeros has nothing to "
+                         "draw)")
+
+
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw, one token per row: S06's `draw` rule for a batch of probability rows.
 
@@ -103,9 +134,12 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     an id of probability 0 (if u x total rounds up to total, the last id with mass). With probs
     = softmax(logits) in float32 this is bit for bit S06 `draw(logits, params, u)` for a
     non-greedy request (tests, row by row).
-    Raises ValueError if probs is not 2-D, u is not (B,), u is outside [0, 1), a row has a
-    negative, NaN or infinite entry, or a row has no mass.
+    Raises TypeError if probs or u is not a torch.Tensor; ValueError if probs is not 2-D, u is
+    not (B,), u is outside [0, 1), a row has a negative, NaN or infinite entry, or a row has no
+    mass.
     """
+    _check_tensor(probs, "probs")
+    _check_tensor(u, "u")
     if probs.dim() != 2:
         raise ValueError(f"probs must be (B, V), got shape {tuple(probs.shape)}")
     if u.shape != probs.shape[:1]:
@@ -175,12 +209,50 @@ def residual(p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor | None = N
     p > q, so the mass is positive; only rounding (p == q up to the last bits, or rows that sum
     to slightly different totals) can empty it, and then p is the distribution the draw must
     follow anyway.
+
+    p must be finite and non-negative with positive mass in every row (it is not required to
+    sum to 1); q, when given, finite and non-negative, with p's vocabulary and a shape that
+    broadcasts to p's. x, when given, is an integer tensor of shape p.shape[:-1] with ids in
+    0..V-1 (checked even when q is given, where it is not read).
+    Raises TypeError if p, q or x is not a tensor (q and x may be None); ValueError naming the
+    argument and the rule otherwise.
     """
+    _check_tensor(p, "p")
+    _check_tensor(q, "q", optional=True)
+    _check_tensor(x, "x", optional=True)
+    _check_probs(p, "p")
+    v = p.shape[-1]
+    if q is not None:
+        _check_probs(q, "q")
+        try:
+            shape = torch.broadcast_shapes(p.shape, q.shape)
+        except RuntimeError:
+            shape = None
+        if q.shape[-1] != v or shape != p.shape:
+            raise ValueError(f"q must have p's vocabulary and broadcast to p's shape "
+                             f"{tuple(p.shape)}, got shape {tuple(q.shape)}")
+    _check_mass(p, "p")
+    if x is None:
+        if q is None:
+            raise ValueError("residual needs the draft token x when q is None (one-hot q)")
+    else:
+        _check_ids(x, "x")
+        if x.shape != p.shape[:-1]:
+            raise ValueError(f"x must have shape p.shape[:-1] = {tuple(p.shape[:-1])}, got "
+                             f"shape {tuple(x.shape)}")
+        if not bool(((x >= 0) & (x < v)).all()):
+            raise ValueError(f"x must be in 0..V-1 = 0..{v - 1}")
+        x = x.to(p.device)
+    return _residual(p, q, x)
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor | None
+              ) -> torch.Tensor:
+    """`residual` without the argument checks (rejection_sample and explain_step have done
+    them)."""
     p = p.double()
     if q is None:
-        if x is None:
-            raise ValueError("residual needs the draft token x when q is None (one-hot q)")
-        res = p.scatter(-1, x.unsqueeze(-1), 0.0)
+        res = p.scatter(-1, x.long().unsqueeze(-1), 0.0)
     else:
         res = (p - q.double()).clamp(min=0.0)
     mass = res.sum(dim=-1, keepdim=True)                                       # (..., 1)
@@ -223,10 +295,16 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor | Non
 
     The final draw is `sample_from`'s rule (S06's inverse CDF) on the residual, computed in
     float64; see `residual` for the fallback when its mass is 0.
-    Raises ValueError naming the rule broken: shapes that do not agree, num_draft_tokens
-    outside 0..K, draft ids outside 0..V-1, uniforms outside [0, 1), negative / NaN / infinite
+    Raises TypeError naming the argument if one is not a torch.Tensor (draft_probs may be None);
+    ValueError naming the rule broken: shapes that do not agree, num_draft_tokens outside
+    0..K, draft ids outside 0..V-1, uniforms outside [0, 1), negative / NaN / infinite
     probabilities in a row that is used, a used target row with no mass.
     """
+    _check_tensor(target_probs, "target_probs")
+    _check_tensor(draft_probs, "draft_probs", optional=True)
+    _check_tensor(draft_token_ids, "draft_token_ids")
+    _check_tensor(num_draft_tokens, "num_draft_tokens")
+    _check_tensor(uniforms, "uniforms")
     if target_probs.dim() != 3:
         raise ValueError(f"target_probs must be (B, K + 1, V), got shape "
                          f"{tuple(target_probs.shape)}")
@@ -279,7 +357,7 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor | Non
         q_final = None if draft_probs is None else (
             draft_probs.gather(1, row_k.view(b, 1, 1).expand(b, 1, v)).squeeze(1))  # (B, V)
         final_probs = torch.where(rejected.unsqueeze(-1),
-                                  residual(p_final, q_final, x_final), p_final)    # (B, V)
+                                  _residual(p_final, q_final, x_final), p_final)    # (B, V)
     else:
         final_probs = p_final
     cdf = torch.cumsum(final_probs, dim=-1)                                        # (B, V)
@@ -301,8 +379,16 @@ def greedy_verify(target_token_ids: torch.Tensor, draft_token_ids: torch.Tensor,
     (output_token_ids int64 (B, K + 1), num_accepted int64 (B,)) as `rejection_sample` does:
     the accepted drafts, then target_token_ids[b, num_accepted[b]] (the correction, or the
     bonus), then -1. The output is exactly what greedy decoding with the target alone emits.
-    Raises ValueError for shapes that do not agree or num_draft_tokens outside 0..K.
+    Ids must be >= 0 where they are used (target columns 0..num_draft_tokens[b], drafts
+    0..num_draft_tokens[b]-1); the upper bound V - 1 cannot be checked here, since only ids
+    come in and the vocabulary size is unknown: keeping ids below V is the caller's job.
+    Raises TypeError if an argument is not a torch.Tensor; ValueError for shapes that do not
+    agree, ids that are not integers or are negative where used, or num_draft_tokens outside
+    0..K.
     """
+    _check_tensor(target_token_ids, "target_token_ids")
+    _check_tensor(draft_token_ids, "draft_token_ids")
+    _check_tensor(num_draft_tokens, "num_draft_tokens")
     if target_token_ids.dim() != 2:
         raise ValueError(f"target_token_ids must be (B, K + 1), got shape "
                          f"{tuple(target_token_ids.shape)}")
@@ -320,7 +406,23 @@ def greedy_verify(target_token_ids: torch.Tensor, draft_token_ids: torch.Tensor,
     target = target_token_ids.long()
     num_draft = num_draft_tokens.to(device=device, dtype=torch.long)
     ids = draft_token_ids.to(device=device, dtype=torch.long)
-    offered = torch.arange(k, device=device) < num_draft.unsqueeze(-1)           # (B, K)
+    pos = torch.arange(k1, device=device)                                        # (K + 1,)
+    offered = pos[:k] < num_draft.unsqueeze(-1)                                  # (B, K)
+    if not bool(((target >= 0) | (pos > num_draft.unsqueeze(-1))).all()):
+        raise ValueError("target_token_ids must be >= 0 where j <= num_draft_tokens (token "
+                         "ids; -1 is the output's placeholder)")
+    if not bool(((ids >= 0) | ~offered).all()):
+        raise ValueError("draft_token_ids must be >= 0 where j < num_draft_tokens (token ids)")
+    return _greedy_verify(target, ids, num_draft)
+
+
+def _greedy_verify(target: torch.Tensor, ids: torch.Tensor, num_draft: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`greedy_verify`'s rule without its checks: int64 (B, K + 1), (B, K), (B,) on one
+    device, already valid (the engine's sampler, which builds them, calls this: the checks
+    cost more host time than the rule on a small batch)."""
+    k = ids.shape[1]
+    offered = torch.arange(k, device=ids.device) < num_draft.unsqueeze(-1)         # (B, K)
     num_accepted = _num_accepted((ids == target[:, :k]) & offered)                 # (B,)
     final = target.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)             # (B,)
     return _emit(ids, num_accepted, final), num_accepted
@@ -329,6 +431,18 @@ def greedy_verify(target_token_ids: torch.Tensor, draft_token_ids: torch.Tensor,
 # ---------------------------------------------------------------------------------------------
 # One position in numbers (the chapter's worked example)
 # ---------------------------------------------------------------------------------------------
+
+def _real(value, name: str) -> float:
+    """value as a float if it is a real number (a one-element real tensor included), else a
+    ValueError naming the argument; the range is checked by the caller."""
+    if isinstance(value, torch.Tensor):
+        ok = (value.numel() == 1 and value.dtype != torch.bool and not value.is_complex())
+    else:
+        ok = isinstance(value, Real) and not isinstance(value, bool)
+    if not ok:
+        raise ValueError(f"{name} must be a real number in [0, 1), got {_show(value)}")
+    return float(value)
+
 
 def explain_step(p: torch.Tensor, q: torch.Tensor | None, draft: int, u: float,
                  u_final: float) -> dict:
@@ -342,19 +456,26 @@ def explain_step(p: torch.Tensor, q: torch.Tensor | None, draft: int, u: float,
     normalised, as `residual`), "token" (the draft if accepted, else the residual drawn with
     u_final)}. The same decision and token as `rejection_sample` with K = 1 on
     target rows (p, anything), draft row q and uniforms (u, u_final) (tests).
-    Raises ValueError for bad shapes, a draft outside 0..V-1, uniforms outside [0, 1) or bad
-    probabilities.
+    u and u_final: real numbers (a Python or numpy int or float, or a one-element real tensor;
+    not a bool, str, None or complex) in [0, 1).
+    Raises TypeError if p or q is not a tensor (q may be None); ValueError for bad shapes, a
+    draft outside 0..V-1, u or u_final not a real number in [0, 1), bad probabilities, or a p
+    with no mass.
     """
+    _check_tensor(p, "p")
+    _check_tensor(q, "q", optional=True)
     if p.dim() != 1 or (q is not None and q.shape != p.shape):
         raise ValueError("p must be (V,) and q (V,) or None")
     v = p.shape[0]
     if isinstance(draft, bool) or not isinstance(draft, Integral) or not 0 <= draft < v:
         raise ValueError(f"draft must be an int in 0..V-1 = 0..{v - 1}")
+    u, u_final = _real(u, "u"), _real(u_final, "u_final")
     uu = torch.tensor([u, u_final], dtype=torch.float64)
     _check_uniforms(uu, "u and u_final")
     _check_probs(p, "p")
     if q is not None:
         _check_probs(q, "q")
+    _check_mass(p, "p")
     p_x = float(p[draft])
     q_x = 1.0 if q is None else float(q[draft])
     if q_x > 0:
@@ -362,7 +483,7 @@ def explain_step(p: torch.Tensor, q: torch.Tensor | None, draft: int, u: float,
     else:
         accept_probability = 1.0 if p_x > 0 else 0.0
     accepted = u * q_x < p_x
-    res = residual(p, q, torch.tensor(draft))                                      # (V,)
+    res = _residual(p, q, torch.tensor(draft, device=p.device))                   # (V,)
     if accepted:
         token = int(draft)
     else:
@@ -381,8 +502,10 @@ def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> float:
 
     p, q: (V,) float distributions (each summing to 1 within 1e-4). Computed in float64.
     Raises ValueError for shapes that differ, negative / NaN / infinite entries, or a row that
-    does not sum to 1.
+    does not sum to 1; TypeError if p or q is not a torch.Tensor.
     """
+    _check_tensor(p, "p")
+    _check_tensor(q, "q")
     if p.dim() != 1 or q.shape != p.shape:
         raise ValueError(f"p and q must both be (V,), got shapes {tuple(p.shape)} and "
                          f"{tuple(q.shape)}")
@@ -398,8 +521,9 @@ def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> float:
 def _check_alpha_k(alpha: float, k: int) -> None:
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
-    if isinstance(k, bool) or not isinstance(k, Integral) or k < 0:
-        raise ValueError(f"k must be an int >= 0 (draft tokens per step), got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, Integral) or not 0 <= k <= MAX_K:
+        raise ValueError(f"k must be an int >= 0 (draft tokens per step) and at most MAX_K = "
+                         f"{MAX_K}, got {_show(k)}")
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -407,7 +531,8 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     whose acceptances are i.i.d. with rate alpha (Leviathan et al. 2023, Equation 1); k + 1 when
     alpha == 1, 1 when k == 0 or alpha == 0. Computed as -expm1((k+1) ln alpha) / (1 - alpha),
     which keeps its precision as alpha approaches 1.
-    Raises ValueError unless alpha is in [0, 1] and k an int >= 0.
+    Raises ValueError unless alpha is in [0, 1] and k an int in 0..MAX_K (10**6: k + 1 must
+    stay an exact float; 10**400 would overflow it).
     """
     _check_alpha_k(alpha, k)
     alpha = float(alpha)
@@ -425,8 +550,8 @@ def expected_speedup(alpha: float, k: int, c: float) -> float:
 
     c: the cost of one draft token over the cost of one target forward (>= 0; the theorem
     assumes the target scores k + 1 positions as fast as one, which holds while decode is
-    memory bound). Raises ValueError unless alpha is in [0, 1], k an int >= 0 and c a finite
-    number >= 0.
+    memory bound). Raises ValueError unless alpha is in [0, 1], k an int in 0..MAX_K and c a
+    finite number >= 0.
     """
     _check_alpha_k(alpha, k)
     if isinstance(c, bool) or not isinstance(c, Real) or not 0.0 <= c < math.inf:
@@ -437,9 +562,10 @@ def expected_speedup(alpha: float, k: int, c: float) -> float:
 def optimal_k(alpha: float, c: float, k_max: int = 16) -> int:
     """The number of drafts per step, k in 1..k_max, with the highest `expected_speedup`
     (the smallest such k on a tie). Raises ValueError as `expected_speedup` does, or unless
-    k_max is an int >= 1."""
-    if isinstance(k_max, bool) or not isinstance(k_max, Integral) or k_max < 1:
-        raise ValueError(f"k_max must be an int >= 1, got {k_max!r}")
+    k_max is an int in 1..MAX_K."""
+    if isinstance(k_max, bool) or not isinstance(k_max, Integral) or not 1 <= k_max <= MAX_K:
+        raise ValueError(f"k_max must be an int >= 1 and at most MAX_K = {MAX_K}, got "
+                         f"{_show(k_max)}")
     best_k, best = 1, expected_speedup(alpha, 1, c)
     for k in range(2, k_max + 1):
         speedup = expected_speedup(alpha, k, c)

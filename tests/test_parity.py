@@ -9,7 +9,9 @@ with the first index where the ids differ and both decoded texts.
 Engines: S01 loop (no cache), S04 (sampling engine, still no cache), S05 (NumPy KV cache),
 S06 (PyTorch, manual and SDPA attention), S08 (a static batch of one), S09 (the
 step-based engine, Part I's call as a loop over add_request / step), S10 (S09 driven by the
-scheduler, at its smallest token budget), S11 (prompts chunked 8 tokens a step). Every engine is
+scheduler, at its smallest token budget), S11 (prompts chunked 8 tokens a step), S12 (blocks
+of 4), S13 (prefix caching), S15 (S13's engine with n-gram speculative decoding, 3 drafts a
+step). Every engine is
 driven through the same public call (S01's `generate(prompt, max_tokens)` and `stream`),
 with no per-engine dispatch: that they can
 all stand where the S01 engine stood is part of what is tested. Models: the tiny random GPT-2 / Qwen3 / Llama of
@@ -31,6 +33,7 @@ import s10_scheduler as s10
 import s11_chunked_prefill as s11
 import s12_engine as s12
 import s13_prefix_caching as s13
+import s15_speculative as s15
 from model_testing import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 from s09_llm import LLM
 
@@ -77,6 +80,12 @@ def engines(model, torch_models, tokenizer, max_context):
                                                    max_context=max_context, max_num_seqs=4,
                                                    max_num_batched_tokens=8, block_size=4))
            for name, torch_model in torch_models.items()},   # full blocks shared by hash
+        **{f"s15_{name[4:]}": LLM(s15.build_engine(torch_model, tokenizer,
+                                                   max_context=max_context, max_num_seqs=4,
+                                                   max_num_batched_tokens=8, block_size=4,
+                                                   speculative="ngram",
+                                                   num_speculative_tokens=3))
+           for name, torch_model in torch_models.items()},   # n-gram drafts, 3 a step
     }
 
 

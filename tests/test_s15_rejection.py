@@ -578,6 +578,119 @@ def test_bad_input_is_refused_with_the_rule(call, match):
         call()
 
 
+_P3 = torch.tensor([0.5, 0.3, 0.2], dtype=F64)
+_Q3 = torch.tensor([0.2, 0.3, 0.5], dtype=F64)
+_L = torch.long
+
+
+@pytest.mark.parametrize("call,match", [
+    # residual: p (and q) checked as probabilities, p with mass, x an id in range.
+    (lambda: residual(torch.zeros(3, dtype=F64), _Q3), "p rows must have positive mass"),
+    (lambda: residual(torch.stack([_P3, torch.zeros(3, dtype=F64)]), None,
+                      torch.tensor([0, 1])), "p rows must have positive mass"),
+    (lambda: residual(torch.full((3,), math.nan, dtype=F64), _Q3),
+     "p must be finite and non-negative"),
+    (lambda: residual(torch.tensor([0.7, -0.1, 0.4], dtype=F64), _Q3),
+     "p must be finite and non-negative"),
+    (lambda: residual(_P3, torch.tensor([0.2, -0.3, 1.1], dtype=F64)),
+     "q must be finite and non-negative"),
+    (lambda: residual(_P3, _Q3[:2]), "q must have p's vocabulary and broadcast to p's shape"),
+    (lambda: residual(_P3.long(), None, torch.tensor(0)), "p must be a floating-point tensor"),
+    (lambda: residual(torch.tensor(0.5, dtype=F64), None, torch.tensor(0)),
+     r"p must have a vocabulary dimension"),
+    (lambda: residual(_P3, None, torch.tensor(3)), r"x must be in 0..V-1 = 0..2"),
+    (lambda: residual(_P3, None, torch.tensor(-1)), r"x must be in 0..V-1 = 0..2"),
+    (lambda: residual(_P3, _Q3, torch.tensor(7)), r"x must be in 0..V-1 = 0..2"),
+    (lambda: residual(_P3, None, torch.tensor([0])), r"x must have shape p.shape\[:-1\]"),
+    (lambda: residual(_P3, None, torch.tensor(0.0)), "x must be an integer tensor"),
+    (lambda: residual(_P3, None), "residual needs the draft token x when q is None"),
+    # explain_step: p's mass up front, named p; u and u_final real numbers in [0, 1).
+    (lambda: explain_step(torch.zeros(3, dtype=F64), _Q3, 0, 0.5, 0.5),
+     "p rows must have positive mass"),
+    (lambda: explain_step(torch.zeros(3, dtype=F64), None, 0, 0.5, 0.5),
+     "p rows must have positive mass"),
+    (lambda: explain_step(_P3, _Q3, 0, "0.5", 0.5), r"u must be a real number in \[0, 1\)"),
+    (lambda: explain_step(_P3, _Q3, 0, None, 0.5), r"u must be a real number in \[0, 1\)"),
+    (lambda: explain_step(_P3, _Q3, 0, 0.5j, 0.5), r"u must be a real number in \[0, 1\)"),
+    (lambda: explain_step(_P3, _Q3, 0, True, 0.5), r"u must be a real number in \[0, 1\)"),
+    (lambda: explain_step(_P3, _Q3, 0, 0.5, "x"), r"u_final must be a real number in \[0, 1\)"),
+    (lambda: explain_step(_P3, _Q3, 0, 0.5, None), r"u_final must be a real number in"),
+    (lambda: explain_step(_P3, _Q3, 0, 0.5, 0.5 + 0j), r"u_final must be a real number in"),
+    (lambda: explain_step(_P3, _Q3, 0, 0.5, -0.25), r"u and u_final must lie in \[0, 1\)"),
+    (lambda: explain_step(_P3, _Q3, 0, math.nan, 0.5), r"u and u_final must lie in \[0, 1\)"),
+    # greedy_verify: ids >= 0 where used (the bound V - 1 is unknown there).
+    (lambda: greedy_verify(torch.tensor([[-5, 1]]), torch.tensor([[3]]), torch.tensor([1])),
+     "target_token_ids must be >= 0 where j <= num_draft_tokens"),
+    (lambda: greedy_verify(torch.tensor([[3, -5]]), torch.tensor([[3]]), torch.tensor([1])),
+     "target_token_ids must be >= 0 where j <= num_draft_tokens"),       # the bonus column
+    (lambda: greedy_verify(torch.tensor([[1, 1]]), torch.tensor([[-1]]), torch.tensor([1])),
+     "draft_token_ids must be >= 0 where j < num_draft_tokens"),
+    (lambda: greedy_verify(torch.tensor([[1, 1]]), torch.tensor([[1.0]]), torch.tensor([1])),
+     "draft_token_ids must be an integer tensor"),
+    # the formulas: k (and k_max) bounded, so that k + 1 is an exact float.
+    (lambda: expected_tokens_per_step(1.0, 10**400), r"k must be an int >= 0 .* at most MAX_K"),
+    (lambda: expected_tokens_per_step(0.5, 10**6 + 1), r"at most MAX_K = 1000000"),
+    (lambda: expected_tokens_per_step(0.5, 10**5000), r"got an int of 16610 bits"),
+    (lambda: expected_speedup(0.5, 10**400, 0.1), r"k must be an int >= 0 .* at most MAX_K"),
+    (lambda: optimal_k(0.5, 0.1, k_max=10**400), r"k_max must be an int >= 1 and at most MAX_K"),
+])
+def test_more_bad_input_is_refused_with_the_rule(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+_NP_IDS = np.zeros((2, 2), dtype=np.int64)
+
+
+@pytest.mark.parametrize("call,match", [
+    (_with(target_probs=_T.tolist()), "target_probs must be a torch.Tensor, got list"),
+    (_with(target_probs=_T.numpy()), "target_probs must be a torch.Tensor, got ndarray"),
+    (_with(draft_probs=_D.numpy()), "draft_probs must be a torch.Tensor or None, got ndarray"),
+    (_with(draft_token_ids=_NP_IDS), "draft_token_ids must be a torch.Tensor, got ndarray"),
+    (_with(num_draft_tokens=[2, 2]), "num_draft_tokens must be a torch.Tensor, got list"),
+    (_with(uniforms=_U.tolist()), "uniforms must be a torch.Tensor, got list"),
+    (lambda: greedy_verify(np.zeros((2, 3), dtype=np.int64), _I, _N),
+     "target_token_ids must be a torch.Tensor, got ndarray"),
+    (lambda: greedy_verify(torch.zeros((2, 3), dtype=_L), [[0, 0], [0, 0]], _N),
+     "draft_token_ids must be a torch.Tensor, got list"),
+    (lambda: greedy_verify(torch.zeros((2, 3), dtype=_L), _I, [2, 2]),
+     "num_draft_tokens must be a torch.Tensor, got list"),
+    (lambda: sample_from(_T[:, 0].numpy(), torch.tensor([0.5, 0.5], dtype=F64)),
+     "probs must be a torch.Tensor, got ndarray"),
+    (lambda: sample_from(_T[:, 0], [0.5, 0.5]), "u must be a torch.Tensor, got list"),
+    (lambda: residual([0.5, 0.5], None, torch.tensor(0)), "p must be a torch.Tensor, got list"),
+    (lambda: residual(_P3, _Q3.numpy()), "q must be a torch.Tensor or None, got ndarray"),
+    (lambda: residual(_P3, None, 0), "x must be a torch.Tensor or None, got int"),
+    (lambda: explain_step(_P3.tolist(), None, 0, 0.5, 0.5), "p must be a torch.Tensor, got list"),
+    (lambda: explain_step(_P3, _Q3.numpy(), 0, 0.5, 0.5), "q must be a torch.Tensor or None"),
+    (lambda: acceptance_rate(_P3, _Q3.tolist()), "q must be a torch.Tensor, got list"),
+])
+def test_a_non_tensor_is_refused_with_a_type_error_naming_it(call, match):
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
+def test_the_new_checks_keep_the_good_cases():
+    # A one-element tensor or a numpy float is still a real number for explain_step.
+    step = explain_step(_P3, None, 0, torch.tensor(0.7, dtype=F64), np.float32(0.2))
+    assert step["accepted"] is False and step["token"] == 1     # residual [0, 0.6, 0.4]
+    # residual: a q that broadcasts over p's rows, an x given with q (checked, not read),
+    # and int32 ids.
+    p2 = torch.stack([_P3, _Q3])
+    assert torch.equal(residual(p2, _Q3), torch.stack([residual(_P3, _Q3), _Q3]))
+    assert torch.equal(residual(_P3, _Q3, torch.tensor(1)), residual(_P3, _Q3))
+    assert residual(_P3, None, torch.tensor(0, dtype=torch.int32)).tolist() == \
+        pytest.approx([0, 0.6, 0.4])
+    # greedy_verify: negative ids in the ignored padding are still ignored.
+    out, num_accepted = greedy_verify(torch.tensor([[2, -1]]), torch.tensor([[-7]]),
+                                      torch.tensor([0]))
+    assert out.tolist() == [[2, -1]] and num_accepted.tolist() == [0]
+    # The formulas at the bound.
+    assert expected_tokens_per_step(1.0, 10**6) == 10**6 + 1
+    assert expected_tokens_per_step(0.5, 10**6) == pytest.approx(2.0)
+    assert expected_speedup(0.5, 10**6, 0.0) == pytest.approx(2.0)
+
+
 @pytest.mark.gpu
 def test_on_cuda_the_decisions_equal_the_cpus():
     """The same inputs on CUDA: the accept decisions are the same float64 products and
