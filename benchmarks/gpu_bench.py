@@ -5,6 +5,7 @@
     python benchmarks/gpu_bench.py s08 --json OUT/bench_s08.json --budget-s 60
     python benchmarks/gpu_bench.py s12 --device cpu --shape tiny --json /tmp/s12.json  # smoke run
     python benchmarks/gpu_bench.py s14 --json OUT/bench_s14.json --bandwidth-json OUT/bandwidth.json
+    python benchmarks/gpu_bench.py s15 --json OUT/bench_s15.json --budget-s 30
 
 A benchmark, not a test: it prints and writes JSON, never asserts speed. Each part is its own
 process, so scripts/gpu_check.sh can stop it at its time budget; the JSON file is rewritten
@@ -36,6 +37,20 @@ without it the part measures its own):
              head kept in bf16), tokens/s and the bandwidth of the bytes the step reads (the
              kernels' operands, scales included). Where torch has no CUDA int4 kernel for
              the device, the int4 rows say why (S14's refusal) and the part goes on.
+  s15        S15's speculative decoding at batch 1, greedy, EOS ignored: the served engine
+             (`s15_speculative.build_engine`: S14's engine, S13's paged KV and prefix
+             caching, no quantization) plain, with n-gram prompt lookup (k = 4) and with the
+             target's own int4 g32 copy as the draft (k = 4), on the bundled model (a
+             Shakespeare prompt) and on a seeded random Qwen3-layout model of 100.1M
+             parameters (bench_s14_quantization's E2E_SHAPE: hidden 768, 12 layers, vocab
+             32,000; random prompt ids), each in the device's dtype: tokens/s (best of the
+             repeats, the three engines interleaved), speedup over plain, acceptance rate and
+             tokens per target forward (`SpecDecodingStats`), and the greedy ids against
+             plain (the verify pass computes k + 1 positions at once, so in bf16 a near-tie
+             may round the other way: reported, not asserted). A draft the device refuses
+             (no int4 kernel) is a row that says why. The shape flag does not change the
+             models here, only the tokens (tiny: a random model of the tiny shape instead of
+             the 100M one).
 
 How the figures are made. tokens/s: generated tokens / wall seconds of the whole call
 (prefill included), the device synchronised before and after, best of the repeats, the engines'
@@ -52,7 +67,8 @@ the measured copy bandwidth as a fraction of it. A decode step far below 100 % o
 limited not by memory but by the host: kernel launches and Python, step by step.
 
 What it leaves out: HF's own continuous batching as S09's peer (bench_s09_continuous_batching.py
-has it), prefill throughput on its own, S13's prefix caching and S19's server (no GPU part yet);
+has it), prefill throughput on its own, S13's prefix caching and S19's server (no GPU part yet),
+S15 at batch > 1 and with the 1-layer trained draft (CPU figures: S15's own benchmark);
 S14's q8_0 / q4_0 (q4_0 runs int4 g32's kernel; q8_0 has no fused kernel), its 8-bit KV
 cache and its perplexity (CPU figures: benchmarks/bench_s14_quantization.py).
 
@@ -72,7 +88,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("bandwidth", "s06", "s08", "s09", "s12", "s14")
+PARTS = ("bandwidth", "s06", "s08", "s09", "s12", "s14", "s15")
 H200_COPY_BYTES_PER_S = 4.3e12   # device-to-device copy measured on H200s (bytes read + written)
 
 # The tiny shape: the 0.6B code path on a CPU in seconds (Qwen3 layout, GQA 4:2, tied head).
@@ -81,6 +97,15 @@ TINY = dict(
     num_key_value_heads=2, head_dim=16, vocab_size=512, rope_theta=1_000_000.0,
     tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=1024,
 )
+# S15's random target: bench_s14_quantization's E2E_SHAPE (100.1M parameters), written out here
+# so that this script imports no other benchmark than bench_s06_torch (tests/test_gpu_check.py
+# checks the two are equal).
+S15_RANDOM_SHAPE = dict(
+    hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+    num_key_value_heads=4, head_dim=64, vocab_size=32000, rope_theta=10_000.0,
+    tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=2048,
+)
+S15_PROMPT = "HAMLET.\nTo be, or not to be, that is the question:\n"   # the bundled model's
 # What each part runs, per shape. tokens: new tokens per request; prompt: prompt tokens.
 WORKLOADS = {
     "qwen3-0.6b": dict(
@@ -90,6 +115,7 @@ WORKLOADS = {
         s12=dict(prompt=512, batch=16, steps=32, warmup=3, block_size=16),
         s14=dict(prompt=32, tokens=64, repeats=3, group_size=32,
                  gemv_shapes=((4096, 1024), (11008, 4096)), gemv_iters=100, gemv_rounds=7),
+        s15=dict(prompt=32, tokens=48, k=4, repeats=3, random_shape="S15_RANDOM_SHAPE"),
         bandwidth=dict(nbytes=4 * 2**30, matmul_n=8192)),
     "tiny": dict(
         s06=dict(prompt=8, tokens=4, repeats=1),
@@ -98,6 +124,7 @@ WORKLOADS = {
         s12=dict(prompt=16, batch=3, steps=3, warmup=1, block_size=4),
         s14=dict(prompt=8, tokens=4, repeats=1, group_size=32,
                  gemv_shapes=((128, 64), (256, 128)), gemv_iters=2, gemv_rounds=2),
+        s15=dict(prompt=8, tokens=6, k=2, repeats=1, random_shape="TINY"),
         bandwidth=dict(nbytes=16 * 2**20, matmul_n=128)),
 }
 
@@ -680,6 +707,114 @@ def part_s14(args, report: Report) -> None:
         key["refused"] = sorted(report.data["refused"])
 
 
+def part_s15(args, report: Report) -> None:
+    """S15 on the device: plain, n-gram and int4-draft speculation at batch 1 on two models
+    (see the module docstring). Rows are saved after each model; a model that does not fit
+    the budget is cut, said in "cut"."""
+    import s03_checkpoint
+    import s03_transformer as s03
+    import s04_sampling as s04
+    import s06_torch as s06
+    import s15_speculative as s15
+    from s01_generation_loop import ParameterError
+    from s09_llm import LLM
+    torch, bench06 = course_imports()
+    device, dtype = resolve(args)
+    work = WORKLOADS[args.shape]["s15"]
+    report.data.update(workload=work, models=[], refused={})
+    n, k = work["tokens"], work["k"]
+    methods = {"plain": dict(speculative=None),
+               f"ngram k={k}": dict(speculative="ngram", num_speculative_tokens=k),
+               f"draft int4 g32 k={k}": dict(speculative="draft", draft_model="int4",
+                                             num_speculative_tokens=k)}
+
+    def bundled():
+        model = s06.TorchTransformer.from_pretrained(s03.BUNDLED_MODEL_DIR, device, dtype,
+                                                     args.attention)
+        tokenizer = s03_checkpoint.CheckpointTokenizer.from_pretrained(s03.BUNDLED_MODEL_DIR)
+        return "bundled", model, tokenizer, S15_PROMPT
+
+    def random_target():
+        shape = globals()[work["random_shape"]]
+        try:
+            with torch.device(device):
+                hf = bench06.random_qwen3(shape, args.seed)
+        except (RuntimeError, TypeError):        # as build_model: made on the host, moved
+            hf = bench06.random_qwen3(shape, args.seed).to(device)
+        config = s03_checkpoint.config_from_hf_dict(hf.config.to_dict())
+        model = s06.TorchTransformer(config, hf.state_dict(), device, dtype, args.attention)
+        del hf
+        ids = random_prompts(1, work["prompt"], config.vocab_size, args.seed)[0]
+        label = f"random {s03.parameter_count(config) / 1e6:.1f}M"
+        return label, model, bench06.IdTokenizer(config.vocab_size), as_text(ids)
+
+    params = s04.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    key = report.data["key"]
+    last_s = 0.0
+    for make in (bundled, random_target):
+        if not report.fits(f"model {make.__name__}", 1.5 * last_s):
+            break
+        start = time.perf_counter()
+        label, model, tokenizer, prompt = make()
+        prompt_len = len(tokenizer.encode(prompt))
+        report.data["models"].append({
+            "label": label, "parameters": s03.parameter_count(model.config),
+            "dtype": str(dtype).removeprefix("torch."), "device": str(device),
+            "prompt_tokens": prompt_len, "build_s": round(time.perf_counter() - start, 2)})
+        runs, stats = {}, {}
+        for name, options in methods.items():
+            try:
+                engine = s15.build_engine(model, tokenizer, max_num_seqs=1,
+                                          max_context=prompt_len + n + k + 2, **options)
+            except ParameterError as err:            # e.g. no int4 kernel on this device
+                report.data["refused"][f"{label} {name}"] = str(err)
+                print(f"  {label} {name}: refused ({err})", flush=True)
+                continue
+            llm, stats[name] = LLM(engine), s15.SpecDecodingStats()
+
+            def run(llm=llm, engine=engine, name=name):
+                observed = s15.SpecDecodingStats()
+                engine.observers.append(observed)
+                try:
+                    done = llm.generate(prompt, params)
+                finally:
+                    engine.observers.remove(observed)
+                stats[name] = observed
+                return done.token_ids
+            runs[name] = run
+        with torch.inference_mode():
+            best, outputs = best_times(report, f"s15 {label}", runs, work["repeats"], device,
+                                       bench06)
+        for name in runs:
+            st = stats[name]
+            row = {"model": label, "engine": name, "batch_size": 1, "prompt_tokens": prompt_len,
+                   "generated_tokens": n, "tokens_per_s": n / best[name], "wall_s": best[name],
+                   "speedup_over_plain": best["plain"] / best[name],
+                   "acceptance_rate": st.acceptance_rate if name != "plain" else None,
+                   "acceptance_per_position": st.acceptance_per_position,
+                   "tokens_per_target_forward": (st.tokens_per_forward if name != "plain"
+                                                 else 1.0),
+                   "num_draft_tokens": st.num_draft_tokens,
+                   "num_accepted_tokens": st.num_accepted_tokens,
+                   "greedy_vs_plain": bench06.agreement(outputs[name], outputs["plain"])}
+            report.data["rows"].append(row)
+            tag = f"{label.split()[0]}_{name.split()[0]}"
+            key[f"{tag}_tokens_per_s"] = row["tokens_per_s"]
+            if name != "plain":
+                key[f"{tag}_speedup"] = row["speedup_over_plain"]
+                key[f"{tag}_acceptance"] = row["acceptance_rate"]
+            print(f"  {label:<13} {name:<20} {row['tokens_per_s']:9.1f} tokens/s  "
+                  f"x{row['speedup_over_plain']:.2f}" + (
+                      f", acceptance {st.acceptance_rate:.1%}, "
+                      f"{st.tokens_per_forward:.2f} tokens/forward" if name != "plain" else "")
+                  + f", greedy vs plain: {row['greedy_vs_plain']}", flush=True)
+        report.save()
+        del model, runs
+        last_s = time.perf_counter() - start
+    if report.data["refused"]:
+        key["refused"] = sorted(report.data["refused"])
+
+
 def seconds(fn, device) -> float:
     """Wall seconds of fn(), the device synchronised before and after."""
     import s06_torch as s06
@@ -729,7 +864,7 @@ def s06_model(config, state, device, dtype, attention):
 
 
 PART_FUNCTIONS = {"bandwidth": part_bandwidth, "s06": part_s06, "s08": part_s08,
-                  "s09": part_s09, "s12": part_s12, "s14": part_s14}
+                  "s09": part_s09, "s12": part_s12, "s14": part_s14, "s15": part_s15}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -766,7 +901,9 @@ def main(argv=None) -> int:
     print(f"gpu_bench {args.part}: device {args.device}, shape {args.shape}, budget "
           f"{'none' if args.budget_s is None else f'{args.budget_s:.0f} s'}", flush=True)
     try:
-        course_imports()
+        torch, _ = course_imports()
+        if args.device == "cpu":
+            torch.set_num_threads(1)     # a CPU rehearsal: one thread, as every CPU timing here
         PART_FUNCTIONS[args.part](args, report)
         report.data["status"] = "ok"
         return 0

@@ -45,7 +45,12 @@ What is new since S13
     - The engine is a seam: `ENGINE_BUILDER` and `make_engine`. It serves Part II's most
       complete engine, S13's (`s13_prefix_caching.build_engine`: prefix caching over S12's
       paged KV, with S11's chunked prefill); S11's or S12's `build_engine` is the same
-      one-line swap.
+      one-line swap. --quantize / --kv-cache-dtype serve S14's `build_engine` instead, and
+      --speculative wraps either in S15's (`speculative_builder`): then one step may emit
+      several tokens for a request (its accepted drafts and one more) in one `RequestOutput`,
+      so a chunk may carry several tokens; the server already counts tokens, not steps (usage,
+      logprobs and their text offsets, stop strings are the engine's), so its answers are
+      the same, only sooner.
 
 What it does not handle yet
     One model, one engine thread, one process: the engine's steps and the server's JSON work
@@ -60,6 +65,8 @@ Run it
     python code/s19_server.py                       # the bundled model on 127.0.0.1:8000
     python code/s19_server.py --port 8001 --max-num-seqs 16 --max-num-batched-tokens 64
     python code/s19_server.py --quantize int8 --kv-cache-dtype int8   # S14's 8-bit weights, KV
+    python code/s19_server.py --speculative ngram --num-speculative-tokens 4    # S15
+    python code/s19_server.py --speculative draft --draft-model int4  # S15, an int4 copy drafts
     curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
         -d '{"model": "bundled", "prompt": "ROMEO.\n", "max_tokens": 20, "stream": true}'
     python benchmarks/bench_s19_server.py --quick   # TTFT / ITL over HTTP vs in-process
@@ -74,6 +81,10 @@ Tests
     streams fails alone; a client gone while uploading logs no error; cache_salt keeps
     tenants' cached blocks apart; a step that raises fails only its requests; record_stream's
     lines equal what the server sends; the public bugs K1, K2, K4, K6, G4 and G5.
+    tests/test_s19_speculative.py: S15's flags: greedy completions and chat, streaming and not,
+    with logprobs and a stop string, from a server started by `main` with --speculative ngram
+    and with --speculative draft --draft-model int4, equal to the plain engine's; several
+    tokens per chunk; every bad flag combination a usage error naming its rule.
     tests/test_s19_protocol.py: the protocol alone (fields into SamplingParams, templates,
     refusals, the chunk formats).
 
@@ -96,6 +107,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy load
 import argparse
 import asyncio
 import concurrent.futures
+import functools
 import json
 import logging
 import socket
@@ -123,6 +135,7 @@ import s09_trace
 import s13_prefix_caching as s13
 import s14_kv_cache
 import s14_quantization as s14
+import s15_speculative as s15
 import s19_protocol as proto
 from s01_generation_loop import ParameterError
 from s19_protocol import APIError, Delta
@@ -135,7 +148,10 @@ DEFAULT_PORT = 8000
 DEFAULT_MAX_CONTEXT = 4096          # the longest context served unless --max-context says
 QUANTIZED_BUILDER = s14.build_engine  # with --quantize / --kv-cache-dtype: S14's, over S13's
 FLAGS = {"scheme": "--quantize", "group_size": "--group-size", "symmetric": "--quantize",
-         "path": "--quantize", "kv_cache_dtype": "--kv-cache-dtype"}   # S14's names -> flags
+         "path": "--quantize", "kv_cache_dtype": "--kv-cache-dtype",     # S14's names -> flags
+         "speculative": "--speculative", "num_speculative_tokens": "--num-speculative-tokens",
+         "prompt_lookup_min": "--prompt-lookup-min", "prompt_lookup_max": "--prompt-lookup-max",
+         "draft_model": "--draft-model"}                                 # S15's
 JSON_MEDIA_TYPE = "application/json"
 MAX_BODY_BYTES = 4 * 2**20       # a larger request body is a 413, unread
 OFF_LOOP_BYTES = 64 * 2**10      # a larger body is parsed and tokenized in a worker thread
@@ -170,7 +186,19 @@ def make_engine(model, tokenizer, max_num_seqs: int = 32,
 def builder_name(builder=None) -> str:
     """"module.function" of the engine builder (default ENGINE_BUILDER), as --help says."""
     builder = ENGINE_BUILDER if builder is None else builder
+    if isinstance(builder, functools.partial):      # `speculative_builder`'s: S15 over a base
+        return f"{builder_name(builder.func)} over {builder_name(builder.keywords['builder'])}"
     return f"{builder.__module__}.{builder.__qualname__}"
+
+
+def speculative_builder(base=None):
+    """S15's `build_engine` speculating on `base` (default ENGINE_BUILDER; S14's with
+    --quantize / --kv-cache-dtype), as a builder for `make_engine`: its speculative options
+    (speculative, num_speculative_tokens, prompt_lookup_min/max, draft_model) go to S15,
+    the rest to the base. The server is unchanged: a step's `RequestOutput` may carry
+    several tokens (the accepted drafts and one more), and everything downstream (deltas,
+    logprobs, usage, stop strings) counts tokens, not steps."""
+    return functools.partial(s15.build_engine, builder=ENGINE_BUILDER if base is None else base)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -669,6 +697,23 @@ def serve_in_thread(engine, tokenizer, model_name: str = DEFAULT_MODEL_NAME,
     return ServerThread(build_app(engine, tokenizer, model_name, chat_template), host, port)
 
 
+def describe_speculation(engine) -> str:
+    """The served engine's proposer in words: "ngram k=4 (n-grams 1..4)", "draft k=3 (1
+    layer, 459,200 parameters)", "draft k=4 (int4 g32 sym copy of the target)"."""
+    proposer = engine.proposer
+    k = proposer.num_speculative_tokens
+    if isinstance(proposer, s15.NgramProposer):
+        return (f"ngram k={k} (n-grams {proposer.prompt_lookup_min}.."
+                f"{proposer.prompt_lookup_max})")
+    draft = proposer.model
+    weights = s14.quantized_weights(draft)
+    what = (f"{next(iter(weights.values())).describe()} copy of the target" if weights else
+            f"{draft.config.num_hidden_layers} layer"
+            f"{'s' if draft.config.num_hidden_layers != 1 else ''}, "
+            f"{s03.parameter_count(draft.config):,} parameters")
+    return f"draft k={k} ({what})"
+
+
 def load_served(model: str | None, device: str | None = None):
     """(model, tokenizer, chat template, checkpoint dir) for --model: a local checkpoint
     directory, or (only when it is not a directory) a hub id, with S03's clear error
@@ -769,7 +814,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Chapter 19: an OpenAI-compatible streaming server over the step engine "
                     f"({builder_name()}: S13's prefix caching over S12's paged KV and S11's "
-                    "chunked prefill).")
+                    "chunked prefill; S14's with --quantize / --kv-cache-dtype; S15's "
+                    "speculative decoding over it with --speculative).")
     parser.add_argument("--model", default=None,
                         help="checkpoint directory, or a Hugging Face hub id when it is not a "
                              "directory (default: the bundled model)")
@@ -802,6 +848,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                              f"(S14): one of {', '.join(s14_kv_cache.KV_CACHE_DTYPES)}; auto "
                              "= the model's dtype, int8 and fp8 one byte per value with "
                              "their scales (default: %(default)s)")
+    s15.add_speculative_arguments(parser)   # S15: --speculative, --num-speculative-tokens, ...
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=1,
@@ -818,17 +865,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.group_size is not None and args.group_size not in s14.GROUP_SIZES:
         parser.error(f"--group-size must be one of {', '.join(map(str, s14.GROUP_SIZES))} "
                      f"(got {args.group_size})")
+    s15.check_speculative_arguments(parser, args)   # the rules that need no model
+    speculative = s15.speculative_options(args)
     quantized = args.quantize is not None or args.kv_cache_dtype != "auto"
     import torch
     torch.set_num_threads(args.threads)
     try:
         model, tokenizer, template, directory = load_served(args.model, args.device)
         # S14's build_engine when asked: the KV dtype checked, then the weights quantized
-        s14_options = dict(builder=QUANTIZED_BUILDER, quantize=args.quantize,
-                           group_size=args.group_size,
+        s14_options = dict(quantize=args.quantize, group_size=args.group_size,
                            kv_cache_dtype=args.kv_cache_dtype) if quantized else {}
+        base = QUANTIZED_BUILDER if quantized else ENGINE_BUILDER
+        # S15's build_engine over it when --speculative: the draft loaded, then the base built
+        builder = speculative_builder(base) if speculative else base
         engine = make_engine(model, tokenizer, args.max_num_seqs, args.max_num_batched_tokens,
-                             args.max_context, **s14_options)
+                             args.max_context, builder=builder, **s14_options, **speculative)
     except ParameterError as err:            # named by the flag that set the parameter
         flag = FLAGS.get(err.parameter)
         parser.error(f"{flag}: {err}" if flag else str(err))
@@ -839,9 +890,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     weights = s14.quantized_weights(model)
     formats = (f", weights {next(iter(weights.values())).describe()}" if weights else "") + (
         f", KV cache {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else "")
+    if speculative:
+        formats += f", speculative {describe_speculation(engine)}"
     print(f"serving {name} ({model.config.model_type}, "
           f"{s03.parameter_count(model.config):,} parameters{formats}, "
-          f"{builder_name(QUANTIZED_BUILDER if quantized else None)}, context "
+          f"{builder_name(builder)}, context "
           f"{engine.max_context}, chat template {template.name}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(build_app(engine, tokenizer, name, template), host=args.host, port=args.port,

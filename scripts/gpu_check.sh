@@ -9,22 +9,26 @@
 # skips), summary.json (per part: status ok / failed / skipped / timeout, reason, seconds,
 # budget, key figures; rewritten after every part, so it is there whatever stops the run), and
 # one JSON per benchmark (bandwidth.json, bench_s06.json, bench_s08.json, bench_s09.json,
-# bench_s12.json, bench_s14.json; each rewritten after every row, so a part stopped at its budget keeps what it
-# measured). On a machine without a CUDA device it says so, writes versions.json and
-# summary.json (status "no_device") and exits 0.
+# bench_s12.json, bench_s14.json, bench_s15.json; each rewritten after every row, so a part
+# stopped at its budget keeps what it measured). On a machine without a CUDA device it says
+# so, writes versions.json and summary.json (status "no_device") and exits 0.
 #
 # Parts and their budgets in seconds (each under its own `timeout`; none runs past the total,
-# GPU_CHECK_BUDGET_S, default 440, so the whole check ends within 8 minutes):
-#   versions     45   scripts/gpu_check_report.py versions: what is installed, the device
-#   bandwidth    30   benchmarks/gpu_bench.py bandwidth: device-to-device copy, bf16 matmul
-#   pytest_gpu  150   python -m pytest -m gpu over the test files that use the marker
-#   s06          90   S06's engine against HF generate(), bf16, batch 1, Qwen3-0.6B shape
-#   s08          75   S08's static batches against HF's padded generate(), B = 1 .. 64
-#   s09          45   S09's continuous batching against S08's static batches, mixed lengths
-#   s12          45   S12's paged decode against S09's contiguous slots
-#   s14          60   S14's int8 / int4 fused GEMVs and batch-1 decode against bf16
-# The budgets add up to more than the total: a part that ends early leaves its time to the
-# next, and a part that would start with under 15 s left is skipped, said in the summary.
+# GPU_CHECK_BUDGET_S, default 480, so the whole check ends within 8 minutes):
+#   versions     40   scripts/gpu_check_report.py versions: what is installed, the device
+#   bandwidth    25   benchmarks/gpu_bench.py bandwidth: device-to-device copy, bf16 matmul
+#   pytest_gpu  120   python -m pytest -m gpu over the test files that use the marker
+#   s06          60   S06's engine against HF generate(), bf16, batch 1, Qwen3-0.6B shape
+#   s08          65   S08's static batches against HF's padded generate(), B = 1 .. 64
+#   s09          40   S09's continuous batching against S08's static batches, mixed lengths
+#   s12          30   S12's paged decode against S09's contiguous slots
+#   s14          50   S14's int8 / int4 fused GEMVs and batch-1 decode against bf16
+#   s15          40   S15's speculative decoding, batch 1: plain vs n-gram vs an int4 draft
+# The budgets add up to the default total less 10 s (the grace a part's KILL may take), so
+# each part gets its whole budget even when every part before it used all of its own (tests/
+# test_gpu_check.py checks this sum). A smaller GPU_CHECK_BUDGET_S cuts the last parts: each
+# gets at most what is left, and one that would start with under 15 s left is skipped, said
+# in the summary.
 # A benchmark is told its budget less 10 s (--budget-s) and leaves out the rows that would
 # not fit; `timeout` stops a part still running at its budget (a benchmark with TERM, pytest
 # with INT so that it still reports the tests it ran; KILL 10 s later).
@@ -52,7 +56,7 @@ OUTDIR=$(cd "$OUTDIR" && pwd)
 if [ -z "${PYTHON:-}" ]; then
     if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
 fi
-TOTAL_BUDGET_S=${GPU_CHECK_BUDGET_S:-440}
+TOTAL_BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 REPORT=(scripts/gpu_check_report.py)
 BENCH=(benchmarks/gpu_bench.py)
@@ -75,7 +79,7 @@ main() {
         return 0
     fi
 
-    run_part versions 45 versions.json TERM \
+    run_part versions 40 versions.json TERM \
         "$PYTHON" "${REPORT[@]}" versions --json "$OUTDIR/versions.json"
     if [ ! -s "$OUTDIR/versions.json" ]; then
         echo "versions.json was not written: $PYTHON cannot report this machine"
@@ -93,7 +97,7 @@ main() {
         local why="torch $(field versions.json cuda.torch) sees none"
         [ "$torch_ok" = "True" ] || why="torch is not importable with $PYTHON"
         echo "no CUDA device: nothing to check ($why)"
-        for part in bandwidth pytest_gpu s06 s08 s09 s12 s14; do
+        for part in bandwidth pytest_gpu s06 s08 s09 s12 s14 s15; do
             record "$part" skipped "no CUDA device ($why)" 0 "" ""
         done
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -107,7 +111,7 @@ main() {
         return 0
     fi
 
-    run_part bandwidth 30 bandwidth.json TERM "$PYTHON" "${BENCH[@]}" bandwidth \
+    run_part bandwidth 25 bandwidth.json TERM "$PYTHON" "${BENCH[@]}" bandwidth \
         --json "$OUTDIR/bandwidth.json" "${device_args[@]}"
 
     if [ "$(field versions.json modules.pytest.found)" != "True" ]; then
@@ -129,22 +133,23 @@ main() {
             fi
             echo "gpu test files:" $files
             # shellcheck disable=SC2086  # one word per file
-            run_part pytest_gpu 150 "" INT "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
+            run_part pytest_gpu 120 "" INT "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
                 --continue-on-collection-errors --junitxml="$JUNIT" "${per_test[@]}" $files
         fi
     fi
 
     if [ "$(field versions.json modules.transformers.found)" != "True" ]; then
-        for part in s06 s08 s09 s12 s14; do
+        for part in s06 s08 s09 s12 s14 s15; do
             record "$part" skipped "transformers is not installed: no random model to build" 0 "" ""
         done
     else
         local bw=(--bandwidth-json "$OUTDIR/bandwidth.json" "${device_args[@]}")
-        bench s06 90 "${bw[@]}"
-        bench s08 75 "${bw[@]}"
-        bench s09 45 "${bw[@]}"
-        bench s12 45 "${bw[@]}"
-        bench s14 60 "${bw[@]}"
+        bench s06 60 "${bw[@]}"
+        bench s08 65 "${bw[@]}"
+        bench s09 40 "${bw[@]}"
+        bench s12 30 "${bw[@]}"
+        bench s14 50 "${bw[@]}"
+        bench s15 40 "${device_args[@]}"   # measures no bandwidth: no --bandwidth-json
     fi
 
     local total=$((SECONDS - START))

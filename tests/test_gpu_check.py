@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 # The script's rule for the files that use the marker (its grep -E, here as a Python regex).
 MARKER_LINE = re.compile(r"^[^#\"']*pytest\.mark\.gpu\b", re.MULTILINE)
-PARTS = ("bandwidth", "pytest_gpu", "s06", "s08", "s09", "s12", "s14")
+PARTS = ("bandwidth", "pytest_gpu", "s06", "s08", "s09", "s12", "s14", "s15")
 
 
 def load(path: Path):
@@ -63,6 +63,42 @@ def test_script_without_cuda_says_so_exits_0_and_writes_the_summary(tmp_path):
                                                       "versions.json"]
 
 
+def script_budgets() -> tuple[int, dict[str, int], dict[str, int]]:
+    """(the default total, {part: budget} of the table in the script's header comment,
+    {part: budget} of its run_part / bench calls)."""
+    text = SCRIPT.read_text(encoding="utf-8")
+    total = int(re.search(r"GPU_CHECK_BUDGET_S:-(\d+)", text).group(1))
+    header = text[:text.index("\nset -u")]
+    table = {name: int(budget) for name, budget in
+             re.findall(r"^#   (\w+) +(\d+)   \S", header, re.MULTILINE)}
+    calls = {name: int(budget) for name, budget in
+             re.findall(r"^\s+(?:run_part|bench) (\w+) (\d+) ", text, re.MULTILINE)}
+    return total, table, calls
+
+
+def test_the_budgets_fit_the_default_total_and_the_header_says_them():
+    """Every part gets its whole budget with the default total: the budgets add up to the
+    total less the 10 s run_part keeps back for a KILL's grace (before S15's part they added
+    up to 540 s against a total of 440 s, so the last parts were cut or skipped). The header's
+    table is the calls', part by part, S15's included."""
+    total, table, calls = script_budgets()
+    assert table == calls
+    assert set(calls) == {"versions", *PARTS}
+    assert sum(calls.values()) + 10 == total == 480     # 8 minutes
+    assert "default 480, so the whole check ends within 8 minutes" in SCRIPT.read_text()
+
+
+def test_the_s15_part_uses_the_shape_of_s14s_benchmark():
+    """gpu_bench's S15 random target is written out (no import of S14's benchmark); it must
+    stay bench_s14_quantization's E2E_SHAPE, the 100.1M model S14's record measured."""
+    bench = load(ROOT / "benchmarks" / "gpu_bench.py")
+    source = (ROOT / "benchmarks" / "bench_s14_quantization.py").read_text(encoding="utf-8")
+    block = source[source.index("E2E_SHAPE = dict("):]
+    block = block[len("E2E_SHAPE = "):block.index("\n)\n") + 2]
+    assert eval(block, {"dict": dict}) == bench.S15_RANDOM_SHAPE     # a literal dict(...)
+    assert "s15" in bench.PARTS and bench.WORKLOADS["qwen3-0.6b"]["s15"]["tokens"] >= 32
+
+
 def test_script_refuses_a_missing_outdir_argument():
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "usage: scripts/gpu_check.sh OUTDIR" in done.stderr
@@ -72,7 +108,8 @@ def test_script_refuses_a_missing_outdir_argument():
 def test_every_gpu_test_skips_with_its_reason_without_cuda(tmp_path):
     files = gpu_test_files()
     assert {"test_s06_torch.py", "test_s08_static_batching.py", "test_s14_quantization.py",
-            "test_s14_kv_cache.py", "test_s14_quality.py"} <= {p.name for p in files}
+            "test_s14_kv_cache.py", "test_s14_quality.py", "test_s15_rejection.py"
+            } <= {p.name for p in files}
     junit = tmp_path / "gpu.xml"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
@@ -119,7 +156,7 @@ def test_gpu_bench_help_needs_no_torch():
     done = subprocess.run([sys.executable, "-S", str(ROOT / "benchmarks" / "gpu_bench.py"),
                            "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert "bandwidth,s06,s08,s09,s12,s14" in done.stdout.replace(" ", "")
+    assert "bandwidth,s06,s08,s09,s12,s14,s15" in done.stdout.replace(" ", "")
 
 
 def test_gpu_bench_part_that_fails_writes_its_reason(tmp_path, capsys):
@@ -137,13 +174,13 @@ def test_gpu_bench_parts_run_end_to_end_on_the_cpu(tmp_path, capsys):
     bench = load(ROOT / "benchmarks" / "gpu_bench.py")
     common = ["--device", "cpu", "--shape", "tiny", "--bandwidth-json",
               str(tmp_path / "bandwidth.json")]
-    for part in ("bandwidth", "s06", "s08", "s09", "s12", "s14"):
+    for part in ("bandwidth", "s06", "s08", "s09", "s12", "s14", "s15"):
         out = tmp_path / f"{part}.json"
         assert bench.main([part, "--json", str(out), *common]) == 0, capsys.readouterr().out
         data = json.loads(out.read_text())
         assert data["status"] == "ok" and data["cut"] == [], data
         assert data["key"], f"{part}: no key figures"
-        if part != "bandwidth":
+        if part not in ("bandwidth", "s15"):
             assert data["copy_source"] == f"from {tmp_path / 'bandwidth.json'}"
             assert data["model"]["parameters"] > 0 and data["rows"]
     s06 = json.loads((tmp_path / "s06.json").read_text())
@@ -164,6 +201,13 @@ def test_gpu_bench_parts_run_end_to_end_on_the_cpu(tmp_path, capsys):
     linear = 2 * (128 * 64 + 64 * 64 + 256 * 64 + 64 * 128)      # TINY: qkv, o, gate_up, down
     steps = {r["weights"]: r["bytes_per_decode_step"] for r in s14["rows"]}
     assert steps["float32"] - steps["int4 g32"] == linear * (32 - 5) // 8
+    s15 = json.loads((tmp_path / "s15.json").read_text())      # float32: speculation exact
+    assert [(r["model"], r["engine"]) for r in s15["rows"]] == [
+        (model, engine) for model in ("bundled", "random 0.1M")
+        for engine in ("plain", "ngram k=2", "draft int4 g32 k=2")]
+    assert all(r["greedy_vs_plain"] == "all 6 equal" for r in s15["rows"])
+    assert s15["refused"] == {} and s15["key"]["bundled_draft_acceptance"] > 0
+    assert [m["parameters"] for m in s15["models"]][0] > 1_000_000   # the bundled model
 
 
 @pytest.mark.slow   # one tiny model built and run
