@@ -375,11 +375,10 @@ class LLMEngine:
             outputs += self._finish_rows(run, *drawn, start)  # text, Part I's stop rules
             finished = [o.request_id for o in outputs
                         if o.finished and o.request_id in self.requests]
-            accepted = {request.request_id: len(tokens) - 1 for request, tokens, d in zip(
-                drawn[0], drawn[1], run.num_draft_tokens) if d and tokens is not None}
+            accepted = self._num_accepted(run, *drawn[:2])           # S15's drafts
             self.scheduler.update_from_output(plan, finished, {
                 rid: len(plan.scheduled_spec_decode_tokens[rid]) - a
-                for rid, a in accepted.items()})
+                for rid, a in accepted.items()})                   # rejected: rolled back
             for rid in finished:
                 del self.requests[rid]
         if self.proposer is not None:
@@ -437,6 +436,15 @@ class LLMEngine:
             return self.rejection_sampler.sample(run, requests, active)
         tokens, _ = self.processor.sample_batch(run.logits, [r.seq for r in requests], active)
         return [None if t is None else [t] for t in tokens]
+
+    @staticmethod
+    def _num_accepted(run, requests: list[Request], tokens: list[list[int] | None]
+                      ) -> dict[str, int]:
+        """S15: {request id: drafts the rejection sampler accepted} for each row that verified
+        drafts and drew (its tokens are the accepted drafts and one more), counted before the
+        stop rules drop any (vLLM counts them the same way)."""
+        return {request.request_id: len(new) - 1 for request, new, d in zip(
+            requests, tokens, run.num_draft_tokens) if d and new is not None}
 
     def _propose(self) -> None:
         """S15: the proposer's draft tokens for every running request whose next step is a

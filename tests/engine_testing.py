@@ -154,8 +154,9 @@ class RunnerWrapper:
 
 
 class NaNRows(RunnerWrapper):
-    """Gives the sampled row of request `bad` NaN logits once it has `after` output tokens
-    (set `bad` after the engine is built: `engine.runner = NaNRows(engine.runner)`)."""
+    """Gives the sampled rows of request `bad` NaN logits once it has `after` output tokens
+    (set `bad` after the engine is built: `engine.runner = NaNRows(engine.runner)`): its one
+    row, or with S15's drafts all its 1 + d rows."""
 
     def __init__(self, runner, bad: str | None = None, after: int = 1):
         super().__init__(runner)
@@ -165,7 +166,10 @@ class NaNRows(RunnerWrapper):
         out = self.runner.execute_model(plan, requests)
         if self.bad in out.req_ids and len(requests[self.bad].output_ids) >= self.after:
             logits = out.logits.clone()
-            logits[out.req_ids.index(self.bad)] = float("nan")
+            i = out.req_ids.index(self.bad)
+            rows = [1 + d for d in out.num_draft_tokens] or [1] * len(out.req_ids)
+            start = sum(rows[:i])
+            logits[start:start + rows[i]] = float("nan")
             out = dataclasses.replace(out, logits=logits)
         return out
 
