@@ -1219,6 +1219,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             temperature=0.0, max_tokens=args.max_tokens))
         elapsed = time.perf_counter() - start
         lines = memory_table(args.model) if Path(args.model).is_dir() else []
+        if lines:      # the table's schemes keep the embedding; this run as it was asked
+            lines.append(scheme_memory(model, "this run, +emb" if args.quantize_embedding
+                                       else "this run"))
     except ValueError as err:
         flag = CLI_FLAGS.get(getattr(err, "parameter", None))
         parser.error(f"argument {flag}: {err}" if flag else str(err))

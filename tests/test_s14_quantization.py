@@ -766,6 +766,21 @@ def test_command_line_prints_a_generation_and_the_memory_table(capsys):
 
 
 @bundled
+def test_the_memory_table_ends_with_this_run_as_it_was_asked(capsys):
+    """The last line is the run's own model: q4_0 as asked is the table's q4_0 line (stored
+    the same on the fused path as on the reference path the table uses); with the embedding
+    quantized too, the whole model is smaller than the table's line for the same scheme."""
+    rows = {}
+    for argv in (["--quantize", "q4_0"], ["--quantize", "int4", "--quantize-embedding"]):
+        s14.main(argv + ["--max-tokens", "2"])
+        table = capsys.readouterr().out.split("scheme", 1)[1].splitlines()[1:]
+        rows[argv[1]] = {line[:15].strip(): line[15:].split() for line in table if line}
+    assert rows["q4_0"]["this run"] == rows["q4_0"]["q4_0"]
+    bytes_of = lambda cells: int(cells[2].replace(",", ""))  # noqa: E731
+    assert bytes_of(rows["int4"]["this run, +emb"]) < bytes_of(rows["int4"]["int4 g32 sym"])
+
+
+@bundled
 def test_command_line_runs_quantized_weights_over_an_int8_kv_cache(capsys):
     s14.main(["--quantize", "int4", "--kv-cache-dtype", "int8", "--max-tokens", "6"])
     out = capsys.readouterr().out
