@@ -143,10 +143,6 @@ class Request:
         return len(self.seq.token_ids) + len(self.spec_token_ids)
 
     @property
-    def token_ids_with_spec(self) -> list[int]:
-        return self.seq.token_ids + self.spec_token_ids
-
-    @property
     def params(self):
         return self.seq.params
 
@@ -174,7 +170,7 @@ class SchedulerOutput:
     "length"). new_block_ids: blocks this plan took from the free queue, whose storage the
     runner zeroes before writing (S12; empty before). scheduled_spec_decode_tokens:
     {request id: the draft tokens it verifies in this step} (S15; vLLM's name), the last of
-    its scheduled tokens: a request's new tokens are then its token_ids_with_spec[start:start
+    its scheduled tokens: a request's new tokens are then (token_ids + drafts)[start:start
     + n], and its logits come for its last 1 + len(drafts) positions.
     """
 

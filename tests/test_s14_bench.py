@@ -11,14 +11,13 @@ from the raw times the record keeps. No measured speed is asserted.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+from bench_testing import import_benchmark, usage_error
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "chapters" / "figures" / "s14_quantization.json"
@@ -27,25 +26,7 @@ BUNDLED = ROOT / "data" / "model" / "config.json"
 
 @pytest.fixture(scope="module")
 def bench():
-    name = "bench_s14_quantization"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def usage_error(bench, argv, capsys, monkeypatch) -> str:
-    import torch
-
-    def tripwire(n):
-        raise AssertionError(f"{argv}: got past the argument checks")
-    monkeypatch.setattr(torch, "set_num_threads", tripwire)
-    with pytest.raises(SystemExit) as stop:
-        bench.main(argv)
-    assert stop.value.code == 2
-    return " ".join(capsys.readouterr().err.split())
+    return import_benchmark("bench_s14_quantization")
 
 
 # --- the command line -------------------------------------------------------------------------

@@ -27,6 +27,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from stats_testing import chi2_sf, chi2_threshold
+from stats_testing import chi_square as counts_chi_square
 
 import s04_sampling as s04
 import s06_sampler as s06
@@ -41,50 +43,14 @@ ALPHA_TEST = 1e-6                        # false-failure probability per chi-squ
 
 # --- chi-square, without scipy -----------------------------------------------------------------
 
-def chi2_sf(x: float, df: int) -> float:
-    """P(X > x) for X ~ chi-square(df), df a positive integer (A&S 26.4.4, 26.4.5)."""
-    if x <= 0:
-        return 1.0
-    if df % 2 == 0:
-        term, total = 1.0, 1.0
-        for r in range(1, df // 2):
-            term *= (x / 2) / r
-            total += term
-        return math.exp(-x / 2) * total
-    s = math.sqrt(x)
-    tail = math.erfc(s / math.sqrt(2))                  # 2 (1 - Phi(sqrt x))
-    term, total = s, 0.0                                # x^(r - 1/2) / (1 * 3 * ... * (2r - 1))
-    for r in range(1, (df - 1) // 2 + 1):
-        total += term
-        term *= x / (2 * r + 1)
-    return tail + 2 * math.exp(-x / 2) / math.sqrt(2 * math.pi) * total
-
-
 def threshold(df: int, alpha: float = ALPHA_TEST) -> float:
-    """The 1 - alpha quantile of chi-square(df), by bisection on `chi2_sf`."""
-    lo, hi = 0.0, 10.0 * df + 200.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if chi2_sf(mid, df) > alpha:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    """The 1 - alpha quantile of chi-square(df) (tests/stats_testing.py)."""
+    return chi2_threshold(df, alpha)
 
 
 def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    """Pearson's statistic of observed ids against probs (C,) and its degrees of freedom.
-    A token in a cell of probability 0 makes the statistic infinite."""
-    n = tokens.numel()
-    counts = torch.bincount(tokens, minlength=probs.numel()).double()
-    probs = probs.double()
-    support = probs > 0
-    if bool((counts[~support] > 0).any()):
-        return math.inf, int(support.sum()) - 1
-    expected = n * probs[support]
-    assert float(expected.min()) >= 20, "too few trials for the chi-square approximation"
-    stat = float(((counts[support] - expected) ** 2 / expected).sum())
-    return stat, int(support.sum()) - 1
+    """Pearson's statistic of observed ids against probs (C,) and its degrees of freedom."""
+    return counts_chi_square(torch.bincount(tokens, minlength=probs.numel()), probs)
 
 
 def test_chi2_tail_and_threshold_against_tables():

@@ -38,6 +38,7 @@ import random
 
 import pytest
 import torch
+from stats_testing import chi2_threshold, chi_square
 
 from exercise_loader import load_exercise
 
@@ -57,49 +58,9 @@ needs_model = pytest.mark.skipif(not (BUNDLED / "model.safetensors").is_file(),
                                  reason="data/model has no bundled model")
 
 
-def chi2_sf(x: float, df: int) -> float:
-    """P(X > x) for X ~ chi-square(df), df a positive integer (A&S 26.4.4, 26.4.5; the same
-    closed form as tests/test_s15_rejection.py, checked there against table values)."""
-    if x <= 0:
-        return 1.0
-    if df % 2 == 0:
-        term, total = 1.0, 1.0
-        for r in range(1, df // 2):
-            term *= (x / 2) / r
-            total += term
-        return math.exp(-x / 2) * total
-    s = math.sqrt(x)
-    tail = math.erfc(s / math.sqrt(2))
-    term, total = s, 0.0
-    for r in range(1, (df - 1) // 2 + 1):
-        total += term
-        term *= x / (2 * r + 1)
-    return tail + 2 * math.exp(-x / 2) / math.sqrt(2 * math.pi) * total
-
-
 def threshold(df: int, alpha: float = 1e-6) -> float:
-    """The 1 - alpha quantile of chi-square(df), by bisection on `chi2_sf`."""
-    lo, hi = 0.0, 10.0 * df + 200.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if chi2_sf(mid, df) > alpha:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    """Pearson's statistic of counts (C,) against probs (C,), and its degrees of freedom; a
-    count in a cell of probability 0 makes it infinite."""
-    n = float(counts.sum())
-    probs, counts = probs.double(), counts.double()
-    support = probs > 0
-    if bool((counts[~support] > 0).any()):
-        return math.inf, int(support.sum()) - 1
-    expected = n * probs[support]
-    assert float(expected.min()) >= 20, "too few trials for the chi-square approximation"
-    return float(((counts[support] - expected) ** 2 / expected).sum()), int(support.sum()) - 1
+    """The 1 - alpha quantile of chi-square(df) (tests/stats_testing.py)."""
+    return chi2_threshold(df, alpha)
 
 
 # Exercise 1 ----------------------------------------------------------------------------------
