@@ -880,9 +880,11 @@ def section_random(args) -> dict:
     near_zero = int4["alpha_position_1"] < 0.2
     note = (f"int4 copy's greedy acceptance at position 1: {int4['alpha_position_1']:.2f}"
             + (" (near zero)" if near_zero else "")
-            + f", int8's {int8['alpha_position_1']:.2f}: random weights give near-uniform "
-            "logits whose top-1 is decided by small margins, which int4's rounding flips "
-            "often and int8's rarely.")
+            + f", int8's {int8['alpha_position_1']:.2f}"
+            + (": random weights give near-uniform logits whose top-1 is decided by small "
+               "margins, which int4's rounding flips often and int8's rarely."
+               if int4["alpha_position_1"] < int8["alpha_position_1"] - 0.1 else
+               " (too few tokens here to tell the formats apart)."))
     if int4["verify_ratio"] > 1.2:
         note += (f" A verify step (the target over k + 1 = {k + 1} positions) cost "
                  f"{int4['verify_ratio']:.2f} plain steps, not the 1 Leviathan's theorem "

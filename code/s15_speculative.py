@@ -783,8 +783,8 @@ def format_stats(stats: SpecDecodingStats) -> str:
     per_pos = "  ".join(f"{a:.2f}" for a in stats.acceptance_per_position)
     return (f"verify steps (a request's step with drafts): {stats.num_drafts}, draft tokens "
             f"{stats.num_draft_tokens}, accepted by the rejection sampler "
-            f"{stats.num_accepted_tokens} ({stats.acceptance_rate:.1%}; those after a stop "
-            "are dropped)\n"
+            f"{stats.num_accepted_tokens} ({stats.acceptance_rate:.1%}, counted before the "
+            "stop rules, which drop any after a stop)\n"
             f"acceptance by draft position: {per_pos or '-'}\n"
             f"tokens per target forward: {stats.tokens_per_forward:.2f}; target forwards "
             f"saved: {stats.forwards_saved} of {stats.num_emitted_tokens} tokens")
