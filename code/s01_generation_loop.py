@@ -858,13 +858,16 @@ class Engine:
         device with a torch.Generator of its sampler instead, and keeps none here)."""
         return np.random.default_rng(params.seed)
 
-    def postprocess(self, seq: Sequence, token: int) -> RequestOutput:
+    def postprocess(self, seq: Sequence, token: int, appended: bool = False) -> RequestOutput:
         """After a token is sampled: append it, turn it into text, apply the stop rules.
 
         The text of an EOS or stop token is never shown. When the request ends, whatever text
         the detokenizer and the stop matcher still hold is released in the same output.
+        appended: the token is already seq's last (S16's async loop appends a step's tokens
+        before the next step is launched, and turns them into text while it runs).
         """
-        seq.append(token)
+        if not appended:
+            seq.append(token)
         if token not in seq.eos_ids and token not in seq.stop_token_ids:
             delta = self.filter_text(seq, seq.detokenizer.feed(token))
         else:

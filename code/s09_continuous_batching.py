@@ -30,7 +30,7 @@ What is new since S08
     - `Request` (vLLM's): the id, Part I's `Sequence` (`seq`), arrival, priority, cache_salt,
       status (`RequestStatus`: waiting, running, preempted, finished), num_computed_tokens
       (written by the scheduler only), num_preemptions, num_cached_tokens, block_hashes.
-      Later chapters use these fields; none adds one.
+      Later chapters use these fields and add few (S15's drafts, S16's placeholders).
     - One bad request fails alone: a row S04's sampler refuses (NaN or +inf logits, a
       penalty pushed past float32's range) ends that request with finish_reason "abort" and
       the error on its output (`RequestOutput.error`, a ParameterError naming the request's
@@ -46,7 +46,8 @@ What it does not handle yet
     in one piece (S11 chunks it). Each slot holds max_context positions whatever the request
     needs (S12 pages KV in blocks). The engine is not thread-safe: one thread owns it (S19).
     The step is synchronous: the next plan waits for the model's output (vLLM's default since
-    v0.14 plans one step ahead: async scheduling, the chapter's exercise 1).
+    v0.14 plans one step ahead: async scheduling, the chapter's exercise 1, and S16's loop
+    around this engine, code/s16_async.py).
 
 Run it
     python code/s09_continuous_batching.py                          # 8 corpus prompts, staggered
@@ -82,6 +83,7 @@ import os
 # (set OPENBLAS_NUM_THREADS in the environment to choose another count).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import functools
 import sys
 import time
 import weakref
@@ -189,13 +191,19 @@ class StepResult:
     wall seconds of the whole step; num_accepted_tokens, {request id: its draft tokens the
     rejection sampler accepted} for each request that verified drafts (S15; the drafts are
     `plan.scheduled_spec_decode_tokens`). req_ids, num_tokens and model_s are the run's (the
-    requests that sampled, in batch order; tokens computed; seconds of the model call)."""
+    requests that sampled, in batch order; tokens computed; seconds of the model call).
+    times: the step's phases as `time.perf_counter()` readings, {phase: (start, end)} for
+    "propose" (S15), "schedule", "model" (the runner's execute_model, batch preparation
+    included: `run.prepare_s`), "sample", "postprocess" (text and stop rules) and "update"
+    (the scheduler told), each present when the phase ran; S16's profiler reads them. The
+    engine takes them whatever observes it: a clock reading costs well under a microsecond."""
 
     plan: SchedulerOutput
     run: object
     outputs: list[RequestOutput]
     step_s: float
     num_accepted_tokens: dict[str, int] = field(default_factory=dict)
+    times: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def req_ids(self) -> list[str]:
@@ -208,6 +216,22 @@ class StepResult:
     @property
     def model_s(self) -> float:
         return 0.0 if self.run is None else self.run.model_s
+
+
+def timed(phase: str):
+    """A decorator for an engine method that is one phase of a step: the call's
+    `time.perf_counter()` readings (start, end) go into the step's `_times[phase]`
+    (`StepResult.times`), whether it returns or raises."""
+    def wrap(method):
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._times[phase] = (start, time.perf_counter())
+        return run
+    return wrap
 
 
 class LLMEngine:
@@ -245,6 +269,7 @@ class LLMEngine:
         self._made = weakref.WeakSet()           # requests made, not yet queued
         self._next_id = 0
         self._arrivals = 0
+        self._times: dict[str, tuple[float, float]] = {}   # this step's phases (StepResult)
 
     @property
     def model(self) -> s06.TorchTransformer:
@@ -355,9 +380,7 @@ class LLMEngine:
         tokens or an observer raises, the plan is reverted (KV as before) and nothing is lost:
         the outputs wait for the next step."""
         start = time.perf_counter()
-        if self.proposer is not None:
-            self._propose()                               # draft tokens to verify (S15)
-        plan = self.scheduler.schedule()                  # who runs, and how many tokens each
+        plan = self._schedule()            # S15's drafts, then who runs and how many tokens
         outputs, self._pending, self._pending_ids = self._pending, [], set()
         for rid in plan.finished_ids:                     # ended by the KV capacity (S10)
             outputs.append(self._end(self.requests.pop(rid), s01.FINISH_LENGTH))
@@ -381,9 +404,11 @@ class LLMEngine:
                 for rid, a in accepted.items()})                   # rejected: rolled back
             for rid in finished:
                 del self.requests[rid]
+            self._times["update"] = (self._times["postprocess"][1], time.perf_counter())
         if self.proposer is not None:
             self.proposer.release(set(self.requests))     # S15: drafts' state of the gone
-        result = StepResult(plan, run, outputs, time.perf_counter() - start, accepted)
+        result = StepResult(plan, run, outputs, time.perf_counter() - start, accepted,
+                            self._times)
         try:
             for observer in self.observers:
                 observer.on_step(self, result)
@@ -392,14 +417,26 @@ class LLMEngine:
             raise
         return outputs
 
+    def _schedule(self) -> SchedulerOutput:
+        """The step's plan: S15's proposer drafts first (when there is one), then the
+        scheduler plans. Starts the step's phase readings (`StepResult.times`)."""
+        self._times = {}
+        if self.proposer is not None:
+            self._propose()                               # draft tokens to verify (S15)
+        start = time.perf_counter()
+        plan = self.scheduler.schedule()
+        self._times["schedule"] = (start, time.perf_counter())
+        return plan
+
     def _execute(self, plan: SchedulerOutput):
-        """The runner's `execute_model`, with `run.model_s` set (wall seconds; with
-        sync_timing the device's work is waited for)."""
+        """The runner's `execute_model`, with `run.model_start` (a perf_counter reading) and
+        `run.model_s` set (wall seconds; with sync_timing the device's work is waited for)."""
         start = time.perf_counter()
         run = self.runner.execute_model(plan, self.requests)
         if self.config.sync_timing:
             s06.synchronize(self.model.device)
-        run.model_s = time.perf_counter() - start
+        run.model_start, run.model_s = start, time.perf_counter() - start
+        self._times["model"] = (start, start + run.model_s)
         return run
 
     def _hold(self, outputs: list[RequestOutput], first: bool = False) -> None:
@@ -411,6 +448,7 @@ class LLMEngine:
             self._pending += outputs
         self._pending_ids.update(o.request_id for o in outputs)
 
+    @timed("sample")
     def _draw(self, run) -> tuple[list[Request], list[list[int] | None],
                                   dict[int, ParameterError]]:
         """The tokens of each sampling row: (the rows' requests, their new tokens, the
@@ -446,6 +484,7 @@ class LLMEngine:
         return {request.request_id: len(new) - 1 for request, new, d in zip(
             requests, tokens, run.num_draft_tokens) if d and new is not None}
 
+    @timed("propose")
     def _propose(self) -> None:
         """S15: the proposer's draft tokens for every running request whose next step is a
         decode (its prompt computed, its last token not), at most the proposer's
@@ -468,22 +507,26 @@ class LLMEngine:
         room = self.max_context - request.num_tokens
         return max(0, min(self.proposer.num_speculative_tokens, left - 1, room - 1))
 
+    @timed("postprocess")
     def _finish_rows(self, run, requests: list[Request], tokens: list[list[int] | None],
-                     errors: dict[int, ParameterError], start: float) -> list[RequestOutput]:
+                     errors: dict[int, ParameterError], start: float,
+                     appended: bool = False) -> list[RequestOutput]:
         """Part I's postprocess for each token a row drew, in order (text, stop rules),
         until one ends the request: the tokens after it are dropped (S15: an EOS, a stop
         string or max_tokens inside a run of accepted drafts), with their logprobs. One
         output per row, its tokens and text joined; a refused row ends its request ("abort",
-        with the error). Part I's per-request `Stats` get the step's times."""
+        with the error). Part I's per-request `Stats` get the step's times. appended: each
+        row's one token is already its last (S16's async loop)."""
         outputs = []
         for i, (request, new) in enumerate(zip(requests, tokens)):
             if new is None:
                 outputs.append(self._end(request, FINISH_ABORT, errors[i]))
                 continue
-            seq, before, deltas = request.seq, len(request.output_ids), []
-            seq.stats.context_lens.append(request.num_tokens)      # one pass, however many
+            seq, deltas = request.seq, []
+            before = len(request.output_ids) - (len(new) if appended else 0)
+            seq.stats.context_lens.append(before + len(request.prompt_ids))   # one pass
             for token in new:
-                out = self.processor.postprocess(seq, token)
+                out = self.processor.postprocess(seq, token, appended)
                 deltas.append(out.text_delta)
                 if seq.finished:
                     break

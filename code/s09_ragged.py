@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -243,13 +244,17 @@ class ModelRunnerOutput:
     device, their raw logits in that order (with speculative decoding, S15: 1 +
     num_draft_tokens[i] rows for request i, one per position it verifies, then its bonus
     position); num_tokens, the tokens the step computed; model_s, wall seconds of the run
-    (the engine sets it); num_draft_tokens, per request in req_ids (empty: none drafted)."""
+    (the engine sets it, and model_start, the perf_counter reading it began at);
+    num_draft_tokens, per request in req_ids (empty: none drafted); prepare_s, wall seconds
+    of the host's batch preparation inside the run (`prepare_inputs`: S16's profiler)."""
 
     req_ids: list[str]
     logits: torch.Tensor
     num_tokens: int
     model_s: float = 0.0
     num_draft_tokens: list[int] = field(default_factory=list)
+    prepare_s: float = 0.0
+    model_start: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,7 +333,9 @@ class RaggedRunner:
     @torch.inference_mode()
     def execute_model(self, plan, requests: Mapping) -> ModelRunnerOutput:
         """Run the plan: the logits of the rows that sample (see the class docstring)."""
+        start = time.perf_counter()
         order, batch = self.prepare_inputs(plan, requests)
+        prepare_s = time.perf_counter() - start
         assert max(batch.context_lens) <= self.cache.max_seq_len, "the scheduler stops it there"
         if self.batch_invariant:
             logits = self._requests_alone(plan, requests, order, batch)
@@ -336,7 +343,8 @@ class RaggedRunner:
             logits = self.forward(batch)
         sampled = [b for b, s in enumerate(batch.samples) if s]
         return ModelRunnerOutput([order[b] for b in sampled], logits, batch.num_tokens,
-                                 num_draft_tokens=[batch.num_draft_tokens[b] for b in sampled])
+                                 num_draft_tokens=[batch.num_draft_tokens[b] for b in sampled],
+                                 prepare_s=prepare_s)
 
     def forward(self, batch: RaggedBatch) -> torch.Tensor:
         """The fast mode: the N tokens through S06's layer code together (`qkv`, `finish`:

@@ -87,7 +87,9 @@ class Request:
     (S15; empty before), and spec_draft_probs the distributions they were drawn from, float32
     (len(spec_token_ids), V) on the device, or None for drafts drawn deterministically
     (n-gram lookup, a greedy draft): written by the engine from its proposer, read and
-    cleared by the scheduler (vLLM's `Request.spec_token_ids`).
+    cleared by the scheduler (vLLM's `Request.spec_token_ids`). num_output_placeholders: the
+    tokens a step in flight will sample for it, counted in num_tokens before they are known
+    (S16's async scheduling; 0 otherwise; vLLM's name).
     Raises ParameterError for a priority that is not an int or a bad cache_salt.
     """
 
@@ -103,6 +105,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)
     spec_draft_probs: object = None
+    num_output_placeholders: int = 0
 
     def __post_init__(self) -> None:
         if not s01.is_int(self.priority):
@@ -135,12 +138,13 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.seq.token_ids)
+        """Prompt and output tokens, with the output tokens still in flight (S16)."""
+        return len(self.seq.token_ids) + self.num_output_placeholders
 
     @property
     def num_tokens_with_spec(self) -> int:
         """Tokens with the draft tokens to verify (S15): what a running request computes up to."""
-        return len(self.seq.token_ids) + len(self.spec_token_ids)
+        return self.num_tokens + len(self.spec_token_ids)
 
     @property
     def params(self):

@@ -6,7 +6,8 @@ What is new since S11
     the keys and values there and runs the model against them.
 
     - `PagedKVCache`: k, v (L, num_blocks, block_size, Hkv, D), zeroed; block 0 (the null
-      block) is never written, and a block is zeroed again when it is handed out
+      block) holds no request's keys and is only ever read under a mask (S16's padded rows
+      write finite values into it), and a block is zeroed again when it is handed out
       (`zero_blocks`, the plan's new_block_ids).
     - `PagedRunner`: S09's `RaggedRunner` with its KV seams going through the block tables.
       Every step's plan carries each scheduled request's block table (the manager's); the

@@ -9,8 +9,9 @@ What is new since S11
     - `BlockPool`: the blocks (`KVCacheBlock`: block_id, ref_cnt), a free queue
       (`FreeBlockQueue`: allocation takes from the front, a freed block goes to the back, so
       the front is always the block freed longest ago) and reference counts. Block 0 is the
-      null block (vLLM's `null_block`): never handed out, never written, so it stays zeros, and
-      the padded entries of a block table point at it. So a pool of num_blocks has
+      null block (vLLM's `null_block`): never handed out, so no request's keys live there
+      (here it stays zeros; S16's padded rows write finite values into it, only ever read
+      under a mask), and the padded entries of a block table point at it. So a pool of num_blocks has
       num_blocks - 1 usable blocks.
     - `KVCacheManager`: S10's `TokenKVPool` interface (`allocate_slots(request, n)` all or
       nothing, `free(request)`, `trim`, `check_fits`, `num_used_tokens`, `num_free_tokens`,

@@ -738,7 +738,12 @@ def fused_support(scheme: str, shape: tuple[int, int], device: str | torch.devic
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """t, or a fresh copy (torch allocates 64-byte aligned) where t starts off a 64-byte
     boundary: a contiguous view with an offset would make the CPU int8 kernel's aligned
-    loads fault."""
+    loads fault. Inside torch.compile (S16) there is no address to test while tracing, and
+    none is needed: t is then the fresh output of the cast before it, which inductor
+    allocates whole from torch's allocator (its default plan reuses whole buffers, never at
+    an offset)."""
+    if torch.compiler.is_compiling():
+        return t
     return t.clone() if t.numel() and t.data_ptr() % 64 else t
 
 
