@@ -51,6 +51,14 @@ What is new since S13
       so a chunk may carry several tokens; the server already counts tokens, not steps (usage,
       logprobs and their text offsets, stop strings are the engine's), so its answers are
       the same, only sooner.
+    - --compile, --cuda-graphs, --cudagraph-capture-sizes and --async-scheduling build the
+      served engine through S16's `build_engine` over whichever of the above is served
+      (`host_builder`): static decode steps in batch-size buckets, compiled (every bucket at
+      start up, before the server listens) or captured in CUDA graphs, and the engine stepped
+      one plan ahead (`s16_async.AsyncLLMEngine`: the engine thread calls its `step`, `abort`
+      and `add_request` as the plain engine's; its forward runs on a worker thread, which
+      `EngineLoop.stop` ends). The answers are the same; S16 refuses --async-scheduling with
+      --speculative, and static steps with S14's 8-bit KV cache.
 
 What it does not handle yet
     One model, one engine thread, one process: the engine's steps and the server's JSON work
@@ -67,6 +75,7 @@ Run it
     python code/s19_server.py --quantize int8 --kv-cache-dtype int8   # S14's 8-bit weights, KV
     python code/s19_server.py --speculative ngram --num-speculative-tokens 4    # S15
     python code/s19_server.py --speculative draft --draft-model int4  # S15, an int4 copy drafts
+    python code/s19_server.py --async-scheduling --compile     # S16 (compiles at start up)
     curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
         -d '{"model": "bundled", "prompt": "ROMEO.\n", "max_tokens": 20, "stream": true}'
     python benchmarks/bench_s19_server.py --quick   # TTFT / ITL over HTTP vs in-process
@@ -85,6 +94,10 @@ Tests
     with logprobs and a stop string, from a server started by `main` with --speculative ngram
     and with --speculative draft --draft-model int4, equal to the plain engine's; several
     tokens per chunk; every bad flag combination a usage error naming its rule.
+    tests/test_s19_host_flags.py: S16's flags: a server started by `main` with
+    --async-scheduling (and one with --compile --cudagraph-capture-sizes 1 2) answers greedy
+    completions and chat, streaming and not, as the plain engine does; a disconnect aborts;
+    its worker thread stops with the server; every bad flag combination a usage error.
     tests/test_s19_protocol.py: the protocol alone (fields into SamplingParams, templates,
     refusals, the chunk formats).
 
@@ -136,6 +149,8 @@ import s13_prefix_caching as s13
 import s14_kv_cache
 import s14_quantization as s14
 import s15_speculative as s15
+import s16_host
+import s16_static
 import s19_protocol as proto
 from s01_generation_loop import ParameterError
 from s19_protocol import APIError, Delta
@@ -151,7 +166,11 @@ FLAGS = {"scheme": "--quantize", "group_size": "--group-size", "symmetric": "--q
          "path": "--quantize", "kv_cache_dtype": "--kv-cache-dtype",     # S14's names -> flags
          "speculative": "--speculative", "num_speculative_tokens": "--num-speculative-tokens",
          "prompt_lookup_min": "--prompt-lookup-min", "prompt_lookup_max": "--prompt-lookup-max",
-         "draft_model": "--draft-model"}                                 # S15's
+         "draft_model": "--draft-model",                                 # S15's
+         "compile": "--compile", "cuda_graphs": "--cuda-graphs",         # S16's
+         "async_scheduling": "--async-scheduling",
+         "cudagraph_capture_sizes": "--cudagraph-capture-sizes",
+         "executor_backend": "--executor-backend"}
 JSON_MEDIA_TYPE = "application/json"
 MAX_BODY_BYTES = 4 * 2**20       # a larger request body is a 413, unread
 OFF_LOOP_BYTES = 64 * 2**10      # a larger body is parsed and tokenized in a worker thread
@@ -201,6 +220,17 @@ def speculative_builder(base=None):
     return functools.partial(s15.build_engine, builder=ENGINE_BUILDER if base is None else base)
 
 
+def host_builder(base=None):
+    """S16's `build_engine` over `base` (default ENGINE_BUILDER; S14's or S15's over it when
+    those flags are given), as a builder for `make_engine`: its options (compile, cuda_graphs,
+    async_scheduling, cudagraph_capture_sizes) go to S16, the rest to the base. With
+    async_scheduling the engine is an `s16_async.AsyncLLMEngine`: the same `step`, `abort`,
+    `add_request` the engine thread calls, with the next step planned while the forward runs
+    on a worker thread (stopped with the engine loop)."""
+    return functools.partial(s16_host.build_engine,
+                             builder=ENGINE_BUILDER if base is None else base)
+
+
 # ---------------------------------------------------------------------------------------------
 # The engine loop: one thread owns the engine
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +276,9 @@ class EngineLoop:
     item its sink is dropped; an aborted request's last output is dropped too (nobody is
     listening). An output with an `error` (its row refused) becomes an EngineFailure for that
     request alone. A step that raises fails the requests it scheduled (it learns them as an
-    observer, `on_plan`: one tuple kept per step, no trace). `start()` / `stop()` / `alive`;
+    observer, `on_plan`: one tuple kept per step, no trace). `start()` / `stop()` (which, once
+    the thread has ended, also stops what the engine runs beside it: S16's async worker thread
+    or worker process) / `alive`;
     `steps` counts engine steps, `failed_steps` the ones that raised.
     """
 
@@ -282,6 +314,12 @@ class EngineLoop:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():     # a step still running: it owns the engine
+                log.warning("the engine thread did not stop in %.0f s", timeout)
+                return
+        # what the engine runs beside it (S16: the async loop's worker thread, a worker
+        # process), stopped once no step can use it
+        s16_host.shutdown_engine(self.engine)
 
     def _command(self, fn: Callable[[], None]) -> None:
         with self._cond:
@@ -815,7 +853,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Chapter 19: an OpenAI-compatible streaming server over the step engine "
                     f"({builder_name()}: S13's prefix caching over S12's paged KV and S11's "
                     "chunked prefill; S14's with --quantize / --kv-cache-dtype; S15's "
-                    "speculative decoding over it with --speculative).")
+                    "speculative decoding over it with --speculative; S16's static, compiled "
+                    "or graph-captured decode steps and async scheduling with --compile, "
+                    "--cuda-graphs, --async-scheduling).")
     parser.add_argument("--model", default=None,
                         help="checkpoint directory, or a Hugging Face hub id when it is not a "
                              "directory (default: the bundled model)")
@@ -849,6 +889,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "= the model's dtype, int8 and fp8 one byte per value with "
                              "their scales (default: %(default)s)")
     s15.add_speculative_arguments(parser)   # S15: --speculative, --num-speculative-tokens, ...
+    # S16: --compile, --cuda-graphs, --cudagraph-capture-sizes, --async-scheduling
+    s16_host.add_technique_arguments(parser, static_decode=False)
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=1,
@@ -868,6 +910,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     s15.check_speculative_arguments(parser, args)   # the rules that need no model
     speculative = s15.speculative_options(args)
     quantized = args.quantize is not None or args.kv_cache_dtype != "auto"
+    s16_host.check_technique_arguments(parser, args)   # S16's rules that need no model
+    static = args.compile or args.cuda_graphs
+    if args.async_scheduling and speculative:
+        parser.error("--async-scheduling does not run with --speculative: the proposer drafts "
+                     "from the tokens of the step in flight, which are not sampled yet when "
+                     "the next step is planned; drop one of them")
+    if static and args.kv_cache_dtype != "auto":
+        parser.error(f"--compile and --cuda-graphs write the float KV pool; --kv-cache-dtype "
+                     f"{args.kv_cache_dtype} (S14's 8-bit pool) runs eagerly only: drop one "
+                     "of them")
+    host = (s16_host.technique_options(args)
+            if static or args.async_scheduling or args.executor_backend != "uni" else {})
     import torch
     torch.set_num_threads(args.threads)
     try:
@@ -878,8 +932,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         base = QUANTIZED_BUILDER if quantized else ENGINE_BUILDER
         # S15's build_engine over it when --speculative: the draft loaded, then the base built
         builder = speculative_builder(base) if speculative else base
+        # S16's over either when asked: static decode steps, then the async loop around it
+        builder = host_builder(builder) if host else builder
         engine = make_engine(model, tokenizer, args.max_num_seqs, args.max_num_batched_tokens,
-                             args.max_context, builder=builder, **s14_options, **speculative)
+                             args.max_context, builder=builder, **s14_options, **speculative,
+                             **host)
     except ParameterError as err:            # named by the flag that set the parameter
         flag = FLAGS.get(err.parameter)
         parser.error(f"{flag}: {err}" if flag else str(err))
@@ -892,11 +949,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         f", KV cache {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else "")
     if speculative:
         formats += f", speculative {describe_speculation(engine)}"
+    if host:
+        formats += f", {s16_host.describe_techniques(engine)}"
     print(f"serving {name} ({model.config.model_type}, "
           f"{s03.parameter_count(model.config):,} parameters{formats}, "
           f"{builder_name(builder)}, context "
           f"{engine.max_context}, chat template {template.name}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)
+    runner = engine.runner
+    if isinstance(runner, s16_static.StaticDecodeRunner) and runner.compile and not runner.graphs:
+        # every bucket compiled now, not on the first requests that need it (vLLM compiles and
+        # captures at start up too; CUDA graphs were captured, compiled, when it was built)
+        print(f"compiling the decode step for buckets {', '.join(map(str, runner.sizes))} ...",
+              flush=True)
+        try:
+            times = runner.warmup()
+        except Exception as err:         # inductor's own failure: said in one line, no trace
+            parser.error(f"--compile: compiling the decode step failed "
+                         f"({type(err).__name__}: {str(err).strip().splitlines()[0][:300]})")
+        print(f"compiled in {sum(times.values()):.1f} s", flush=True)
     uvicorn.run(build_app(engine, tokenizer, name, template), host=args.host, port=args.port,
                 log_level="info")
 

@@ -10,25 +10,32 @@
 # budget, key figures; rewritten after every part, so it is there whatever stops the run), and
 # one JSON per benchmark (bandwidth.json, bench_s06.json, bench_s08.json, bench_s09.json,
 # bench_s12.json, bench_s14.json, bench_s15.json; each rewritten after every row, so a part
-# stopped at its budget keeps what it measured). On a machine without a CUDA device it says
-# so, writes versions.json and summary.json (status "no_device") and exits 0.
+# stopped at its budget keeps what it measured; and bench_s16.json, S16's benchmark's). On a
+# machine without a CUDA device it says so, writes versions.json and summary.json (status
+# "no_device") and exits 0.
 #
 # Parts and their budgets in seconds (each under its own `timeout`; none runs past the total,
 # GPU_CHECK_BUDGET_S, default 480, so the whole check ends within 8 minutes):
 #   versions     40   scripts/gpu_check_report.py versions: what is installed, the device
 #   bandwidth    25   benchmarks/gpu_bench.py bandwidth: device-to-device copy, bf16 matmul
 #   pytest_gpu  120   python -m pytest -m gpu over the test files that use the marker
-#   s06          60   S06's engine against HF generate(), bf16, batch 1, Qwen3-0.6B shape
-#   s08          65   S08's static batches against HF's padded generate(), B = 1 .. 64
-#   s09          40   S09's continuous batching against S08's static batches, mixed lengths
-#   s12          30   S12's paged decode against S09's contiguous slots
-#   s14          50   S14's int8 / int4 fused GEMVs and batch-1 decode against bf16
-#   s15          40   S15's speculative decoding, batch 1: plain vs n-gram vs an int4 draft
+#                     (S16's compiled and CUDA-graph tests in tests/test_s16_static.py too)
+#   s06          47   S06's engine against HF generate(), bf16, batch 1, Qwen3-0.6B shape
+#   s08          51   S08's static batches against HF's padded generate(), B = 1 .. 64
+#   s09          32   S09's continuous batching against S08's static batches, mixed lengths
+#   s12          24   S12's paged decode against S09's contiguous slots
+#   s14          39   S14's int8 / int4 fused GEMVs and batch-1 decode against bf16
+#   s15          32   S15's speculative decoding, batch 1: plain vs n-gram vs an int4 draft
+#   s16          60   S16's benchmark (benchmarks/bench_s16_host.py --quick): eager vs static
+#                     vs compiled vs CUDA-graph decode steps, async scheduling
 # The budgets add up to the default total less 10 s (the grace a part's KILL may take), so
 # each part gets its whole budget even when every part before it used all of its own (tests/
-# test_gpu_check.py checks this sum). A smaller GPU_CHECK_BUDGET_S cuts the last parts: each
-# gets at most what is left, and one that would start with under 15 s left is skipped, said
-# in the summary.
+# test_gpu_check.py checks this sum). S16's 60 s came from the six benchmark parts before it,
+# in proportion to their budgets (285 s became 225 s; a benchmark told a smaller --budget-s
+# leaves out rows, while pytest_gpu, which now also compiles S16's steps, and the fixed
+# costs of versions and bandwidth kept theirs). A smaller GPU_CHECK_BUDGET_S cuts the last
+# parts: each gets at most what is left, and one that would start with under 15 s left is
+# skipped, said in the summary.
 # A benchmark is told its budget less 10 s (--budget-s) and leaves out the rows that would
 # not fit; `timeout` stops a part still running at its budget (a benchmark with TERM, pytest
 # with INT so that it still reports the tests it ran; KILL 10 s later).
@@ -42,7 +49,9 @@
 # machine without CUDA included), 1 otherwise, 2 for a usage error.
 #
 # A chapter that adds a GPU benchmark adds its part to benchmarks/gpu_bench.py and one line
-# below; a test marked `gpu` is picked up by the marker, with no change here.
+# below; a test marked `gpu` is picked up by the marker, with no change here. S16's benchmark
+# is its own script (S16_BENCH below: its flags in one place), run with --device cuda (cpu
+# under GPU_CHECK_CPU=1) and --json; it has no --budget-s, so `timeout` alone bounds it.
 set -u
 
 if [ $# -ne 1 ] || [ "${1#-}" != "$1" ]; then
@@ -60,6 +69,7 @@ TOTAL_BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 REPORT=(scripts/gpu_check_report.py)
 BENCH=(benchmarks/gpu_bench.py)
+S16_BENCH=(benchmarks/bench_s16_host.py --quick)     # the s16 part's command, less device, json
 
 main() {
     cd "$ROOT" || return 1
@@ -89,15 +99,16 @@ main() {
     local cuda torch_ok
     cuda=$(field versions.json cuda.available)
     torch_ok=$(field versions.json cuda.importable)
-    local device_args=()
+    local device_args=() s16_device=(--device cuda)
     if [ "${GPU_CHECK_CPU:-0}" = "1" ]; then
         echo "GPU_CHECK_CPU=1: a rehearsal on the CPU, tiny model, figures meaningless"
         device_args=(--device cpu --shape tiny)
+        s16_device=(--device cpu)
     elif [ "$cuda" != "True" ]; then
         local why="torch $(field versions.json cuda.torch) sees none"
         [ "$torch_ok" = "True" ] || why="torch is not importable with $PYTHON"
         echo "no CUDA device: nothing to check ($why)"
-        for part in bandwidth pytest_gpu s06 s08 s09 s12 s14 s15; do
+        for part in bandwidth pytest_gpu s06 s08 s09 s12 s14 s15 s16; do
             record "$part" skipped "no CUDA device ($why)" 0 "" ""
         done
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -139,17 +150,20 @@ main() {
     fi
 
     if [ "$(field versions.json modules.transformers.found)" != "True" ]; then
-        for part in s06 s08 s09 s12 s14 s15; do
+        for part in s06 s08 s09 s12 s14 s15 s16; do
             record "$part" skipped "transformers is not installed: no random model to build" 0 "" ""
         done
     else
         local bw=(--bandwidth-json "$OUTDIR/bandwidth.json" "${device_args[@]}")
-        bench s06 60 "${bw[@]}"
-        bench s08 65 "${bw[@]}"
-        bench s09 40 "${bw[@]}"
-        bench s12 30 "${bw[@]}"
-        bench s14 50 "${bw[@]}"
-        bench s15 40 "${device_args[@]}"   # measures no bandwidth: no --bandwidth-json
+        bench s06 47 "${bw[@]}"
+        bench s08 51 "${bw[@]}"
+        bench s09 32 "${bw[@]}"
+        bench s12 24 "${bw[@]}"
+        bench s14 39 "${bw[@]}"
+        bench s15 32 "${device_args[@]}"   # measures no bandwidth: no --bandwidth-json
+        # S16's benchmark, its own script; its GPU tests ran in pytest_gpu (the marker)
+        run_part s16 60 bench_s16.json TERM "$PYTHON" "${S16_BENCH[@]}" "${s16_device[@]}" \
+            --json "$OUTDIR/bench_s16.json"
     fi
 
     local total=$((SECONDS - START))

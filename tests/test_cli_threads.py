@@ -72,6 +72,7 @@ COUNTS = {   # benchmark: (one of its count flags, the upper bound it states)
     "bench_s12_paged_attention": ("--requests", 1000),
     "bench_s13_prefix_caching": ("--turns", 64),
     "bench_s14_quantization": ("--tokens", 512),
+    "bench_s16_host": ("--rounds", 20),
     "bench_s19_server": ("--requests", 4096),
     "bench_s19_split": ("--requests", 4096),
 }
