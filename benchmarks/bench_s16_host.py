@@ -482,8 +482,8 @@ def print_rows(title: str, rows: dict, per_op_s: float | None = None) -> None:
 
 ROWS_LEGEND = ("  (step: median wall ms per engine.step(); fwd: the forward, the profiler's; "
                "host = step - fwd (async: the host work the forward does not hide); ops: one "
-               "counting step (synchronous in-process eager loops only); static: forwards the static runner ran / "
-               "forwards in the rounds)")
+               "counting step (synchronous in-process eager loops only); static: forwards "
+               "the static runner ran / forwards in the rounds)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -310,7 +310,8 @@ def check_technique_arguments(parser, args) -> None:
 
 def technique_options(args) -> dict:
     """`build_engine`'s compile, cuda_graphs, async_scheduling, cudagraph_capture_sizes and
-    executor_backend from the flags; with --static-decode alone, a `static_builder` as its builder."""
+    executor_backend from the flags; with --static-decode alone, a `static_builder` as its
+    builder."""
     options = dict(compile=args.compile, cuda_graphs=args.cuda_graphs,
                    async_scheduling=args.async_scheduling,
                    cudagraph_capture_sizes=args.cudagraph_capture_sizes,

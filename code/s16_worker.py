@@ -126,11 +126,11 @@ class ProcessRunner:
 
     runner: the engine's in-process runner (S12's `PagedRunner`; a `StaticDecodeRunner` is
     rebuilt in the worker from its inner runner and its options). max_rows: the most logits
-    rows a step returns (max_num_batched_tokens covers any step). threads: torch threads in the
-    worker. `submit(plan, requests)` launches a step and returns a handle whose `result()` is
-    its `ModelRunnerOutput` (logits a view of a shared buffer, valid until the step after the
-    next is submitted: the worker writes that buffer while it runs); `execute_model` does both. One step in flight at a time; call from one
-    thread. Raises ParameterError for the batch-invariant mode and for a runner it cannot send;
+    rows a step returns (max_num_seqs x (1 + drafts)). threads: torch threads in the worker.
+    `submit(plan, requests)` launches a step and returns a handle whose `result()` is its
+    `ModelRunnerOutput` (logits a view of a shared buffer, valid until the step after the next
+    is submitted: the worker writes that buffer while it runs); `execute_model` does both.
+    One step in flight at a time; call from one thread. Raises ParameterError for the batch-invariant mode and for a runner it cannot send;
     WorkerError when the worker fails to start or a step fails there (the worker keeps
     running after a failed step, and when it has stopped or died: build a new engine then).
     A step abandoned before its result was taken (an exception, Ctrl-C while waiting) is
