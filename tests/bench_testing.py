@@ -1,9 +1,13 @@
 """What the benchmark tests share: a benchmark script imported as a module (benchmarks/ is not
-a package), and its usage errors caught before any work starts."""
+a package), its usage errors caught before any work starts, and one --quick run into a
+scratch file that must leave the committed record alone."""
 from __future__ import annotations
 
 import importlib.util
+import io
+import json
 import sys
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -33,3 +37,16 @@ def usage_error(bench, argv, capsys, monkeypatch) -> str:
         bench.main(argv)
     assert stop.value.code == 2
     return " ".join(capsys.readouterr().err.split())
+
+
+def quick_run(bench, out: Path, record: Path, *extra: str) -> tuple[dict, object, str]:
+    """bench.main(["--quick", "--json", out, *extra]) with its printout captured: (the JSON
+    it wrote, what main returned, the printout). Asserts the committed record was not
+    touched (a trial run never overwrites it)."""
+    before = record.stat().st_mtime_ns if record.exists() else None
+    text = io.StringIO()
+    with redirect_stdout(text):
+        returned = bench.main(["--quick", "--json", str(out), *extra])
+    after = record.stat().st_mtime_ns if record.exists() else None
+    assert before == after, "--quick must not touch the committed record"
+    return json.loads(out.read_text()), returned, text.getvalue()

@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from bench_testing import import_benchmark, usage_error
+from bench_testing import import_benchmark, quick_run, usage_error
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "chapters" / "figures" / "s15_speculative.json"
@@ -84,15 +84,7 @@ def test_shares_of_sums_over_requests(bench):
 @pytest.fixture(scope="module")
 def quick(bench, tmp_path_factory):
     out = tmp_path_factory.mktemp("s15_bench") / "quick.json"
-    before = RECORD.stat().st_mtime_ns if RECORD.exists() else None
-    import io
-    from contextlib import redirect_stdout
-    text = io.StringIO()
-    with redirect_stdout(text):
-        returned = bench.main(["--quick", "--json", str(out)])
-    after = RECORD.stat().st_mtime_ns if RECORD.exists() else None
-    assert before == after, "--quick must not touch the committed record"
-    return json.loads(out.read_text()), returned, text.getvalue(), bench
+    return (*quick_run(bench, out, RECORD), bench)
 
 
 def test_quick_run_prints_every_section_and_no_verdict(quick):

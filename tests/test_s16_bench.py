@@ -14,16 +14,14 @@ stores no verdict. No measured speed is asserted.
 """
 from __future__ import annotations
 
-import io
 import json
 import math
 import statistics
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
 import torch
-from bench_testing import import_benchmark, usage_error
+from bench_testing import import_benchmark, quick_run, usage_error
 
 import s03_checkpoint
 import s03_transformer as s03
@@ -104,13 +102,7 @@ def test_an_async_variant_is_timed_against_its_synchronous_twin(bench):
 @pytest.fixture(scope="module")
 def quick(bench, tmp_path_factory):
     out = tmp_path_factory.mktemp("s16_bench") / "quick.json"
-    before = RECORD.stat().st_mtime_ns if RECORD.exists() else None
-    text = io.StringIO()
-    with redirect_stdout(text):
-        returned = bench.main(["--quick", "--json", str(out)])
-    after = RECORD.stat().st_mtime_ns if RECORD.exists() else None
-    assert before == after, "--quick must not touch the committed record"
-    return json.loads(out.read_text()), returned, text.getvalue(), bench
+    return (*quick_run(bench, out, RECORD), bench)
 
 
 def test_quick_run_prints_every_section_and_no_verdict(quick):
