@@ -32,8 +32,9 @@ What is new since S11
       enable_kv_cache_events) and the free blocks after it.
 
 What it does not handle yet
-    The gather copies every decoding request's keys in every layer (a paged kernel, planned for
-    S17, reads the blocks in place); blocks are not shared between requests (S13).
+    The gather copies every decoding request's keys in every layer (S17's paged kernels read
+    the blocks in place: code/s17_attention.py's attention backends); blocks are not shared
+    between requests (S13).
 
 Run it
     python code/s12_paged_attention.py --block-size 4 --num-blocks 40 --max-num-seqs 4

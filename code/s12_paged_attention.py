@@ -31,7 +31,8 @@ What it does not handle yet
     Blocks are never shared: two requests with the same prompt hold two copies (S13 hashes
     full blocks and shares them; `touch` and the reference counts are here for it). Reads
     gather each request's blocks into a contiguous copy before S06's attention, which costs
-    time and memory a fused paged kernel avoids (S17, planned). No swapping to host memory.
+    time and memory a fused paged kernel avoids (S17's "paged" and "triton" attention
+    backends). No swapping to host memory.
 
 Run it
     python code/s12_paged_attention.py --block-size 4 --num-blocks 40 --max-num-seqs 4

@@ -55,9 +55,9 @@ Which scale (measured on the bundled model, 240 and 256 tokens of Shakespeare, 1
 
 What it does not handle
     The gather dequantizes each read into a new tensor of the model's dtype (a fused kernel
-    reads the codes in place: vLLM's FlashAttention-3 fp8 path, S17). No calibration run: a
-    per-tensor scale is given by hand (kv_scale). No e5m2, no 4-bit KV, no per-channel key
-    scales (KIVI's).
+    reads the codes in place: vLLM's FlashAttention-3 fp8 path; S17's kernels read float
+    pools only). No calibration run: a per-tensor scale is given by hand (kv_scale). No e5m2,
+    no 4-bit KV, no per-channel key scales (KIVI's).
 
 Run it
     python code/s14_kv_cache.py            # bytes per token, tokens per budget, error table

@@ -59,6 +59,11 @@ What is new since S13
       and `add_request` as the plain engine's; its forward runs on a worker thread, which
       `EngineLoop.stop` ends). The answers are the same; S16 refuses --async-scheduling with
       --speculative, and static steps with S14's 8-bit KV cache.
+    - --attention-backend (gather, sdpa, paged, triton) and --num-splits build it through
+      S17's `build_engine` (`attention_builder`), inside S16's when both are given: the same
+      answers, each step's attention by S12's gather, torch's SDPA, the C kernel that reads
+      the blocks in place, or Triton's kernels (S17 refuses a kernel backend with --compile,
+      --cuda-graphs, --executor-backend mp and S14's 8-bit KV cache).
 
 What it does not handle yet
     One model, one engine thread, one process: the engine's steps and the server's JSON work
@@ -151,6 +156,7 @@ import s14_quantization as s14
 import s15_speculative as s15
 import s16_host
 import s16_static
+import s17_attention
 import s19_protocol as proto
 from s01_generation_loop import ParameterError
 from s19_protocol import APIError, Delta
@@ -170,7 +176,8 @@ FLAGS = {"scheme": "--quantize", "group_size": "--group-size", "symmetric": "--q
          "compile": "--compile", "cuda_graphs": "--cuda-graphs",         # S16's
          "async_scheduling": "--async-scheduling",
          "cudagraph_capture_sizes": "--cudagraph-capture-sizes",
-         "executor_backend": "--executor-backend"}
+         "executor_backend": "--executor-backend",
+         "attention_backend": "--attention-backend", "num_splits": "--num-splits"}  # S17's
 JSON_MEDIA_TYPE = "application/json"
 MAX_BODY_BYTES = 4 * 2**20       # a larger request body is a 413, unread
 OFF_LOOP_BYTES = 64 * 2**10      # a larger body is parsed and tokenized in a worker thread
@@ -218,6 +225,15 @@ def speculative_builder(base=None):
     several tokens (the accepted drafts and one more), and everything downstream (deltas,
     logprobs, usage, stop strings) counts tokens, not steps."""
     return functools.partial(s15.build_engine, builder=ENGINE_BUILDER if base is None else base)
+
+
+def attention_builder(base=None):
+    """S17's `build_engine` over `base` (default ENGINE_BUILDER; S14's or S15's over it when
+    those flags are given), as a builder for `make_engine`: its options (attention_backend,
+    num_splits) go to S17, the rest to the base. The answers are the same; the attention of
+    every step runs on the chosen backend."""
+    return functools.partial(s17_attention.build_engine,
+                             builder=ENGINE_BUILDER if base is None else base)
 
 
 def host_builder(base=None):
@@ -891,6 +907,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     s15.add_speculative_arguments(parser)   # S15: --speculative, --num-speculative-tokens, ...
     # S16: --compile, --cuda-graphs, --cudagraph-capture-sizes, --async-scheduling
     s16_host.add_technique_arguments(parser, static_decode=False)
+    s17_attention.add_attention_arguments(parser)   # S17: --attention-backend, --num-splits
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=1,
@@ -911,6 +928,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     speculative = s15.speculative_options(args)
     quantized = args.quantize is not None or args.kv_cache_dtype != "auto"
     s16_host.check_technique_arguments(parser, args)   # S16's rules that need no model
+    s17_attention.check_attention_arguments(parser, args)   # S17's
+    attention = ({} if args.attention_backend == "gather" and args.num_splits == 1 else
+                 dict(attention_backend=args.attention_backend, num_splits=args.num_splits))
     static = args.compile or args.cuda_graphs
     if args.async_scheduling and speculative:
         parser.error("--async-scheduling does not run with --speculative: the proposer drafts "
@@ -932,11 +952,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         base = QUANTIZED_BUILDER if quantized else ENGINE_BUILDER
         # S15's build_engine over it when --speculative: the draft loaded, then the base built
         builder = speculative_builder(base) if speculative else base
+        # S17's attention backend in its runner when asked
+        builder = attention_builder(builder) if attention else builder
         # S16's over either when asked: static decode steps, then the async loop around it
         builder = host_builder(builder) if host else builder
         engine = make_engine(model, tokenizer, args.max_num_seqs, args.max_num_batched_tokens,
                              args.max_context, builder=builder, **s14_options, **speculative,
-                             **host)
+                             **attention, **host)
     except ParameterError as err:            # named by the flag that set the parameter
         flag = FLAGS.get(err.parameter)
         parser.error(f"{flag}: {err}" if flag else str(err))
@@ -949,6 +971,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f", KV cache {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else "")
     if speculative:
         formats += f", speculative {describe_speculation(engine)}"
+    if attention:
+        formats += f", attention backend {args.attention_backend}" + (
+            f" (split-K {args.num_splits})" if args.num_splits > 1 else "")
     if host:
         formats += f", {s16_host.describe_techniques(engine)}"
     print(f"serving {name} ({model.config.model_type}, "

@@ -11,7 +11,7 @@ S06 (PyTorch, manual and SDPA attention), S08 (a static batch of one), S09 (the
 step-based engine, Part I's call as a loop over add_request / step), S10 (S09 driven by the
 scheduler, at its smallest token budget), S11 (prompts chunked 8 tokens a step), S12 (blocks
 of 4), S13 (prefix caching), S15 (S13's engine with n-gram speculative decoding, 3 drafts a
-step). Every engine is
+step), S17 (S13's engine with the paged C kernel as its attention). Every engine is
 driven through the same public call (S01's `generate(prompt, max_tokens)` and `stream`),
 with no per-engine dispatch: that they can
 all stand where the S01 engine stood is part of what is tested. Models: the tiny random GPT-2 / Qwen3 / Llama of
@@ -34,6 +34,7 @@ import s11_chunked_prefill as s11
 import s12_engine as s12
 import s13_prefix_caching as s13
 import s15_speculative as s15
+import s17_attention as s17
 from model_testing import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 from s09_llm import LLM
 
@@ -86,6 +87,11 @@ def engines(model, torch_models, tokenizer, max_context):
                                                    speculative="ngram",
                                                    num_speculative_tokens=3))
            for name, torch_model in torch_models.items()},   # n-gram drafts, 3 a step
+        **{f"s17_{name[4:]}": LLM(s17.build_engine(torch_model, tokenizer,
+                                                   attention_backend="paged",
+                                                   max_context=max_context, max_num_seqs=4,
+                                                   max_num_batched_tokens=8, block_size=4))
+           for name, torch_model in torch_models.items()},   # the C kernel reads the blocks
     }
 
 

@@ -1,5 +1,6 @@
 """Tests for S19's server with S16's flags (--async-scheduling, --compile,
---cudagraph-capture-sizes, --cuda-graphs), over real HTTP with the official `openai` client.
+--cudagraph-capture-sizes, --cuda-graphs) and S17's (--attention-backend, --num-splits), over
+real HTTP with the official `openai` client.
 
 Each server is started by `s19_server.main` itself (flags parsed, model loaded, engine built by
 S16's `build_engine` over the served builder, buckets compiled at start up), with uvicorn's
@@ -7,7 +8,8 @@ S16's `build_engine` over the served builder, buckets compiled at start up), wit
 port, as tests/test_s19_speculative.py does: one server with --async-scheduling, and one with
 --compile --cudagraph-capture-sizes 2 --async-scheduling (the compiled step run by the async
 loop's worker thread, a batch of 1 padded to 2, one of 3 eager; its one compile, of one bucket
-to keep it short, is most of this module's time). Oracle:
+to keep it short, is most of this module's time), and one with --attention-backend paged
+--async-scheduling (S17's C kernel in the runner, S16's async loop around it). Oracle:
 the plain served engine (`make_engine`, S13's, no S16 technique) run in process through S09's
 `LLM` on its own copy of the bundled model, one request at a time: the techniques change the
 cost only, so greedy text, token ids (through logprobs), logprobs, finish_reason and usage
@@ -32,6 +34,8 @@ import s06_torch as s06
 import s16_async
 import s16_host
 import s16_static
+import s17_attention
+import s17_cpu
 import s19_server as srv
 from s09_llm import LLM
 
@@ -41,9 +45,15 @@ MODEL = "bundled"
 PROMPTS = ["ROMEO.\n", "To be, or not to be", "KING HENRY.\nOnce more unto the breach"]
 COMMON = ["--threads", "1", "--device", "cpu", "--max-num-seqs", "4"]
 ARGV = {"async": ["--async-scheduling"],
-        "compiled": ["--compile", "--cudagraph-capture-sizes", "2", "--async-scheduling"]}
+        "compiled": ["--compile", "--cudagraph-capture-sizes", "2", "--async-scheduling"],
+        "paged": ["--attention-backend", "paged", "--async-scheduling"]}
 STARTED = {"async": "eager steps; async scheduling",
-           "compiled": "decode steps static in buckets 2, compiled; async scheduling"}
+           "compiled": "decode steps static in buckets 2, compiled; async scheduling",
+           "paged": "attention backend paged, eager steps; async scheduling"}
+BUILT = {"async": "s16_host.build_engine over s13_prefix_caching.build_engine",
+         "compiled": "s16_host.build_engine over s13_prefix_caching.build_engine",
+         "paged": "s16_host.build_engine over s17_attention.build_engine over "
+                  "s13_prefix_caching.build_engine"}
 WAIT_S = 30.0
 
 
@@ -83,6 +93,8 @@ def served(request):
     """(name, the server, its client, main's output), the server started by `main`."""
     if request.param == "compiled" and s16_static.find_cxx() is None:
         pytest.skip("inductor needs a C++ compiler")
+    if request.param == "paged" and s17_cpu.find_cc() is None:
+        pytest.skip("the paged CPU kernel needs a C compiler")
     app, printed = start([*ARGV[request.param], *COMMON])
     with srv.ServerThread(app) as running:
         running.loop = app.state.engine_loop
@@ -104,9 +116,13 @@ def wait_idle(server):
 def test_main_builds_s16_over_the_served_engine_and_says_so(served):
     name, server, _, printed = served
     assert STARTED[name] in printed
-    assert "s16_host.build_engine over s13_prefix_caching.build_engine" in printed
+    assert BUILT[name] in printed
     engine = server.loop.call(lambda e: e).result(WAIT_S)
     assert isinstance(engine, s16_async.AsyncLLMEngine)
+    if name == "paged":
+        runner = engine.runner
+        assert isinstance(runner, s17_attention.KernelRunner)
+        assert runner.backend.name == "paged"
     if name == "compiled":
         runner = engine.runner
         assert isinstance(runner, s16_static.StaticDecodeRunner) and runner.compile
@@ -243,6 +259,12 @@ def test_stopping_the_server_stops_the_async_worker_thread(local):
     (["--compile", "--kv-cache-dtype", "int8"],
      "--compile and --cuda-graphs write the float KV pool; --kv-cache-dtype int8"),
     (["--static-decode"], "unrecognized arguments: --static-decode"),   # the script's only
+    (["--attention-backend", "paged", "--compile"],
+     "--compile and --cuda-graphs run S16's static step, which has its own attention"),
+    (["--attention-backend", "sdpa", "--executor-backend", "mp"],
+     "--executor-backend mp runs S12's runner in the worker"),
+    (["--num-splits", "2"], "--num-splits is the triton backend's split-K"),
+    (["--attention-backend", "flash"], "argument --attention-backend: invalid choice: 'flash'"),
 ])
 def test_bad_s16_flags_are_usage_errors_before_a_model_loads(argv, message, capsys,
                                                              monkeypatch):
