@@ -177,10 +177,8 @@ def _flash_attn_varlen_kernel(
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WRITE_LSE: tl.constexpr):
     tile, b, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    # 64-bit offsets: int32 cu_seqlens times a row stride pass 2^31 past ~0.5M rows
-    q_start = tl.load(cu_q_ptr + b).to(tl.int64)
-    k_start = tl.load(cu_k_ptr + b).to(tl.int64)
-    T = tl.load(cu_q_ptr + b + 1) - q_start          # this request's new tokens
+    q_start, k_start = tl.load(cu_q_ptr + b).to(tl.int64), tl.load(cu_k_ptr + b).to(tl.int64)
+    T = tl.load(cu_q_ptr + b + 1) - q_start          # new tokens (int64 offsets: no overflow)
     S = tl.load(cu_k_ptr + b + 1) - k_start          # its keys, cached + new (S >= T)
     if tile * BLOCK_M >= T:                          # the grid is sized for the longest request
         return

@@ -10,32 +10,41 @@
 # budget, key figures; rewritten after every part, so it is there whatever stops the run), and
 # one JSON per benchmark (bandwidth.json, bench_s06.json, bench_s08.json, bench_s09.json,
 # bench_s12.json, bench_s14.json, bench_s15.json; each rewritten after every row, so a part
-# stopped at its budget keeps what it measured; and bench_s16.json, S16's benchmark's). On a
-# machine without a CUDA device it says so, writes versions.json and summary.json (status
-# "no_device") and exits 0.
+# stopped at its budget keeps what it measured; bench_s16.json, S16's benchmark's; and
+# bench_s17.json, S17's, rewritten after each of its parts, with pytest_s17.xml, its tests'
+# JUnit report). On a machine without a CUDA device it says so, writes versions.json and
+# summary.json (status "no_device") and exits 0.
 #
 # Parts and their budgets in seconds (each under its own `timeout`; none runs past the total,
 # GPU_CHECK_BUDGET_S, default 480, so the whole check ends within 8 minutes):
 #   versions     40   scripts/gpu_check_report.py versions: what is installed, the device
 #   bandwidth    25   benchmarks/gpu_bench.py bandwidth: device-to-device copy, bf16 matmul
-#   pytest_gpu  120   python -m pytest -m gpu over the test files that use the marker
-#                     (S16's compiled and CUDA-graph tests in tests/test_s16_static.py too)
-#   s06          47   S06's engine against HF generate(), bf16, batch 1, Qwen3-0.6B shape
-#   s08          51   S08's static batches against HF's padded generate(), B = 1 .. 64
-#   s09          32   S09's continuous batching against S08's static batches, mixed lengths
-#   s12          24   S12's paged decode against S09's contiguous slots
-#   s14          39   S14's int8 / int4 fused GEMVs and batch-1 decode against bf16
-#   s15          32   S15's speculative decoding, batch 1: plain vs n-gram vs an int4 draft
+#   pytest_gpu  120   python -m pytest -m gpu over the test files that use the marker, S17's
+#                     excepted (S16's compiled and CUDA-graph tests in tests/test_s16_static.py
+#                     too)
+#   s06          31   S06's engine against HF generate(), bf16, batch 1, Qwen3-0.6B shape
+#   s08          34   S08's static batches against HF's padded generate(), B = 1 .. 64
+#   s09          21   S09's continuous batching against S08's static batches, mixed lengths
+#   s12          16   S12's paged decode against S09's contiguous slots
+#   s14          26   S14's int8 / int4 fused GEMVs and batch-1 decode against bf16
+#   s15          22   S15's speculative decoding, batch 1: plain vs n-gram vs an int4 draft
 #   s16          60   S16's benchmark (benchmarks/bench_s16_host.py --quick): eager vs static
 #                     vs compiled vs CUDA-graph decode steps, async scheduling
+#   s17          75   S17's gpu-marked tests (tests/test_s17_*.py: its Triton kernels compiled,
+#                     at most S17_TESTS_S of the part), then its benchmark's gpu section
+#                     (benchmarks/bench_s17_attention.py --sections gpu): the Triton flash
+#                     forward vs SDPA, paged decode vs gather + SDPA, split-K at B = 1
 # The budgets add up to the default total less 10 s (the grace a part's KILL may take), so
 # each part gets its whole budget even when every part before it used all of its own (tests/
 # test_gpu_check.py checks this sum). S16's 60 s came from the six benchmark parts before it,
 # in proportion to their budgets (285 s became 225 s; a benchmark told a smaller --budget-s
 # leaves out rows, while pytest_gpu, which now also compiles S16's steps, and the fixed
-# costs of versions and bandwidth kept theirs). A smaller GPU_CHECK_BUDGET_S cuts the last
-# parts: each gets at most what is left, and one that would start with under 15 s left is
-# skipped, said in the summary.
+# costs of versions and bandwidth kept theirs). S17's 75 s came from the same six parts in
+# the same way (225 s became 150 s; S16's part, which has no --budget-s, kept its 60 s).
+# S17's tests run in its own part, not in pytest_gpu, so that compiling its Triton kernels
+# is paid from its budget. A smaller GPU_CHECK_BUDGET_S cuts the last parts: each gets at
+# most what is left, and one that would start with under 15 s left is skipped, said in the
+# summary.
 # A benchmark is told its budget less 10 s (--budget-s) and leaves out the rows that would
 # not fit; `timeout` stops a part still running at its budget (a benchmark with TERM, pytest
 # with INT so that it still reports the tests it ran; KILL 10 s later).
@@ -52,6 +61,9 @@
 # below; a test marked `gpu` is picked up by the marker, with no change here. S16's benchmark
 # is its own script (S16_BENCH below: its flags in one place), run with --device cuda (cpu
 # under GPU_CHECK_CPU=1) and --json; it has no --budget-s, so `timeout` alone bounds it.
+# S17's part is the function s17_part below, run by `bash -c` under the part's timeout: its
+# tests, then its benchmark told the seconds left (--budget-s), which it fits its rows to; under
+# GPU_CHECK_CPU=1 the benchmark runs its CPU traffic section instead (--quick).
 set -u
 
 if [ $# -ne 1 ] || [ "${1#-}" != "$1" ]; then
@@ -70,6 +82,7 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 REPORT=(scripts/gpu_check_report.py)
 BENCH=(benchmarks/gpu_bench.py)
 S16_BENCH=(benchmarks/bench_s16_host.py --quick)     # the s16 part's command, less device, json
+S17_TESTS_S=25       # the most of the s17 part its tests may take (pytest stopped by INT there)
 
 main() {
     cd "$ROOT" || return 1
@@ -99,16 +112,17 @@ main() {
     local cuda torch_ok
     cuda=$(field versions.json cuda.available)
     torch_ok=$(field versions.json cuda.importable)
-    local device_args=() s16_device=(--device cuda)
+    local device_args=() s16_device=(--device cuda) s17_args=(--device cuda --sections gpu)
     if [ "${GPU_CHECK_CPU:-0}" = "1" ]; then
         echo "GPU_CHECK_CPU=1: a rehearsal on the CPU, tiny model, figures meaningless"
         device_args=(--device cpu --shape tiny)
         s16_device=(--device cpu)
+        s17_args=(--device cpu --sections traffic --quick)
     elif [ "$cuda" != "True" ]; then
         local why="torch $(field versions.json cuda.torch) sees none"
         [ "$torch_ok" = "True" ] || why="torch is not importable with $PYTHON"
         echo "no CUDA device: nothing to check ($why)"
-        for part in bandwidth pytest_gpu s06 s08 s09 s12 s14 s15 s16; do
+        for part in bandwidth pytest_gpu s06 s08 s09 s12 s14 s15 s16 s17; do
             record "$part" skipped "no CUDA device ($why)" 0 "" ""
         done
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -130,9 +144,10 @@ main() {
     else
         # The files that use the marker (a decorator, a module-level pytestmark or an alias;
         # not a mention in a string or a comment); -m gpu selects the marked tests in them.
+        # S17's files run in the s17 part.
         local files
         files=$(grep -lE '^[^#"'"'"']*pytest\.mark\.gpu\b' tests/test_*.py tests/*/test_*.py \
-            2>/dev/null | sort)
+            2>/dev/null | grep -v '^tests/test_s17_' | sort)
         if [ -z "$files" ]; then
             record pytest_gpu skipped "no test file uses the gpu marker" 0 "" ""
         else
@@ -155,21 +170,57 @@ main() {
         done
     else
         local bw=(--bandwidth-json "$OUTDIR/bandwidth.json" "${device_args[@]}")
-        bench s06 47 "${bw[@]}"
-        bench s08 51 "${bw[@]}"
-        bench s09 32 "${bw[@]}"
-        bench s12 24 "${bw[@]}"
-        bench s14 39 "${bw[@]}"
-        bench s15 32 "${device_args[@]}"   # measures no bandwidth: no --bandwidth-json
+        bench s06 31 "${bw[@]}"
+        bench s08 34 "${bw[@]}"
+        bench s09 21 "${bw[@]}"
+        bench s12 16 "${bw[@]}"
+        bench s14 26 "${bw[@]}"
+        bench s15 22 "${device_args[@]}"   # measures no bandwidth: no --bandwidth-json
         # S16's benchmark, its own script; its GPU tests ran in pytest_gpu (the marker)
         run_part s16 60 bench_s16.json TERM "$PYTHON" "${S16_BENCH[@]}" "${s16_device[@]}" \
             --json "$OUTDIR/bench_s16.json"
     fi
 
+    # S17: its gpu tests, then its benchmark's gpu section (neither needs transformers' random
+    # models: after the branch above, whichever way it went)
+    export -f s17_part          # run by `bash -c` under the part's timeout
+    run_part s17 75 bench_s17.json TERM bash -c 's17_part "$@"' s17 "$PYTHON" "@BUDGET_LESS_10@" \
+        "$OUTDIR/pytest_s17.xml" "$OUTDIR/bench_s17.json" "$S17_TESTS_S" "${s17_args[@]}"
+
     local total=$((SECONDS - START))
     echo "== gpu_check done in ${total} s"
     summarize --set "seconds_s=$total" --print
     [ "$FAILED" -eq 0 ]
+}
+
+# s17_part PYTHON BUDGET JUNIT JSON TESTS_S ARGS...: the s17 part, in a `bash -c` of its own
+# (so that SECONDS counts from its start): S17's gpu-marked tests (the files that use the
+# marker, as pytest_gpu picks them) for at most TESTS_S seconds and half of BUDGET (the part's
+# budget less 10 s), stopped by INT so that pytest still writes JUNIT; then its benchmark with
+# ARGS, --json JSON and --budget-s what is left. Without pytest the tests are skipped, said;
+# pytest's exit status 5 (no test selected) is not a failure.
+s17_part() {
+    local py=$1 budget=$2 junit=$3 json=$4 tests_s=$5 rc=0 status limit left files
+    shift 5
+    # S17's test files that use the marker, by pytest_gpu's rule
+    files=$(grep -lE '^[^#"'"'"']*pytest\.mark\.gpu\b' tests/test_s17_*.py 2>/dev/null | sort)
+    if [ -z "$files" ]; then
+        echo "no S17 test file uses the gpu marker"
+    elif "$py" -c "import pytest" 2>/dev/null; then
+        limit=$((budget / 2 < tests_s ? budget / 2 : tests_s))
+        echo "S17's gpu test files (at most ${limit} s):" $files
+        # shellcheck disable=SC2086  # one word per file
+        timeout -s INT -k 5 "$limit" "$py" -m pytest -m gpu -q -p no:cacheprovider \
+            --continue-on-collection-errors --junitxml="$junit" $files
+        status=$?
+        if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then rc=$status; fi
+    else
+        echo "pytest is not installed for $py: S17's tests skipped"
+    fi
+    left=$((budget - SECONDS))
+    "$py" benchmarks/bench_s17_attention.py "$@" --json "$json" \
+        --budget-s $((left > 1 ? left : 1)) || rc=$?
+    return "$rc"
 }
 
 # bench PART BUDGET ARGS...: a gpu_bench.py part writing bench_PART.json.

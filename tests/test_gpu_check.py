@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 # The script's rule for the files that use the marker (its grep -E, here as a Python regex).
 MARKER_LINE = re.compile(r"^[^#\"']*pytest\.mark\.gpu\b", re.MULTILINE)
-PARTS = ("bandwidth", "pytest_gpu", "s06", "s08", "s09", "s12", "s14", "s15", "s16")
+PARTS = ("bandwidth", "pytest_gpu", "s06", "s08", "s09", "s12", "s14", "s15", "s16", "s17")
 
 
 def load(path: Path):
