@@ -5,6 +5,10 @@
   chapter-facing feature (literalinclude from code/, dollar math, an SVG figure, the simulator,
   a quiz, a notebook), so the site machinery is tested independently of the real chapters.
 - `built(src, out)`: build a tree once per test session (both test modules share the result).
+- `seed_notebook_cache(root)`: the repository's build renders the notebooks as the notebook tests
+  executed them (tests/notebook_testing.py, once per run for all of them), put into the site's
+  execution cache (jupyter-cache, the folder site/conf.py names), instead of running each one a
+  second time; `make site` still executes them itself (the fixture build here does too).
 """
 from __future__ import annotations
 
@@ -159,7 +163,7 @@ def built(name: str, src: Path | None = None, out: Path | None = None):
     build = site_module("build")
     if name == "repo":
         out = build.DEFAULT_OUT
-        result = shared_build(build, ROOT, out)
+        result = shared_build(build, ROOT, out, before=lambda: seed_notebook_cache(ROOT))
     elif name == "fixture":
         tmp = Path(tempfile.mkdtemp(prefix="course-site-fixture-"))
         src, out = make_fixture_tree(tmp / "src"), tmp / "html"
@@ -168,13 +172,14 @@ def built(name: str, src: Path | None = None, out: Path | None = None):
     return _BUILDS[name]
 
 
-def shared_build(build, src: Path, out: Path) -> subprocess.CompletedProcess:
-    """`build.build(src, out)`, once per test run even when pytest-xdist runs test modules in
-    several processes: the first process to get the lock builds and records the result; the
-    others wait on the lock and read it (the folder and the notebooks' execution cache are
-    shared, so two builds at once would write over each other)."""
+def shared_build(build, src: Path, out: Path, before=lambda: None) -> subprocess.CompletedProcess:
+    """`before()` then `build.build(src, out)`, once per test run even when pytest-xdist runs
+    test modules in several processes: the first process to get the lock builds and records the
+    result; the others wait on the lock and read it (the folder and the notebooks' execution
+    cache are shared, so two builds at once would write over each other)."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:                      # one process: nothing to share
+        before()
         return build.build(src, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = out.parent / f".{out.name}-test-build.json"
@@ -185,8 +190,59 @@ def shared_build(build, src: Path, out: Path) -> subprocess.CompletedProcess:
             if saved["run"] == run:
                 return subprocess.CompletedProcess(saved["args"], saved["returncode"],
                                                    saved["stdout"], saved["stderr"])
+        before()
         result = build.build(src, out)
         record.write_text(json.dumps(dict(run=run, args=[str(a) for a in result.args],
                                           returncode=result.returncode,
                                           stdout=result.stdout, stderr=result.stderr)))
         return result
+
+
+def seed_notebook_cache(root: Path) -> None:
+    """Put every notebook of root/notebooks/ that the site's execution cache lacks into it,
+    executed by tests/notebook_testing.py (once per test run, shared with the notebook tests;
+    started here in reverse order, so that another process running them from the first meets
+    this one in the middle). The build then renders their outputs as it would after executing
+    them itself (jupyter-cache matches a notebook by its code cells and kernelspec).
+
+    Raises nbclient's CellExecutionError when a cell fails, and AssertionError when a cell ran
+    longer than the site's own per-cell limit (site/conf.py nb_execution_timeout), either of
+    which would fail the site's build.
+    """
+    from datetime import datetime
+
+    import nbformat
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+    from notebook_testing import execute_all
+
+    conf = site_module("conf")
+    cache = get_cache(conf._cache_path(root))
+    limit = conf.nb_execution_timeout
+    missing = []
+    for path in sorted((root / "notebooks").glob("*.ipynb"), reverse=True):
+        try:
+            cache.match_cache_notebook(nbformat.read(path, as_version=4))
+        except KeyError:
+            missing.append(path)
+    for path, ran in execute_all(missing, timeout=limit).items():
+        nb = nbformat.read(path, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        ran_code = [c for c in ran.cells if c.cell_type == "code"]
+        assert [c.source for c in code] == [c.source for c in ran_code], path.name
+        seconds = 0.0
+        for index, (cell, done) in enumerate(zip(code, ran_code)):
+            times = done.metadata.get("execution", {})
+            start, end = times.get("iopub.status.busy"), times.get("shell.execute_reply")
+            took = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+            assert took <= limit, (f"{path.name}: code cell {index} ran {took:.0f} s, over the "
+                                   f"site's limit of {limit} s per cell (site/conf.py)")
+            seconds += took
+            # Outputs only: the cell's own metadata stays, as jupyter-cache hashes it.
+            cell.outputs, cell.execution_count = done.outputs, done.execution_count
+        for key in ("language_info", "widgets"):
+            if key in ran.metadata:
+                nb.metadata[key] = ran.metadata[key]
+        cache.cache_notebook_bundle(CacheBundleIn(nb, str(path),
+                                                  data={"execution_seconds": seconds}),
+                                    check_validity=True, overwrite=True)

@@ -2,8 +2,8 @@
 on every figure each notebook draws and on S07's roofline plot (code/s07_roofline.py).
 
 The notebooks are executed by notebook_testing.execute, which checks each figure at every draw
-in the kernel; a notebook already run in this session (by its own tests/test_sNN_*notebook.py)
-is not run again.
+in the kernel; a notebook already run in this test run (by its own tests/test_sNN_*notebook.py
+or for the site's build, in this process or another) is not run again.
 """
 from __future__ import annotations
 

@@ -2,7 +2,11 @@
 
 - The repository's site builds with warnings as errors (site/build.py); every chapter page and
   notebook is rendered (notebooks with outputs); the home page has the chapter map and the two
-  set-up commands; no page references a script, style sheet, image or font off the site.
+  set-up commands; no page references a script, style sheet, image or font off the site. The
+  notebooks' outputs are those of the test run's one execution of each notebook, shared with
+  the notebook tests and put into the site's execution cache (site_testing.seed_notebook_cache:
+  each cell within the site's own time limit); the placeholder chapter's notebook is executed
+  by the build itself.
 - A placeholder chapter (tests/site_testing.py) exercises every feature a chapter uses:
   literalinclude from code/ (compared with the source file), dollar math, an SVG figure, the
   simulator and a quiz. A bad quiz anchor or an unknown simulator fails the build, with a message
