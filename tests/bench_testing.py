@@ -1,11 +1,13 @@
 """What the benchmark tests share: a benchmark script imported as a module (benchmarks/ is not
-a package), its usage errors caught before any work starts, and one --quick run into a
-scratch file that must leave the committed record alone."""
+a package), its usage errors caught before any work starts, one --quick run into a scratch
+file that must leave the committed record alone, and, for the chapter-figures tests, the
+record keys a chapter's `<!-- record: ... -->` markers name."""
 from __future__ import annotations
 
 import importlib.util
 import io
 import json
+import re
 import sys
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -50,3 +52,26 @@ def quick_run(bench, out: Path, record: Path, *extra: str) -> tuple[dict, object
     after = record.stat().st_mtime_ns if record.exists() else None
     assert before == after, "--quick must not touch the committed record"
     return json.loads(out.read_text()), returned, text.getvalue()
+
+
+def record_markers(chapter_text: str) -> list[str]:
+    """Every `<!-- record: key, key -->` marker of a chapter, its text between the colon and
+    the closing `-->` (the chapters mark each paragraph that quotes a benchmark record)."""
+    return re.findall(r"<!-- record: (.*?) -->", chapter_text)
+
+
+def resolve(record: dict, key: str) -> list:
+    """The values a marker's key names: dots and ["k"] index dicts, [*] every value."""
+    nodes = [record]
+    for part in re.findall(r'\["([^"]*)"\]|\[(\*)\]|([^.\[\]]+)', key):
+        name = part[0] or part[1] or part[2]
+        nxt = []
+        for node in nodes:
+            assert isinstance(node, dict), (key, name)
+            if name == "*":
+                nxt += list(node.values())
+            else:
+                assert name in node, f"the record has no {key!r} ({name!r} missing)"
+                nxt.append(node[name])
+        nodes = nxt
+    return nodes

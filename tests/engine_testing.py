@@ -81,6 +81,29 @@ def greedy(max_tokens: int = 8, **kwargs):
     return s04.SamplingParams(temperature=0.0, max_tokens=max_tokens, **kwargs)
 
 
+def bundled_alone(model, tokenizer):
+    """alone(prompt, max_tokens): the greedy tokens (EOS ignored) of S05's NumPy engine on the
+    request alone, checked against S06's engine alone (model, tokenizer: the bundled model as
+    `s06_torch.load()` gives it); cached. The oracle of the paged runners' tests (S16, S17)."""
+    import s03_transformer as s03
+    import s05_kv_cache as s05
+    import s06_torch as s06
+    numpy_model = s03.Transformer.from_pretrained(s03.BUNDLED_MODEL_DIR)
+    s05_engine = s05.Engine(numpy_model, tokenizer, numpy_model.config.max_position_embeddings)
+    s06_engine = s06.Engine(model, tokenizer)
+    cache = {}
+
+    def get(prompt, max_tokens):
+        if (prompt, max_tokens) not in cache:
+            params = greedy(max_tokens, ignore_eos=True)
+            tokens = s05_engine.generate(prompt, params).token_ids
+            assert s06_engine.generate(prompt, params).token_ids == tokens
+            cache[prompt, max_tokens] = tokens
+        return cache[prompt, max_tokens]
+
+    return get
+
+
 def tiny_fixture(prefix: str, names, prompts, context: int, max_new_tokens: int, *,
                  with_directory: bool = False):
     """A module-scoped pytest fixture over the tiny random models `names`: (name, HF model,

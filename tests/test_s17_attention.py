@@ -18,8 +18,6 @@ import types
 import pytest
 import torch
 
-import s03_transformer as s03
-import s05_kv_cache as s05
 import s06_torch as s06
 import s13_prefix_caching as s13
 import s14_kv_cache as s14kv
@@ -28,7 +26,7 @@ import s16_async
 import s16_static
 import s17_attention as s17
 import s17_cpu
-from engine_testing import RunnerWrapper, greedy
+from engine_testing import RunnerWrapper, bundled_alone, greedy
 from s01_generation_loop import ParameterError
 from s09_llm import LLM
 from s12_engine import PagedRunner
@@ -57,23 +55,9 @@ def bundled():
 
 @pytest.fixture(scope="module")
 def alone(bundled):
-    """alone(prompt, max_tokens): the greedy tokens (EOS ignored) of S05's NumPy engine on
-    the request alone, checked against S06's engine alone; cached."""
-    model, tok = bundled
-    numpy_model = s03.Transformer.from_pretrained(s03.BUNDLED_MODEL_DIR)
-    s05_engine = s05.Engine(numpy_model, tok, numpy_model.config.max_position_embeddings)
-    s06_engine = s06.Engine(model, tok)
-    cache = {}
-
-    def get(prompt, max_tokens):
-        if (prompt, max_tokens) not in cache:
-            params = greedy(max_tokens, ignore_eos=True)
-            tokens = s05_engine.generate(prompt, params).token_ids
-            assert s06_engine.generate(prompt, params).token_ids == tokens
-            cache[prompt, max_tokens] = tokens
-        return cache[prompt, max_tokens]
-
-    return get
+    """alone(prompt, max_tokens): S05's greedy tokens for the request alone, checked against
+    S06's (tests/engine_testing.py's `bundled_alone`)."""
+    return bundled_alone(*bundled)
 
 
 def build(bundled, backend, **options):

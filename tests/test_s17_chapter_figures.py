@@ -63,6 +63,7 @@ import pytest
 import torch
 
 import s17_flash
+from bench_testing import record_markers, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "chapters" / "s17-attention.md"
@@ -132,25 +133,8 @@ def step_ratios(rec, model: str, backend: str) -> list[float]:
 
 # --- the markers ------------------------------------------------------------------------------
 
-def resolve(record: dict, key: str) -> list:
-    """The values a marker's key names: dots and ["k"] index dicts, [*] every value."""
-    nodes = [record]
-    for part in re.findall(r'\["([^"]*)"\]|\[(\*)\]|([^.\[\]]+)', key):
-        name = part[0] or part[1] or part[2]
-        nxt = []
-        for node in nodes:
-            assert isinstance(node, dict), (key, name)
-            if name == "*":
-                nxt += list(node.values())
-            else:
-                assert name in node, f"the record has no {key!r} ({name!r} missing)"
-                nxt.append(node[name])
-        nodes = nxt
-    return nodes
-
-
 def test_every_record_marker_names_keys_in_the_record(rec):
-    markers = re.findall(r"<!-- record: (.*?) -->", CHAPTER.read_text())
+    markers = record_markers(CHAPTER.read_text())
     assert markers
     for marker in markers:
         for key in marker.split(", "):
@@ -159,7 +143,7 @@ def test_every_record_marker_names_keys_in_the_record(rec):
 
 def test_every_record_marker_is_checked_here():
     """A paragraph marked with a key this module does not know is a figure nobody checks."""
-    assert set(re.findall(r"<!-- record: (.*?) -->", CHAPTER.read_text())) == MARKERS
+    assert set(record_markers(CHAPTER.read_text())) == MARKERS
 
 
 def test_the_record_is_a_full_cpu_run_on_one_thread(rec):
