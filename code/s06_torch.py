@@ -523,10 +523,7 @@ class TorchTransformer(nn.Module):
         model's dtype, before the final norm (`head` does the rest).
         """
         t_len = token_ids.shape[0]
-        try:
-            x = F.embedding(token_ids, self.embed_tokens)                   # (T, C)
-        except IndexError as err:  # CPU only (CUDA asserts on the device): nothing is cached yet
-            raise ValueError(f"token id must be an integer in [0, V={self.vocab_size})") from err
+        x = self.embed_ids(token_ids)                                        # (T, C)
         if self.embed_positions is not None:
             x = x + self.embed_positions[start:start + t_len]
             cos = sin = None
@@ -538,6 +535,15 @@ class TorchTransformer(nn.Module):
                 k, v = cache.append(layer, k, v)                             # (Hkv, S, D) views
             x = block.finish(x, attention(q, k, v, start, block.scale, self.attention_impl))
         return x
+
+    def embed_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The token embedding: int64 (T,) on the device -> (T, C). Raises ValueError for an id
+        outside [0, V) on the CPU (CUDA asserts on the device). A method, so a model split over
+        ranks (S18) can look up its own share and sum."""
+        try:
+            return F.embedding(token_ids, self.embed_tokens)
+        except IndexError as err:  # CPU only (CUDA asserts on the device): nothing is cached yet
+            raise ValueError(f"token id must be an integer in [0, V={self.vocab_size})") from err
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden (T, C) -> logits float32 (T, V), on the device."""

@@ -207,10 +207,7 @@ def embed(model: s06.TorchTransformer, ids: torch.Tensor, positions: torch.Tenso
     x (N, C) and the RoPE cos, sin (N, D) (None, None for GPT-2, which adds learned positions
     instead). Raises ValueError for an id outside [0, V) (on the CPU, before anything is
     cached; CUDA asserts on the device instead)."""
-    try:
-        x = F.embedding(ids, model.embed_tokens)                           # (N, C)
-    except IndexError as err:
-        raise ValueError(f"token id must be an integer in [0, V={model.vocab_size})") from err
+    x = model.embed_ids(ids)                                               # (N, C)
     if model.embed_positions is not None:
         return x + model.embed_positions[positions], None, None
     return x, model.cos[positions], model.sin[positions]

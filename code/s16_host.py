@@ -140,11 +140,12 @@ def inner_engine(engine):
 
 def shutdown_engine(engine) -> None:
     """Stop what the engine started beside it: the async loop's worker thread, a worker
-    process's forward (waiting for a step in flight); nothing for a plain engine. Idempotent."""
+    process's forward (waiting for a step in flight), S18's ranks; nothing for a plain engine.
+    Idempotent."""
     if isinstance(engine, s16_async.AsyncLLMEngine):
         engine.shutdown()
     runner = getattr(inner_engine(engine), "runner", None)
-    if isinstance(runner, s16_worker.ProcessRunner):
+    if hasattr(runner, "shutdown"):      # S16's worker process, S18's ranks
         runner.shutdown()
 
 

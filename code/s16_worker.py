@@ -59,12 +59,28 @@ EXECUTOR_BACKENDS = ("uni", "mp")      # vLLM's names: the host's process, or a 
 READY_TIMEOUT_S = 600.0                # spawning, importing torch, compiling buckets
 
 
-class _Tokens:
+class TokenWindow:
     """What the runner reads of a request in the worker: token_ids of the right length, the
     positions this step reads filled in (the rest 0: never read)."""
 
     def __init__(self, start: int, window: list[int], length: int):
         self.token_ids = [0] * start + window + [0] * (length - start - len(window))
+
+
+def token_window_args(plan, requests: Mapping) -> dict:
+    """Per scheduled request (start, the ids the step reads, its length): what a worker
+    process needs of the engine's requests to run the plan (S18's ranks too)."""
+    tokens = {}
+    for rid, n in plan.num_scheduled_tokens.items():
+        start = plan.num_computed_tokens[rid]
+        ids = requests[rid].token_ids
+        tokens[rid] = (start, ids[start:start + n], len(ids))
+    return tokens
+
+
+def token_windows(plan, requests: Mapping) -> dict:
+    """The plan's `TokenWindow`s by request id (S18 sends these whole)."""
+    return {rid: TokenWindow(*t) for rid, t in token_window_args(plan, requests).items()}
 
 
 def _worker_main(conn, runner, static_options, logits, threads) -> None:
@@ -92,7 +108,7 @@ def _worker_main(conn, runner, static_options, logits, threads) -> None:
         number, plan, tokens, slot = message
         try:
             start = time.perf_counter()
-            requests = {rid: _Tokens(*t) for rid, t in tokens.items()}
+            requests = {rid: TokenWindow(*t) for rid, t in tokens.items()}
             run = runner.execute_model(plan, requests)
             rows = run.logits.shape[0]
             logits[slot][:rows].copy_(run.logits)
@@ -204,11 +220,7 @@ class ProcessRunner:
             except WorkerError:
                 if not self.process.is_alive():
                     raise
-        tokens = {}
-        for rid, n in plan.num_scheduled_tokens.items():
-            start = plan.num_computed_tokens[rid]
-            ids = requests[rid].token_ids
-            tokens[rid] = (start, ids[start:start + n], len(ids))
+        tokens = token_window_args(plan, requests)
         self._slot ^= 1
         self._number += 1
         try:
