@@ -81,7 +81,7 @@ from s16_worker import WorkerError, token_windows
 
 DISTRIBUTED_BACKENDS = ("gloo", "nccl")    # torch.distributed's: CPU tensors, CUDA tensors
 DISTRIBUTED_INITS = ("spawn", "env")      # start the ranks here, or find them (torchrun)
-STORE_POLL_S = 5.0                        # a worker's wait for the next call, then again
+STORE_POLL_S = 3600.0                     # a worker's wait for the next call, then again
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,7 +333,9 @@ def _spawned_worker(*args) -> None:
 # Rank 0: the executor
 # ---------------------------------------------------------------------------------------------
 
-_ACTIVE: list = []        # the executor of this process, if any (one process group per process)
+# The executor of this process, if any (one process group per process), held weakly: an
+# engine's own executor goes, ranks and all, when the engine is collected.
+_ACTIVE: list[weakref.ref] = []
 
 
 class TPExecutor:
@@ -342,7 +344,8 @@ class TPExecutor:
     source: a checkpoint directory (every rank reads only its slices) or an S06
     `TorchTransformer` in memory (rank 0 slices it; each worker gets its shard through shared
     memory when spawned). device: "cpu" or "cuda" (rank r on cuda:r). parallel: a
-    `ParallelConfig`. `collective_rpc(method, *args)` calls a `Worker` method on every rank
+    `ParallelConfig` (this process, rank 0, runs threads_per_rank torch threads until the
+    executor shuts down). `collective_rpc(method, *args)` calls a `Worker` method on every rank
     and returns rank 0's result; `attach(engine)` gives a built engine (rank 0's) to the
     ranks; `shutdown()` stops them, idempotent, also at exit. Raises ParameterError for
     what `check_parallel` refuses and for a second live executor in this process; WorkerError
@@ -361,7 +364,7 @@ class TPExecutor:
             source = s03_checkpoint.resolve_checkpoint(source)
             config = s03_checkpoint.load_config(source)
         backend = check_parallel(config, parallel, torch_device)
-        if _ACTIVE or dist.is_initialized():
+        if any(ref() is not None for ref in _ACTIVE) or dist.is_initialized():
             raise ParameterError("one tensor-parallel executor per process (it owns the "
                                  "process group): shut the other down first",
                                  "tensor_parallel_size")
@@ -371,7 +374,7 @@ class TPExecutor:
         self.store = self.arena = None
         self._number = 0
         self._dead: str | None = None
-        self.engine_runner = None
+        self._engine_runner = lambda: None       # a weak reference to the attached runner
         if parallel.distributed_init == "env":
             rank = int(os.environ.get("RANK", "0"))
             if rank != 0 or int(os.environ.get("WORLD_SIZE", "1")) != n:
@@ -383,7 +386,9 @@ class TPExecutor:
         else:
             host, port = "127.0.0.1", 0
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        _ACTIVE.append(self)
+        _ACTIVE.append(weakref.ref(self))
+        self._threads_before = torch.get_num_threads()   # rank 0 is this process: restored
+        torch.set_num_threads(parallel.threads_per_rank)  # at shutdown
         self._finalizer = weakref.finalize(self, _stop_ranks, self.__dict__)
         atexit.register(self._finalizer)
         try:
@@ -411,7 +416,7 @@ class TPExecutor:
                 torch.cuda.set_device(torch_device)
             self._wait_alive()
             comm, self.cpu_group = _init_group(parallel, backend, self.store, 0, n, self.arena,
-                                               self._workers_alive)
+                                               self._workers_alive_check())
             self.worker = Worker(comm, torch_device, torch_dtype, attention)
             if parallel.distributed_init == "env":   # torchrun's ranks wait for their call
                 self.weight_bytes = self.collective_rpc("load_model", worker_source)
@@ -440,8 +445,11 @@ class TPExecutor:
             process.start()
             self.processes.append(process)
 
-    def _workers_alive(self) -> bool:
-        return all(process.is_alive() for process in self.processes)
+    def _workers_alive_check(self) -> Callable[[], bool]:
+        """The spawned ranks' liveness as a function that does not hold the executor (the
+        finalizer keeps what it holds: a reference back would keep the executor forever)."""
+        processes = self.processes
+        return lambda: all(process.is_alive() for process in processes)
 
     def _wait_alive(self) -> None:
         """Wait until every spawned rank has reached the store (or report one that died)."""
@@ -532,10 +540,12 @@ class TPExecutor:
         spec = RunnerSpec(cache.num_blocks, cache.block_size, cache.max_seq_len,
                           paged.attention, inner.backend.name if kernel else "gather",
                           getattr(inner.backend, "num_splits", 1) if kernel else 1)
-        if self.engine_runner is not None:
-            self.engine_runner.retired = True
+        previous = self._engine_runner()
+        if previous is not None:
+            previous.retired = True
         self.collective_rpc("init_runner", spec, local_args=(spec, inner))
-        engine.runner = self.engine_runner = TPRunner(self, inner)
+        engine.runner = runner = TPRunner(self, inner)
+        self._engine_runner = weakref.ref(runner)
         return engine
 
     def execute_model(self, plan, requests: Mapping) -> ModelRunnerOutput:
@@ -577,9 +587,10 @@ def _stop_ranks(state: dict) -> None:
         except Exception:                           # noqa: BLE001 (a failed group)
             pass
     state["store"] = None
-    for executor in list(_ACTIVE):
-        if executor.__dict__ is state:
-            _ACTIVE.remove(executor)
+    if state.get("_threads_before"):
+        torch.set_num_threads(state.pop("_threads_before"))
+    _ACTIVE[:] = [ref for ref in _ACTIVE
+                  if ref() is not None and ref().__dict__ is not state]
 
 
 class TPRunner:
@@ -634,6 +645,12 @@ def build_engine(model: s06.TorchTransformer, tokenizer, *, tensor_parallel_size
     if options.get("batch_invariant"):
         raise ParameterError("the batch-invariant reference runs each request alone every "
                              "step: use tensor_parallel_size=1 for it", "batch_invariant")
+    for name, off in (("quantize", (None,)), ("kv_cache_dtype", ("auto",)),
+                      ("draft_model", (None,)), ("speculative", (None, "ngram"))):
+        if options.get(name, off[0]) not in off:     # rank 0 would change alone
+            raise ParameterError(f"{name}={options[name]!r} changes rank 0's model or pool "
+                                 f"only (S14's quantization, S15's draft model are not split "
+                                 f"over ranks): use tensor_parallel_size=1 for it", name)
     owned = executor is None
     if owned:
         parallel = ParallelConfig(tensor_parallel_size, distributed_backend, "spawn",
@@ -670,7 +687,8 @@ def add_parallel_arguments(parser) -> None:
                         help="torch.distributed's backend (default: nccl on CUDA, gloo on the "
                              "CPU)")
     parser.add_argument("--threads-per-rank", type=int, default=1,
-                        help="torch threads each rank uses (default: %(default)s)")
+                        help="torch threads each rank uses, rank 0 (this process) included, "
+                             "with --tensor-parallel-size > 1 (default: %(default)s)")
     parser.add_argument("--disable-custom-all-reduce", action="store_true",
                         help="sum through torch.distributed's backend even where the ranks "
                              "could sum through shared memory (spawned ranks on one x86 CPU)")
@@ -694,19 +712,23 @@ def check_parallel_arguments(parser, args) -> None:
     if getattr(args, "compile", False) or getattr(args, "cuda_graphs", False):
         parser.error("--compile and --cuda-graphs run S16's static step, which is not split "
                      "over ranks: use them with --tensor-parallel-size 1")
-    if getattr(args, "kv_cache_dtype", "auto") != "auto" or getattr(args, "quantization", None):
-        parser.error("S14's quantized weights and 8-bit KV pool are not split over ranks: use "
-                     "them with --tensor-parallel-size 1")
-    if getattr(args, "speculative_model", None):
-        parser.error("S15's draft model is not split over ranks: use --speculative-method "
-                     "ngram with --tensor-parallel-size")
+    if getattr(args, "kv_cache_dtype", "auto") != "auto" or getattr(args, "quantize", None):
+        parser.error("--quantize and --kv-cache-dtype (S14's quantized weights and 8-bit KV "
+                     "pool) are not split over ranks: use them with --tensor-parallel-size 1")
+    if getattr(args, "speculative", None) == "draft" or getattr(args, "draft_model", None):
+        parser.error("--speculative draft (S15's draft model) is not split over ranks: use "
+                     "--speculative ngram with --tensor-parallel-size")
     try:
         device = s06.resolve_device_dtype(args.device)[0]
-        config = s03_checkpoint.load_config(s03_checkpoint.resolve_checkpoint(args.model))
+        model = getattr(args, "model", None) or s06.s03.BUNDLED_MODEL_DIR
+        config = s03_checkpoint.load_config(s03_checkpoint.resolve_checkpoint(model))
         parallel = ParallelConfig(args.tensor_parallel_size, args.distributed_backend,
                                   getattr(args, "distributed_init", "spawn"),
                                   args.threads_per_rank)
         check_parallel(config, parallel, device)
+    except ParameterError as err:
+        flag = f"--{err.parameter.replace('_', '-')}: " if err.parameter else ""
+        parser.error(f"{flag}{err}")
     except ValueError as err:
         parser.error(str(err))
 
@@ -761,27 +783,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         cache = runner.cache
         if isinstance(runner, TPRunner):
             ex = runner.executor
+            kv = runner.model.config.num_key_value_heads
             full = s18_layers.shard_bytes(ex.config, 1,
                                           runner.model.dtype.itemsize)[0]
             summed = "shared memory" if ex.arena is not None else ex.backend
             split = (f"{ex.world_size} ranks ({ex.backend}, all-reduce by {summed}), weights per rank "
                      f"{ex.weight_bytes / 2**20:.1f} MiB of {full / 2**20:.1f} MiB, each rank's "
-                     f"pool {cache.nbytes / 2**20:.1f} MiB ({runner.model.config.num_key_value_heads}"
-                     f" KV heads)")
+                     f"pool {cache.nbytes / 2**20:.1f} MiB ({kv} KV head{'s' * (kv != 1)})")
         else:
             split = "1 rank (no split)"
         return (f"tensor parallel: {split}; KV pool of {cache.num_blocks} blocks of "
                 f"{cache.block_size}")
 
+    def build(*args, **kwargs):
+        holder["engine"] = build_engine(*args, **kwargs)
+        return holder["engine"]
+
     try:
         s08_cli.chapter_main(s08_cli.Chapter(
             "Chapter 18: tensor parallelism: the model split over N processes "
             "(torch.distributed), one scheduler on rank 0 driving them.",
-            build_engine, add_arguments=add_arguments, options=options,
+            build, add_arguments=add_arguments, options=options,
             tracers=lambda engine: [s09_trace.StepTracer()], describe=describe,
             table=lambda run, tracers: s09_trace.format_occupancy_table(tracers[0].records),
             check=check), argv)
     finally:
+        if "engine" in holder and isinstance(holder["engine"].runner, TPRunner):
+            holder["engine"].runner.shutdown()      # the ranks it started (torchrun's: below)
         if "executor" in holder:
             holder["executor"].shutdown()
 

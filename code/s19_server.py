@@ -45,7 +45,8 @@ What is new since S13
     - The engine is a seam: `ENGINE_BUILDER` and `make_engine`. It serves Part II's most
       complete engine, S13's (`s13_prefix_caching.build_engine`: prefix caching over S12's
       paged KV, with S11's chunked prefill); S11's or S12's `build_engine` is the same
-      one-line swap. --quantize / --kv-cache-dtype serve S14's `build_engine` instead, and
+      one-line swap. Part III's flags pick the layers over it (code/s19_engine_flags.py
+      assembles them): --quantize / --kv-cache-dtype serve S14's `build_engine` instead, and
       --speculative wraps either in S15's (`speculative_builder`): then one step may emit
       several tokens for a request (its accepted drafts and one more) in one `RequestOutput`,
       so a chunk may carry several tokens; the server already counts tokens, not steps (usage,
@@ -64,15 +65,24 @@ What is new since S13
       answers, each step's attention by S12's gather, torch's SDPA, the C kernel that reads
       the blocks in place, or Triton's kernels (S17 refuses a kernel backend with --compile,
       --cuda-graphs, --executor-backend mp and S14's 8-bit KV cache).
+    - --tensor-parallel-size N > 1 (with --distributed-backend, --threads-per-rank,
+      --disable-custom-all-reduce) builds it through S18's `build_engine` (`parallel_builder`):
+      the model split over N ranks, N - 1 of them spawned processes that each read their own
+      slices of the served checkpoint; the server's process is rank 0 and keeps the scheduler,
+      the sampler and S15's n-gram drafts, so the engine thread and the server do not change.
+      The same greedy answers. `EngineLoop.stop` stops the ranks (`s16_host.shutdown_engine`),
+      and exit does if the server never started. S18 refuses S16's techniques, S14's
+      quantization and S15's draft model with it, before any process starts.
 
 What it does not handle yet
-    One model, one engine thread, one process: the engine's steps and the server's JSON work
-    share one Python interpreter (the GIL), which the benchmark measures as the overhead
-    ratio. A request body over MAX_BODY_BYTES (4 MiB) is refused with a 413, and a prompt
-    with more characters than the context can hold with a 400 before it is encoded (so a
-    megabyte of text never stalls the event loop in the tokenizer). No authentication (the
-    api_key is ignored), no rate limits, no request queue limit, no TLS. The steps it serves
-    get cheaper in Part III (S14-S18); S20 load-tests the whole engine.
+    One model, one engine thread, one process (with --tensor-parallel-size, rank 0's): the
+    engine's steps and the server's JSON work share one Python interpreter (the GIL), which
+    the benchmark measures as the overhead ratio. A request body over MAX_BODY_BYTES (4 MiB)
+    is refused with a 413, and a prompt with more characters than the context can hold with
+    a 400 before it is encoded (so a megabyte of text never stalls the event loop in the
+    tokenizer). No authentication (the api_key is ignored), no rate limits, no request queue
+    limit, no TLS. The steps it serves get cheaper in Part III (S14-S18); S20 load-tests the
+    whole engine.
 
 Run it
     python code/s19_server.py                       # the bundled model on 127.0.0.1:8000
@@ -81,6 +91,7 @@ Run it
     python code/s19_server.py --speculative ngram --num-speculative-tokens 4    # S15
     python code/s19_server.py --speculative draft --draft-model int4  # S15, an int4 copy drafts
     python code/s19_server.py --async-scheduling --compile     # S16 (compiles at start up)
+    python code/s19_server.py --tensor-parallel-size 2         # S18: the model on two ranks
     curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
         -d '{"model": "bundled", "prompt": "ROMEO.\n", "max_tokens": 20, "stream": true}'
     python benchmarks/bench_s19_server.py --quick   # TTFT / ITL over HTTP vs in-process
@@ -103,6 +114,9 @@ Tests
     --async-scheduling (and one with --compile --cudagraph-capture-sizes 1 2) answers greedy
     completions and chat, streaming and not, as the plain engine does; a disconnect aborts;
     its worker thread stops with the server; every bad flag combination a usage error.
+    tests/test_s19_tensor_parallel.py: S18's flag: a server started by `main` with
+    --tensor-parallel-size 2 answers greedy completions and chat, streaming and not, as S05
+    does alone; no rank process is left once it stops; S18's refusals are usage errors.
     tests/test_s19_protocol.py: the protocol alone (fields into SamplingParams, templates,
     refusals, the chunk formats).
 
@@ -125,7 +139,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy load
 import argparse
 import asyncio
 import concurrent.futures
-import functools
 import json
 import logging
 import socket
@@ -151,12 +164,9 @@ import s06_torch as s06
 import s08_cli
 import s09_trace
 import s13_prefix_caching as s13
-import s14_kv_cache
-import s14_quantization as s14
-import s15_speculative as s15
 import s16_host
 import s16_static
-import s17_attention
+import s19_engine_flags as engine_flags
 import s19_protocol as proto
 from s01_generation_loop import ParameterError
 from s19_protocol import APIError, Delta
@@ -167,17 +177,6 @@ ENGINE_BUILDER = s13.build_engine   # the engine served; s11/s12's build_engine 
 DEFAULT_MODEL_NAME = "bundled"
 DEFAULT_PORT = 8000
 DEFAULT_MAX_CONTEXT = 4096          # the longest context served unless --max-context says
-QUANTIZED_BUILDER = s14.build_engine  # with --quantize / --kv-cache-dtype: S14's, over S13's
-FLAGS = {"scheme": "--quantize", "group_size": "--group-size", "symmetric": "--quantize",
-         "path": "--quantize", "kv_cache_dtype": "--kv-cache-dtype",     # S14's names -> flags
-         "speculative": "--speculative", "num_speculative_tokens": "--num-speculative-tokens",
-         "prompt_lookup_min": "--prompt-lookup-min", "prompt_lookup_max": "--prompt-lookup-max",
-         "draft_model": "--draft-model",                                 # S15's
-         "compile": "--compile", "cuda_graphs": "--cuda-graphs",         # S16's
-         "async_scheduling": "--async-scheduling",
-         "cudagraph_capture_sizes": "--cudagraph-capture-sizes",
-         "executor_backend": "--executor-backend",
-         "attention_backend": "--attention-backend", "num_splits": "--num-splits"}  # S17's
 JSON_MEDIA_TYPE = "application/json"
 MAX_BODY_BYTES = 4 * 2**20       # a larger request body is a 413, unread
 OFF_LOOP_BYTES = 64 * 2**10      # a larger body is parsed and tokenized in a worker thread
@@ -210,41 +209,10 @@ def make_engine(model, tokenizer, max_num_seqs: int = 32,
 
 
 def builder_name(builder=None) -> str:
-    """"module.function" of the engine builder (default ENGINE_BUILDER), as --help says."""
-    builder = ENGINE_BUILDER if builder is None else builder
-    if isinstance(builder, functools.partial):      # `speculative_builder`'s: S15 over a base
-        return f"{builder_name(builder.func)} over {builder_name(builder.keywords['builder'])}"
-    return f"{builder.__module__}.{builder.__qualname__}"
-
-
-def speculative_builder(base=None):
-    """S15's `build_engine` speculating on `base` (default ENGINE_BUILDER; S14's with
-    --quantize / --kv-cache-dtype), as a builder for `make_engine`: its speculative options
-    (speculative, num_speculative_tokens, prompt_lookup_min/max, draft_model) go to S15,
-    the rest to the base. The server is unchanged: a step's `RequestOutput` may carry
-    several tokens (the accepted drafts and one more), and everything downstream (deltas,
-    logprobs, usage, stop strings) counts tokens, not steps."""
-    return functools.partial(s15.build_engine, builder=ENGINE_BUILDER if base is None else base)
-
-
-def attention_builder(base=None):
-    """S17's `build_engine` over `base` (default ENGINE_BUILDER; S14's or S15's over it when
-    those flags are given), as a builder for `make_engine`: its options (attention_backend,
-    num_splits) go to S17, the rest to the base. The answers are the same; the attention of
-    every step runs on the chosen backend."""
-    return functools.partial(s17_attention.build_engine,
-                             builder=ENGINE_BUILDER if base is None else base)
-
-
-def host_builder(base=None):
-    """S16's `build_engine` over `base` (default ENGINE_BUILDER; S14's or S15's over it when
-    those flags are given), as a builder for `make_engine`: its options (compile, cuda_graphs,
-    async_scheduling, cudagraph_capture_sizes) go to S16, the rest to the base. With
-    async_scheduling the engine is an `s16_async.AsyncLLMEngine`: the same `step`, `abort`,
-    `add_request` the engine thread calls, with the next step planned while the forward runs
-    on a worker thread (stopped with the engine loop)."""
-    return functools.partial(s16_host.build_engine,
-                             builder=ENGINE_BUILDER if base is None else base)
+    """"module.function" of the engine builder (default ENGINE_BUILDER), as --help says;
+    Part III's layers over it spelled out ("s15_speculative.build_engine over
+    s13_prefix_caching.build_engine")."""
+    return engine_flags.builder_name(ENGINE_BUILDER if builder is None else builder)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -751,23 +719,6 @@ def serve_in_thread(engine, tokenizer, model_name: str = DEFAULT_MODEL_NAME,
     return ServerThread(build_app(engine, tokenizer, model_name, chat_template), host, port)
 
 
-def describe_speculation(engine) -> str:
-    """The served engine's proposer in words: "ngram k=4 (n-grams 1..4)", "draft k=3 (1
-    layer, 459,200 parameters)", "draft k=4 (int4 g32 sym copy of the target)"."""
-    proposer = engine.proposer
-    k = proposer.num_speculative_tokens
-    if isinstance(proposer, s15.NgramProposer):
-        return (f"ngram k={k} (n-grams {proposer.prompt_lookup_min}.."
-                f"{proposer.prompt_lookup_max})")
-    draft = proposer.model
-    weights = s14.quantized_weights(draft)
-    what = (f"{next(iter(weights.values())).describe()} copy of the target" if weights else
-            f"{draft.config.num_hidden_layers} layer"
-            f"{'s' if draft.config.num_hidden_layers != 1 else ''}, "
-            f"{s03.parameter_count(draft.config):,} parameters")
-    return f"draft k={k} ({what})"
-
-
 def load_served(model: str | None, device: str | None = None):
     """(model, tokenizer, chat template, checkpoint dir) for --model: a local checkpoint
     directory, or (only when it is not a directory) a hub id, with S03's clear error
@@ -871,7 +822,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "chunked prefill; S14's with --quantize / --kv-cache-dtype; S15's "
                     "speculative decoding over it with --speculative; S16's static, compiled "
                     "or graph-captured decode steps and async scheduling with --compile, "
-                    "--cuda-graphs, --async-scheduling).")
+                    "--cuda-graphs, --async-scheduling; S17's attention backends with "
+                    "--attention-backend; S18's model split over ranks with "
+                    "--tensor-parallel-size).")
     parser.add_argument("--model", default=None,
                         help="checkpoint directory, or a Hugging Face hub id when it is not a "
                              "directory (default: the bundled model)")
@@ -890,24 +843,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-context", type=int, default=None,
                         help="longest context a request may reach (default: the model's "
                              "window, at most 4096)")
-    parser.add_argument("--quantize", default=None, choices=s14.SCHEMES,
-                        help="store the linear weights as S14's int8 (per channel), int4 "
-                             "(group-wise) or llama.cpp's q8_0 / q4_0, the engine built by "
-                             f"{builder_name(QUANTIZED_BUILDER)} (default: none, the "
-                             "checkpoint's weights)")
-    parser.add_argument("--group-size", type=int, default=None,
-                        help="--quantize int4: weights per scale, one of "
-                             f"{', '.join(map(str, s14.GROUP_SIZES))} (default: 32)")
-    parser.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
-                        choices=list(s14_kv_cache.KV_CACHE_DTYPES),
-                        help="how the paged KV cache stores keys and values, vLLM's names "
-                             f"(S14): one of {', '.join(s14_kv_cache.KV_CACHE_DTYPES)}; auto "
-                             "= the model's dtype, int8 and fp8 one byte per value with "
-                             "their scales (default: %(default)s)")
-    s15.add_speculative_arguments(parser)   # S15: --speculative, --num-speculative-tokens, ...
-    # S16: --compile, --cuda-graphs, --cudagraph-capture-sizes, --async-scheduling
-    s16_host.add_technique_arguments(parser, static_decode=False)
-    s17_attention.add_attention_arguments(parser)   # S17: --attention-backend, --num-splits
+    # S14's --quantize, --kv-cache-dtype; S15's --speculative; S16's --compile, --cuda-graphs,
+    # --async-scheduling; S17's --attention-backend; S18's --tensor-parallel-size; ...
+    engine_flags.add_engine_arguments(parser)
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=1,
@@ -918,69 +856,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--port must be in [0, 65535] (got {args.port})")
     if args.max_num_seqs < 1:
         parser.error(f"--max-num-seqs must be >= 1 (got {args.max_num_seqs})")
-    if args.group_size is not None and args.quantize != "int4":
-        parser.error("--group-size needs --quantize int4 (int4's weights per scale; int8 "
-                     "has one scale per channel, q8_0 / q4_0 blocks of 32)")
-    if args.group_size is not None and args.group_size not in s14.GROUP_SIZES:
-        parser.error(f"--group-size must be one of {', '.join(map(str, s14.GROUP_SIZES))} "
-                     f"(got {args.group_size})")
-    s15.check_speculative_arguments(parser, args)   # the rules that need no model
-    speculative = s15.speculative_options(args)
-    quantized = args.quantize is not None or args.kv_cache_dtype != "auto"
-    s16_host.check_technique_arguments(parser, args)   # S16's rules that need no model
-    s17_attention.check_attention_arguments(parser, args)   # S17's
-    attention = ({} if args.attention_backend == "gather" and args.num_splits == 1 else
-                 dict(attention_backend=args.attention_backend, num_splits=args.num_splits))
-    static = args.compile or args.cuda_graphs
-    if args.async_scheduling and speculative:
-        parser.error("--async-scheduling does not run with --speculative: the proposer drafts "
-                     "from the tokens of the step in flight, which are not sampled yet when "
-                     "the next step is planned; drop one of them")
-    if static and args.kv_cache_dtype != "auto":
-        parser.error(f"--compile and --cuda-graphs write the float KV pool; --kv-cache-dtype "
-                     f"{args.kv_cache_dtype} (S14's 8-bit pool) runs eagerly only: drop one "
-                     "of them")
-    host = (s16_host.technique_options(args)
-            if static or args.async_scheduling or args.executor_backend != "uni" else {})
+    engine_flags.check_engine_arguments(parser, args)   # Part III's rules that need no model
     import torch
     torch.set_num_threads(args.threads)
     try:
         model, tokenizer, template, directory = load_served(args.model, args.device)
-        # S14's build_engine when asked: the KV dtype checked, then the weights quantized
-        s14_options = dict(quantize=args.quantize, group_size=args.group_size,
-                           kv_cache_dtype=args.kv_cache_dtype) if quantized else {}
-        base = QUANTIZED_BUILDER if quantized else ENGINE_BUILDER
-        # S15's build_engine over it when --speculative: the draft loaded, then the base built
-        builder = speculative_builder(base) if speculative else base
-        # S17's attention backend in its runner when asked
-        builder = attention_builder(builder) if attention else builder
-        # S16's over either when asked: static decode steps, then the async loop around it
-        builder = host_builder(builder) if host else builder
+        # ENGINE_BUILDER, or S14's, with S15's, S17's or S18's, then S16's over it, as asked
+        builder, options = engine_flags.engine_builder(args, ENGINE_BUILDER, directory)
         engine = make_engine(model, tokenizer, args.max_num_seqs, args.max_num_batched_tokens,
-                             args.max_context, builder=builder, **s14_options, **speculative,
-                             **attention, **host)
+                             args.max_context, builder=builder, **options)
     except ParameterError as err:            # named by the flag that set the parameter
-        flag = FLAGS.get(err.parameter)
-        parser.error(f"{flag}: {err}" if flag else str(err))
+        parser.error(engine_flags.flag_message(err))
     except ValueError as err:
         parser.error(str(err))
     name = args.served_model_name or (DEFAULT_MODEL_NAME if args.model is None else args.model)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    weights = s14.quantized_weights(model)
-    formats = (f", weights {next(iter(weights.values())).describe()}" if weights else "") + (
-        f", KV cache {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else "")
-    if speculative:
-        formats += f", speculative {describe_speculation(engine)}"
-    if attention:
-        formats += f", attention backend {args.attention_backend}" + (
-            f" (split-K {args.num_splits})" if args.num_splits > 1 else "")
-    if host:
-        formats += f", {s16_host.describe_techniques(engine)}"
     print(f"serving {name} ({model.config.model_type}, "
-          f"{s03.parameter_count(model.config):,} parameters{formats}, "
+          f"{s03.parameter_count(model.config):,} parameters"
+          f"{engine_flags.describe_engine(engine, model, args)}, "
           f"{builder_name(builder)}, context "
           f"{engine.max_context}, chat template {template.name}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)
+    del model           # the engine holds what it runs (with N ranks: rank 0's share only)
     runner = engine.runner
     if isinstance(runner, s16_static.StaticDecodeRunner) and runner.compile and not runner.graphs:
         # every bucket compiled now, not on the first requests that need it (vLLM compiles and

@@ -16,7 +16,7 @@ SCRIPTS = ["s01_generation_loop", "s02_tokenizer", "s03_transformer", "s04_sampl
            "s09_continuous_batching", "s10_scheduler", "s11_chunked_prefill",
            "s12_paged_attention", "s12_kv_budget", "s13_prefix_caching", "s14_quantization",
            "s14_kv_cache", "s14_quality", "s15_speculative", "s16_host", "s17_attention",
-           "s19_server"]
+           "s18_tensor_parallel", "s19_server"]
 
 
 def options(help_text: str) -> dict[str, str]:

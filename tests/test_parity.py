@@ -11,7 +11,9 @@ S06 (PyTorch, manual and SDPA attention), S08 (a static batch of one), S09 (the
 step-based engine, Part I's call as a loop over add_request / step), S10 (S09 driven by the
 scheduler, at its smallest token budget), S11 (prompts chunked 8 tokens a step), S12 (blocks
 of 4), S13 (prefix caching), S15 (S13's engine with n-gram speculative decoding, 3 drafts a
-step), S17 (S13's engine with the paged C kernel as its attention). Every engine is
+step), S17 (S13's engine with the paged C kernel as its attention), S18 (S13's engine with
+the bundled model split over 2 ranks, handed over from memory: one executor per process, so
+the bundled model only). Every engine is
 driven through the same public call (S01's `generate(prompt, max_tokens)` and `stream`),
 with no per-engine dispatch: that they can
 all stand where the S01 engine stood is part of what is tested. Models: the tiny random GPT-2 / Qwen3 / Llama of
@@ -35,6 +37,7 @@ import s12_engine as s12
 import s13_prefix_caching as s13
 import s15_speculative as s15
 import s17_attention as s17
+import s18_tensor_parallel as s18
 from model_testing import EOS_UNUSED, PAD, TINY, V, IdTokenizer, build_tiny
 from s09_llm import LLM
 
@@ -169,7 +172,7 @@ BUNDLED_PROMPTS = [
 
 @bundled
 @pytest.mark.slow
-def test_every_engine_matches_the_s01_loop_and_hf_on_the_bundled_model():
+def test_every_engine_matches_the_s01_loop_and_hf_on_the_bundled_model(request):
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
     model, tokenizer = s03_checkpoint.load()
@@ -182,6 +185,11 @@ def test_every_engine_matches_the_s01_loop_and_hf_on_the_bundled_model():
                                               dtype=torch.float32).eval()
     max_context = model.config.max_position_embeddings
     all_engines = engines(model, torch_models, tokenizer, max_context)
+    tp2 = s18.build_engine(torch_models["s06_manual"], tokenizer, tensor_parallel_size=2,
+                           max_context=max_context, max_num_seqs=4, max_num_batched_tokens=8,
+                           block_size=4)            # 2 ranks, each with half of every matrix
+    request.addfinalizer(tp2.runner.shutdown)       # the engine owns its ranks
+    all_engines["s18_tp2"] = LLM(tp2)
     for prompt in BUNDLED_PROMPTS:
         reference = check_same_call("bundled", all_engines, prompt, 30, tokenizer.decode)
         ids = tokenizer.encode(prompt)
