@@ -12,8 +12,9 @@
 # bench_s12.json, bench_s14.json, bench_s15.json; each rewritten after every row, so a part
 # stopped at its budget keeps what it measured; bench_s16.json, S16's benchmark's; and
 # bench_s17.json, S17's, rewritten after each of its parts, with pytest_s17.xml, its tests'
-# JUnit report). On a machine without a CUDA device it says so, writes versions.json and
-# summary.json (status "no_device") and exits 0.
+# JUnit report; bench_s18.json, S18's gpu section, rewritten after each of its parts). On a
+# machine without a CUDA device it says so, writes versions.json and summary.json (status
+# "no_device") and exits 0.
 #
 # Parts and their budgets in seconds (each under its own `timeout`; none runs past the total,
 # GPU_CHECK_BUDGET_S, default 480, so the whole check ends within 8 minutes):
@@ -22,18 +23,22 @@
 #   pytest_gpu  120   python -m pytest -m gpu over the test files that use the marker, S17's
 #                     excepted (S16's compiled and CUDA-graph tests in tests/test_s16_static.py
 #                     too)
-#   s06          31   S06's engine against HF generate(), bf16, batch 1, Qwen3-0.6B shape
-#   s08          34   S08's static batches against HF's padded generate(), B = 1 .. 64
-#   s09          21   S09's continuous batching against S08's static batches, mixed lengths
+#   s06          26   S06's engine against HF generate(), bf16, batch 1, Qwen3-0.6B shape
+#   s08          28   S08's static batches against HF's padded generate(), B = 1 .. 64
+#   s09          17   S09's continuous batching against S08's static batches, mixed lengths
 #   s12          16   S12's paged decode against S09's contiguous slots
-#   s14          26   S14's int8 / int4 fused GEMVs and batch-1 decode against bf16
-#   s15          22   S15's speculative decoding, batch 1: plain vs n-gram vs an int4 draft
+#   s14          21   S14's int8 / int4 fused GEMVs and batch-1 decode against bf16
+#   s15          17   S15's speculative decoding, batch 1: plain vs n-gram vs an int4 draft
 #   s16          60   S16's benchmark (benchmarks/bench_s16_host.py --quick): eager vs static
 #                     vs compiled vs CUDA-graph decode steps, async scheduling
 #   s17          75   S17's gpu-marked tests (tests/test_s17_*.py: its Triton kernels compiled,
 #                     at most S17_TESTS_S of the part), then its benchmark's gpu section
 #                     (benchmarks/bench_s17_attention.py --sections gpu): the Triton flash
 #                     forward vs SDPA, paged decode vs gather + SDPA, split-K at B = 1
+#   s18          25   S18's benchmark's gpu section (benchmarks/bench_s18_tensor_parallel.py
+#                     --sections gpu): NCCL at world size 1, a smoke test (the tensor-parallel
+#                     executor's greedy tokens and step time against S17's engine alone, B = 1
+#                     and 32; one all-reduce call at world size 1); one GPU shows no scaling
 # The budgets add up to the default total less 10 s (the grace a part's KILL may take), so
 # each part gets its whole budget even when every part before it used all of its own (tests/
 # test_gpu_check.py checks this sum). S16's 60 s came from the six benchmark parts before it,
@@ -41,6 +46,8 @@
 # leaves out rows, while pytest_gpu, which now also compiles S16's steps, and the fixed
 # costs of versions and bandwidth kept theirs). S17's 75 s came from the same six parts in
 # the same way (225 s became 150 s; S16's part, which has no --budget-s, kept its 60 s).
+# S18's 25 s came from the same parts again, about a sixth of each (150 s became 125 s),
+# except S12's 16 s, already near the 15 s below which a part is skipped.
 # S17's tests run in its own part, not in pytest_gpu, so that compiling its Triton kernels
 # is paid from its budget. A smaller GPU_CHECK_BUDGET_S cuts the last parts: each gets at
 # most what is left, and one that would start with under 15 s left is skipped, said in the
@@ -63,7 +70,10 @@
 # under GPU_CHECK_CPU=1) and --json; it has no --budget-s, so `timeout` alone bounds it.
 # S17's part is the function s17_part below, run by `bash -c` under the part's timeout: its
 # tests, then its benchmark told the seconds left (--budget-s), which it fits its rows to; under
-# GPU_CHECK_CPU=1 the benchmark runs its CPU traffic section instead (--quick).
+# GPU_CHECK_CPU=1 the benchmark runs its CPU traffic section instead (--quick). S18's part is
+# its benchmark (S18_BENCH) with --device cuda and --budget-s; its gpu-marked tests run in
+# pytest_gpu (the marker); under GPU_CHECK_CPU=1 the same section runs on gloo at world size 1
+# (--device cpu --quick: a rehearsal, the CPU's figures).
 set -u
 
 if [ $# -ne 1 ] || [ "${1#-}" != "$1" ]; then
@@ -83,6 +93,7 @@ REPORT=(scripts/gpu_check_report.py)
 BENCH=(benchmarks/gpu_bench.py)
 S16_BENCH=(benchmarks/bench_s16_host.py --quick)     # the s16 part's command, less device, json
 S17_TESTS_S=25       # the most of the s17 part its tests may take (pytest stopped by INT there)
+S18_BENCH=(benchmarks/bench_s18_tensor_parallel.py --sections gpu)   # less device, json, budget
 
 main() {
     cd "$ROOT" || return 1
@@ -113,16 +124,18 @@ main() {
     cuda=$(field versions.json cuda.available)
     torch_ok=$(field versions.json cuda.importable)
     local device_args=() s16_device=(--device cuda) s17_args=(--device cuda --sections gpu)
+    local s18_device=(--device cuda)
     if [ "${GPU_CHECK_CPU:-0}" = "1" ]; then
         echo "GPU_CHECK_CPU=1: a rehearsal on the CPU, tiny model, figures meaningless"
         device_args=(--device cpu --shape tiny)
         s16_device=(--device cpu)
         s17_args=(--device cpu --sections traffic --quick)
+        s18_device=(--device cpu --quick)
     elif [ "$cuda" != "True" ]; then
         local why="torch $(field versions.json cuda.torch) sees none"
         [ "$torch_ok" = "True" ] || why="torch is not importable with $PYTHON"
         echo "no CUDA device: nothing to check ($why)"
-        for part in bandwidth pytest_gpu s06 s08 s09 s12 s14 s15 s16 s17; do
+        for part in bandwidth pytest_gpu s06 s08 s09 s12 s14 s15 s16 s17 s18; do
             record "$part" skipped "no CUDA device ($why)" 0 "" ""
         done
         if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -170,12 +183,12 @@ main() {
         done
     else
         local bw=(--bandwidth-json "$OUTDIR/bandwidth.json" "${device_args[@]}")
-        bench s06 31 "${bw[@]}"
-        bench s08 34 "${bw[@]}"
-        bench s09 21 "${bw[@]}"
+        bench s06 26 "${bw[@]}"
+        bench s08 28 "${bw[@]}"
+        bench s09 17 "${bw[@]}"
         bench s12 16 "${bw[@]}"
-        bench s14 26 "${bw[@]}"
-        bench s15 22 "${device_args[@]}"   # measures no bandwidth: no --bandwidth-json
+        bench s14 21 "${bw[@]}"
+        bench s15 17 "${device_args[@]}"   # measures no bandwidth: no --bandwidth-json
         # S16's benchmark, its own script; its GPU tests ran in pytest_gpu (the marker)
         run_part s16 60 bench_s16.json TERM "$PYTHON" "${S16_BENCH[@]}" "${s16_device[@]}" \
             --json "$OUTDIR/bench_s16.json"
@@ -186,6 +199,11 @@ main() {
     export -f s17_part          # run by `bash -c` under the part's timeout
     run_part s17 75 bench_s17.json TERM bash -c 's17_part "$@"' s17 "$PYTHON" "@BUDGET_LESS_10@" \
         "$OUTDIR/pytest_s17.xml" "$OUTDIR/bench_s17.json" "$S17_TESTS_S" "${s17_args[@]}"
+
+    # S18: its benchmark's gpu section, NCCL at world size 1 on the bundled model (no
+    # transformers needed); its gpu-marked tests ran in pytest_gpu
+    run_part s18 25 bench_s18.json TERM "$PYTHON" "${S18_BENCH[@]}" "${s18_device[@]}" \
+        --json "$OUTDIR/bench_s18.json" --budget-s "@BUDGET_LESS_10@"
 
     local total=$((SECONDS - START))
     echo "== gpu_check done in ${total} s"

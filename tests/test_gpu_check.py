@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 # The script's rule for the files that use the marker (its grep -E, here as a Python regex).
 MARKER_LINE = re.compile(r"^[^#\"']*pytest\.mark\.gpu\b", re.MULTILINE)
-PARTS = ("bandwidth", "pytest_gpu", "s06", "s08", "s09", "s12", "s14", "s15", "s16", "s17")
+PARTS = ("bandwidth", "pytest_gpu", "s06", "s08", "s09", "s12", "s14", "s15", "s16", "s17",
+         "s18")
 
 
 def load(path: Path):
@@ -97,6 +98,29 @@ def test_the_s15_part_uses_the_shape_of_s14s_benchmark():
     block = block[len("E2E_SHAPE = "):block.index("\n)\n") + 2]
     assert eval(block, {"dict": dict}) == bench.S15_RANDOM_SHAPE     # a literal dict(...)
     assert "s15" in bench.PARTS and bench.WORKLOADS["qwen3-0.6b"]["s15"]["tokens"] >= 32
+
+
+def test_the_s18_part_runs_its_benchmarks_gpu_section_with_the_flags_it_takes():
+    """The s18 part's command is benchmarks/bench_s18_tensor_parallel.py --sections gpu with
+    the device's flags, --json and --budget-s (its budget less 10 s); the benchmark's own parser
+    takes them (the CPU rehearsal's, GPU_CHECK_CPU=1; CUDA's too where torch finds a device),
+    and every part keeps at least the 15 s below which run_part skips it."""
+    text = SCRIPT.read_text(encoding="utf-8")
+    assert re.search(r'run_part s18 \d+ bench_s18\.json TERM "\$PYTHON" "\$\{S18_BENCH\[@\]\}" '
+                     r'"\$\{s18_device\[@\]\}" \\\n\s+--json "\$OUTDIR/bench_s18\.json" '
+                     r'--budget-s "@BUDGET_LESS_10@"\n', text)
+    bench_line = re.search(r"^S18_BENCH=\((.*?)\)", text, re.MULTILINE).group(1).split()
+    assert bench_line == ["benchmarks/bench_s18_tensor_parallel.py", "--sections", "gpu"]
+    devices = re.findall(r"s18_device=\((.*?)\)", text)
+    assert devices == ["--device cuda", "--device cpu --quick"]
+    from bench_testing import import_benchmark   # the module test_s18_bench.py imports too
+    bench = import_benchmark("bench_s18_tensor_parallel")
+    budget = script_budgets()[2]["s18"] - 10
+    for device in devices if torch.cuda.is_available() else devices[1:]:
+        args = bench.parse_args([*bench_line[1:], *device.split(), "--json", "x.json",
+                                 "--budget-s", str(budget)])
+        assert args.sections == ["gpu"] and args.budget_s == budget
+    assert min(script_budgets()[2].values()) >= 15
 
 
 def test_script_refuses_a_missing_outdir_argument():
