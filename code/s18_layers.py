@@ -43,7 +43,8 @@ Run it
 
 Tests
     tests/test_s18_layers.py (shard shapes and bytes, logits of N ranks as threads against
-    S06, the all-reduce count per layer, the refusals).
+    S06, the all-reduce count per layer, the refusals: sizes that do not split, checkpoints
+    S03's loader refuses).
 
 References
     Shoeybi et al., Megatron-LM (2019), section 3 and figure 3 (the MLP and attention splits);
@@ -222,7 +223,8 @@ class Communicator:
 
 class DistCommunicator(Communicator):
     """Collectives through torch.distributed on `group` (None: the default group). Rank 0 of
-    the group is the one that receives the gathered logits."""
+    the group is the one that receives the gathered logits. At world size 1 the collectives
+    are still called (each a no-op), so a one-GPU run exercises NCCL's calls."""
 
     def __init__(self, group=None):
         import torch.distributed as dist
@@ -233,13 +235,10 @@ class DistCommunicator(Communicator):
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         self.count(x)
-        if self.world_size > 1:
-            self.dist.all_reduce(x, group=self.group)
+        self.dist.all_reduce(x, group=self.group)   # at world size 1 too: a smoke test of it
         return x
 
     def gather(self, x: torch.Tensor) -> torch.Tensor | None:
-        if self.world_size == 1:
-            return x
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.world_size)] if self.rank == 0 else None
         dst = self.dist.get_global_rank(self.group, 0) if self.group is not None else 0
@@ -275,11 +274,17 @@ class ShmCommunicator(Communicator):
     A round: every rank copies its message into its row of the arena, then publishes the
     round's number in its flag; it waits until every flag shows the round, then reads: the
     all-reduce sums the rows in rank order (every rank the same bits), the gather's rank 0
-    concatenates them. x86's stores become visible in program order, so a rank that sees a
-    flag sees the data written before it. Messages longer than the arena's capacity go in
-    several rounds. The wait spins, then yields the core; every 10 ms it checks `alive()`
-    (False: a peer is gone), the arena's abort flag and timeout_s, and raises RuntimeError
-    naming what it waited for. Tensors are summed in float32 and cast back."""
+    concatenates them. Why this is safe on x86 (total store order): the writer's data stores
+    become visible before its later flag store, and the reader's loads of the data are not
+    moved before its earlier load of the flag, so a rank that sees a flag sees the data
+    written before it (the flag is stored by a separate call after `copy_` returns, so no
+    compiler moves it either). Why two slots: a rank writes round k + 2 into round k's slot
+    only after it has seen every flag at k + 1, and a rank posts k + 1 only after it has read
+    round k; so no one is two rounds ahead of a reader. Messages longer than the arena's
+    capacity go in several rounds. The wait spins, then yields the core, then sleeps 50 us
+    at a time; every few hundred checks it looks at `alive()` (False: a peer is gone), the
+    arena's abort flag and timeout_s, and raises RuntimeError naming what it waited for.
+    Tensors are summed in float32 and cast back."""
 
     def __init__(self, arena: ShmArena, rank: int, alive: Callable[[], bool] = lambda: True,
                  timeout_s: float = 600.0):
@@ -301,9 +306,11 @@ class ShmCommunicator(Communicator):
                 spins += 1
                 if spins < 2000:
                     continue
-                time.sleep(0)                 # yield the core to whoever we wait for
                 now = time.monotonic()
                 start = now if start is None else start
+                # yield the core to whoever we wait for; after a millisecond, sleep: more
+                # ranks than free cores (a loaded machine) must not spin against each other
+                time.sleep(0 if now - start < 1e-3 else 5e-5)
                 if spins % 256 == 0:
                     if self.flags[0, 8]:
                         raise RuntimeError("the tensor-parallel run is stopping (abort)")
@@ -653,28 +660,82 @@ def s06_state_dict(model: s06.TorchTransformer) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in out.items()}
 
 
+FLOAT_TAGS = ("F32", "F16", "BF16", "F64")     # safetensors' floating-point dtypes
+
+
 class SafetensorsReader:
-    """Reads slices of a checkpoint directory's tensors (model.safetensors, or the files
-    model.safetensors.index.json names) through `safetensors.safe_open`: the file is
-    memory-mapped and only the slice's bytes are read. `bytes_read` counts them.
-    Raises S03's CheckpointError for no safetensors file and a tensor no file holds."""
+    """Reads slices of a checkpoint directory's tensors (model.safetensors, else the files
+    model.safetensors.index.json names: S03's `load_state_dict` rules) through
+    `safetensors.safe_open`: the file is memory-mapped and only the slice's bytes are read.
+    `bytes_read` counts them. `check(config)` checks the headers only, as S03's
+    `check_state_dict` checks the tensors. Raises S03's CheckpointError: no safetensors file,
+    a bad index (not a JSON object with a weight_map of file names in the directory, a
+    shard missing, a tensor in two shards), a file safetensors cannot open, a tensor no file
+    holds."""
 
     def __init__(self, checkpoint_dir: str | Path):
-        import json
         from safetensors import safe_open
         self.dir = Path(checkpoint_dir)
         index = self.dir / "model.safetensors.index.json"
-        if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-        elif (self.dir / "model.safetensors").exists():
-            weight_map = None
+        if (self.dir / "model.safetensors").exists():      # S03's order: the single file first
+            files = ["model.safetensors"]
+        elif index.exists():
+            weight_map = s03_checkpoint.read_json_object(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(f, str) and f and Path(f).name == f and f not in (".", "..")
+                    for f in weight_map.values()):
+                raise s03_checkpoint.CheckpointError(
+                    f"{index}: needs a \"weight_map\" object mapping each tensor name to a "
+                    f"shard file in the checkpoint directory itself")
+            files = sorted(set(weight_map.values()))
         else:
-            raise s03_checkpoint.CheckpointError(f"{self.dir}: no model.safetensors")
-        files = sorted(set(weight_map.values())) if weight_map else ["model.safetensors"]
-        self.handles = {f: safe_open(str(self.dir / f), framework="pt") for f in files}
-        self.where = weight_map or {k: "model.safetensors"
-                                    for k in self.handles["model.safetensors"].keys()}
+            raise s03_checkpoint.CheckpointError(
+                f"{self.dir}: no model.safetensors or model.safetensors.index.json")
+        self.handles, self.where = {}, {}
+        for f in files:
+            if not (self.dir / f).is_file():
+                raise s03_checkpoint.CheckpointError(f"{self.dir}: shard {f} listed in "
+                                                     f"model.safetensors.index.json is missing")
+            try:
+                self.handles[f] = safe_open(str(self.dir / f), framework="pt")
+            except Exception as err:     # noqa: BLE001 (safetensors' own error type, one message)
+                raise s03_checkpoint.CheckpointError(f"{self.dir / f}: not a readable "
+                                                     f"safetensors file ({err})") from None
+            for name in self.handles[f].keys():
+                if name in self.where:
+                    raise s03_checkpoint.CheckpointError(
+                        f"{self.dir}: tensor {name!r} is stored in more than one shard ({f} "
+                        f"and {self.where[name]})")
+                self.where[name] = f
         self.bytes_read = 0
+
+    def check(self, config: s03.TransformerConfig) -> None:
+        """Every tensor the config needs is there, floating point, of the config's full shape
+        (a longer one would be sliced silently), and no other (S03's rules; headers only).
+        Raises S03's MissingTensorError and CheckpointError naming the tensor."""
+        expected = s03_checkpoint.expected_tensors(config)
+        missing = [name for name in expected if name not in self.where]
+        if missing:
+            raise s03_checkpoint.MissingTensorError(
+                f"{self.dir}: missing {len(missing)} tensor(s) the config requires: "
+                f"{', '.join(missing[:8])}")
+        ignored = ("lm_head.weight",) if config.tie_word_embeddings else ()
+        unexpected = sorted(n for n in self.where if n not in expected and n not in ignored
+                            and not n.endswith(s03_checkpoint._IGNORED_SUFFIXES))
+        if unexpected:
+            raise s03_checkpoint.CheckpointError(
+                f"{self.dir}: tensor(s) the {config.model_type} config does not account for: "
+                f"{', '.join(unexpected[:8])}")
+        for name, shape in expected.items():
+            info = self.handles[self.where[name]].get_slice(name)
+            if info.get_dtype() not in FLOAT_TAGS:
+                raise s03_checkpoint.CheckpointError(
+                    f"tensor {name} has dtype {info.get_dtype()}: model weights must be "
+                    f"floating point ({', '.join(FLOAT_TAGS)})")
+            if tuple(info.get_shape()) != shape:
+                raise s03_checkpoint.CheckpointError(
+                    f"tensor {name} has shape {list(info.get_shape())}, the config implies "
+                    f"{list(shape)}")
 
     def __call__(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
         if name not in self.where:
@@ -688,11 +749,13 @@ def load_shard(checkpoint_dir: str | Path, comm: Communicator, device: str | tor
                dtype: torch.dtype = torch.float32, attention: str = "manual"
                ) -> TPTransformer:
     """Rank comm.rank's share of a checkpoint directory, each tensor read as its slice only
-    (S03's config reader; safetensors' memory-mapped slices). Raises S03's CheckpointError
-    and ParameterError (`check_tensor_parallel`)."""
+    (S03's config reader; safetensors' memory-mapped slices), after the headers are checked
+    (`SafetensorsReader.check`). Raises S03's CheckpointError and ParameterError
+    (`check_tensor_parallel`)."""
     config = s03_checkpoint.load_config(checkpoint_dir)
     check_tensor_parallel(config, comm.world_size)
     reader = SafetensorsReader(checkpoint_dir)
+    reader.check(config)
     state = shard_state_dict(config, reader, comm.rank, comm.world_size)
     model = TPTransformer(config, state, comm, device, dtype, attention)
     model.bytes_read = reader.bytes_read

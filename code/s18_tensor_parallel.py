@@ -29,10 +29,14 @@ What is new since S17
       rank) on N ranks; `check_parallel` refuses what cannot run before any process starts.
 
 What it does not handle
-    S09's batch-invariant reference (each request alone every step: run it with N = 1), S16's
-    static step, worker process and async scheduling's overlap (the step is synchronous),
-    S14's quantized weights, S15's draft model (S15's n-gram drafts work: they live on rank
-    0); pipeline, sequence and expert parallelism (the chapter's In production).
+    S09's batch-invariant reference (each request alone every step: run it with N = 1); S16's
+    static step, worker process and async scheduling's overlap (the step is synchronous);
+    S14's quantized weights and S15's draft model (S15's n-gram drafts work: they live on rank
+    0); ranks on several machines without torchrun; pipeline, sequence and expert parallelism
+    (the chapter's In production). The chapter script, S08's shared main, loads the whole
+    model in this process first for its config, device and dtype, and keeps it to the end:
+    there rank 0 holds it beside its share (S19's server drops it once the ranks hold theirs;
+    `build_engine(checkpoint=...)` itself reads slices only).
 
 Run it
     python code/s18_tensor_parallel.py --tensor-parallel-size 2
@@ -56,6 +60,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S09, before NumPy loads
 
 import atexit
+import dataclasses
 import pickle
 import signal
 import sys
@@ -101,9 +106,10 @@ class ParallelConfig:
     """tensor_parallel_size: N ranks. backend: "gloo" or "nccl" (None: NCCL on CUDA, gloo on
     the CPU). distributed_init: "spawn" (this process starts ranks 1 .. N-1) or "env" (they
     were started by torchrun; read RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). threads_per_rank:
-    torch threads each rank uses. timeout_s: how long a collective or the start may wait for a
-    rank. disable_custom_all_reduce: use the backend's all-reduce even where the shared-memory
-    one runs (vLLM's flag: spawned ranks on one x86 CPU; see s18_layers.ShmCommunicator).
+    torch threads each rank uses. timeout_s: how long (1 to 1e9 s) a collective or the start
+    may wait for a rank. disable_custom_all_reduce: use the backend's all-reduce even where the
+    shared-memory one runs (vLLM's flag: spawned ranks on one x86 CPU; see
+    s18_layers.ShmCommunicator).
     Raises ParameterError naming the field."""
 
     tensor_parallel_size: int = 1
@@ -126,9 +132,16 @@ class ParallelConfig:
             raise ParameterError(f"distributed_init must be one of {DISTRIBUTED_INITS} (got "
                                  f"{self.distributed_init!r})", "distributed_init",
                                  self.distributed_init)
-        if not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
-            raise ParameterError(f"timeout_s must be a number > 0 (got {self.timeout_s!r})",
-                                 "timeout_s", self.timeout_s)
+        # torch's store counts its timeout in whole milliseconds, and timedelta overflows
+        # past about 1e14 s: from 1 s (no rank starts sooner) to 1e9 s (about 31 years)
+        if (not isinstance(self.timeout_s, (int, float)) or isinstance(self.timeout_s, bool)
+                or not 1 <= self.timeout_s <= 1e9):
+            raise ParameterError(f"timeout_s must be a number of seconds from 1 to 1e9 (got "
+                                 f"{self.timeout_s!r})", "timeout_s", self.timeout_s)
+        if not isinstance(self.disable_custom_all_reduce, bool):
+            raise ParameterError(f"disable_custom_all_reduce must be True or False (got "
+                                 f"{self.disable_custom_all_reduce!r})",
+                                 "disable_custom_all_reduce", self.disable_custom_all_reduce)
 
 
 def check_parallel(config, parallel: ParallelConfig, device: torch.device) -> str:
@@ -263,10 +276,14 @@ def _init_group(parallel: ParallelConfig, backend: str, store, rank: int, world_
     return s18_layers.DistCommunicator(), cpu_group
 
 
-def _device_of(device: torch.device, rank: int) -> torch.device:
-    if device.type == "cuda":
+def _device_of(device: torch.device, rank: int, distributed_init: str) -> torch.device:
+    """A rank's device: on CUDA, spawned rank r takes GPU (the given index, default 0) + r;
+    under torchrun, LOCAL_RANK (its GPU on its machine)."""
+    if device.type != "cuda":
+        return device
+    if distributed_init == "env":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    return device
+    return torch.device("cuda", (device.index or 0) + rank)
 
 
 def run_worker(rank: int, world_size: int, parallel: ParallelConfig, backend: str, host: str,
@@ -284,10 +301,10 @@ def run_worker(rank: int, world_size: int, parallel: ParallelConfig, backend: st
     store = None
     try:
         store = _open_store(parallel, rank, world_size, host, port)
-        store.set(f"s18/alive/{rank}", b"1")
-        torch_device = _device_of(torch.device(device), rank)
+        torch_device = _device_of(torch.device(device), rank, parallel.distributed_init)
         if torch_device.type == "cuda":
             torch.cuda.set_device(torch_device)
+        store.set(f"s18/alive/{rank}", b"1")       # next: joining the group (rank 0 waits)
         parent = os.getppid()                      # rank 0, for a spawned rank
         comm, cpu_group = _init_group(parallel, backend, store, rank, world_size, arena,
                                       lambda: os.getppid() == parent)
@@ -343,20 +360,41 @@ class TPExecutor:
 
     source: a checkpoint directory (every rank reads only its slices) or an S06
     `TorchTransformer` in memory (rank 0 slices it; each worker gets its shard through shared
-    memory when spawned). device: "cpu" or "cuda" (rank r on cuda:r). parallel: a
-    `ParallelConfig` (this process, rank 0, runs threads_per_rank torch threads until the
-    executor shuts down). `collective_rpc(method, *args)` calls a `Worker` method on every rank
-    and returns rank 0's result; `attach(engine)` gives a built engine (rank 0's) to the
-    ranks; `shutdown()` stops them, idempotent, also at exit. Raises ParameterError for
-    what `check_parallel` refuses and for a second live executor in this process; WorkerError
+    memory when spawned). device: "cpu" or "cuda" (rank r on cuda:r); device and dtype default
+    to an in-memory model's own. parallel: a `ParallelConfig` (this process, rank 0, runs
+    threads_per_rank torch threads until the executor shuts down). `collective_rpc(method,
+    *args)` calls a `Worker` method on every rank and returns rank 0's result;
+    `attach(engine)` gives a built engine (rank 0's) to the ranks; `shutdown()` stops them,
+    idempotent, also at exit. Raises ParameterError for what `check_parallel` refuses, for
+    arguments of the wrong type or value and for a second live executor in this process;
+    S03's CheckpointError for a checkpoint whose headers break S03's rules
+    (`SafetensorsReader.check`), all before any process starts; WorkerError
     when a rank fails to start or fails in a call (naming it; every rank is then stopped)."""
 
     def __init__(self, source, parallel: ParallelConfig = ParallelConfig(2),
                  device: str | None = None, dtype: str | torch.dtype | None = None,
                  attention: str = "manual"):
         import torch.distributed as dist
+        if not isinstance(parallel, ParallelConfig):
+            raise ParameterError(f"parallel must be a ParallelConfig (got {parallel!r})",
+                                 "parallel")
+        if (not isinstance(source, (str, Path, s06.TorchTransformer))
+                or isinstance(source, s18_layers.TPTransformer)):
+            raise ParameterError(f"source must be a checkpoint directory (or hub id) or a "
+                                 f"whole S06 TorchTransformer (got {type(source).__name__})",
+                                 "source")
+        if attention not in s06.ATTENTION_IMPLS:
+            raise ParameterError(f"attention must be one of {s06.ATTENTION_IMPLS} (got "
+                                 f"{attention!r})", "attention")
+        if isinstance(source, s06.TorchTransformer):   # by default, the model's own
+            device = str(source.device) if device is None else device
+            dtype = source.dtype if dtype is None else dtype
         if isinstance(dtype, torch.dtype):
-            dtype = next(k for k, v in s06.DTYPES.items() if v == dtype)
+            names = [k for k, v in s06.DTYPES.items() if v == dtype]
+            if not names:
+                raise ParameterError(f"dtype must be one of torch.{', torch.'.join(s06.DTYPES)}"
+                                     f" (got {dtype})", "dtype")
+            dtype = names[0]
         torch_device, torch_dtype = s06.resolve_device_dtype(device, dtype)
         if isinstance(source, s06.TorchTransformer):
             config = source.config
@@ -364,6 +402,8 @@ class TPExecutor:
             source = s03_checkpoint.resolve_checkpoint(source)
             config = s03_checkpoint.load_config(source)
         backend = check_parallel(config, parallel, torch_device)
+        if not isinstance(source, s06.TorchTransformer):   # headers only: refused here, not
+            s18_layers.SafetensorsReader(source).check(config)   # by every rank once spawned
         if any(ref() is not None for ref in _ACTIVE) or dist.is_initialized():
             raise ParameterError("one tensor-parallel executor per process (it owns the "
                                  "process group): shut the other down first",
@@ -372,20 +412,29 @@ class TPExecutor:
         self.world_size = n = parallel.tensor_parallel_size
         self.processes: list = []
         self.store = self.arena = None
+        self._unset_ifname = False
         self._number = 0
         self._dead: str | None = None
         self._engine_runner = lambda: None       # a weak reference to the attached runner
         if parallel.distributed_init == "env":
-            rank = int(os.environ.get("RANK", "0"))
-            if rank != 0 or int(os.environ.get("WORLD_SIZE", "1")) != n:
+            env = {k: os.environ.get(k, "") for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                       "MASTER_PORT")}
+            if not env["MASTER_ADDR"] or not all(env[k].isdigit() for k in
+                                                 ("RANK", "WORLD_SIZE", "MASTER_PORT")):
+                raise ParameterError(f"distributed_init='env' reads torchrun's variables, and "
+                                     f"they are not all set ({env}): start it with torchrun",
+                                     "distributed_init")
+            if int(env["RANK"]) != 0 or int(env["WORLD_SIZE"]) != n:
                 raise ParameterError(f"distributed_init='env' builds the executor on rank 0 "
-                                     f"of {n} (RANK={os.environ.get('RANK')}, WORLD_SIZE="
-                                     f"{os.environ.get('WORLD_SIZE')}): the other ranks run "
-                                     f"run_worker", "distributed_init")
-            host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+                                     f"of {n} (RANK={env['RANK']}, WORLD_SIZE="
+                                     f"{env['WORLD_SIZE']}): the other ranks run run_worker",
+                                     "distributed_init")
+            host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
         else:
             host, port = "127.0.0.1", 0
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            if "GLOO_SOCKET_IFNAME" not in os.environ:    # gloo on the loopback; unset again
+                os.environ["GLOO_SOCKET_IFNAME"] = "lo"   # at shutdown
+                self._unset_ifname = True
         _ACTIVE.append(weakref.ref(self))
         self._threads_before = torch.get_num_threads()   # rank 0 is this process: restored
         torch.set_num_threads(parallel.threads_per_rank)  # at shutdown
@@ -411,7 +460,7 @@ class TPExecutor:
             if parallel.distributed_init == "spawn" and n > 1:
                 self._spawn(host, self.store.port, torch_device, torch_dtype, attention,
                             worker_source)
-            torch_device = _device_of(torch_device, 0)
+            torch_device = _device_of(torch_device, 0, parallel.distributed_init)
             if torch_device.type == "cuda":
                 torch.cuda.set_device(torch_device)
             self._wait_alive()
@@ -456,9 +505,12 @@ class TPExecutor:
         deadline = time.monotonic() + self.parallel.timeout_s
         for rank, process in enumerate(self.processes, start=1):
             while not self.store.check([f"s18/alive/{rank}"]):
-                if not process.is_alive() or time.monotonic() > deadline:
+                if not process.is_alive():
                     raise WorkerError(f"rank {rank} did not start (exit code "
                                       f"{process.exitcode})" + self._errors_text())
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"rank {rank} did not start in timeout_s="
+                                      f"{self.parallel.timeout_s:g} s")
                 time.sleep(0.01)
 
     def collective_rpc(self, method: str, *args, local_args: tuple | None = None):
@@ -470,8 +522,8 @@ class TPExecutor:
         if self._dead is not None:
             raise WorkerError(f"the tensor-parallel executor has stopped ({self._dead}): "
                               "build a new engine")
-        self._number += 1
         try:
+            self._number += 1
             if self.world_size > 1:
                 self.store.set(f"s18/call/{self._number}", pickle.dumps((method, args)))
                 if self._number > 1:
@@ -503,13 +555,13 @@ class TPExecutor:
         a worker writes it before it exits, and rank 0 notices the exit, so it is there),
         else err itself (rank 0's own, Ctrl-C included)."""
         text = self._errors_text()
+        dead = [f"rank {r} exit code {p.exitcode}" for r, p in     # gone before we stop them
+                enumerate(self.processes, start=1) if p.exitcode not in (None, 0)]
         if self.arena is not None:
             self.arena.abort()
         for process in self.processes:              # out of step now: stop them at once
             if process.is_alive():
                 process.kill()
-        dead = [f"rank {r} exit code {p.exitcode}" for r, p in
-                enumerate(self.processes, start=1) if p.exitcode not in (None, 0)]
         self._dead = (text.strip().splitlines()[0] if text else
                       ", ".join(dead) if dead else f"rank 0: {err!r}")
         self.shutdown()
@@ -527,6 +579,10 @@ class TPExecutor:
         each builds the same runner over its own pool, and the engine's runner becomes a
         `TPRunner`. The engine attached before it stops working. Returns the engine."""
         inner = engine.runner
+        if isinstance(inner, TPRunner):
+            raise ParameterError("this engine already runs on a tensor-parallel executor: "
+                                 "attach each engine once (build_engine(..., executor=...) "
+                                 "does)", "engine")
         kernel = isinstance(inner, s17.KernelRunner)
         paged = inner.inner if kernel else inner
         if not isinstance(paged, PagedRunner) or paged.model is not self.model:
@@ -587,6 +643,8 @@ def _stop_ranks(state: dict) -> None:
         except Exception:                           # noqa: BLE001 (a failed group)
             pass
     state["store"] = None
+    if state.pop("_unset_ifname", False):
+        os.environ.pop("GLOO_SOCKET_IFNAME", None)
     if state.get("_threads_before"):
         torch.set_num_threads(state.pop("_threads_before"))
     _ACTIVE[:] = [ref for ref in _ACTIVE
@@ -621,6 +679,33 @@ class TPRunner:
             self.executor.shutdown()
 
 
+def _check_same_config(model: s06.TorchTransformer, config, parameter: str) -> None:
+    """ParameterError unless the ranks' config (an executor's or a checkpoint's) is model's:
+    the engine is built on the ranks' model, so another would run in its place silently."""
+    if model.config != config:
+        differ = [f"{f.name} {getattr(config, f.name)!r}, model's {getattr(model.config, f.name)!r}"
+                  for f in dataclasses.fields(config)
+                  if getattr(config, f.name) != getattr(model.config, f.name)]
+        raise ParameterError(f"{parameter} holds another model than `model` ("
+                             f"{'; '.join(differ[:3])}): build both from the same checkpoint",
+                             parameter)
+
+
+def _check_same_weights(model: s06.TorchTransformer, executor: TPExecutor,
+                        parameter: str) -> None:
+    """ParameterError unless the executor's rank 0 holds model's weights in model's dtype
+    (compared: the first rows of its embedding slice; two checkpoints of one config differ
+    there)."""
+    share = executor.model
+    if share.dtype != model.dtype:
+        raise ParameterError(f"{parameter}: the ranks hold {share.dtype} weights, model "
+                             f"{model.dtype}: build both in one dtype", parameter)
+    rows = min(16, share.embed_tokens.shape[0])
+    if not torch.equal(share.embed_tokens[:rows].cpu(), model.embed_tokens[:rows].cpu()):
+        raise ParameterError(f"{parameter} holds other weights than `model` (their embeddings "
+                             f"differ): build both from the same checkpoint", parameter)
+
+
 def build_engine(model: s06.TorchTransformer, tokenizer, *, tensor_parallel_size: int = 1,
                  checkpoint: str | Path | None = None, executor: TPExecutor | None = None,
                  distributed_backend: str | None = None, threads_per_rank: int = 1,
@@ -636,12 +721,26 @@ def build_engine(model: s06.TorchTransformer, tokenizer, *, tensor_parallel_size
     engine owns (`s16_host.shutdown_engine` or exit stops it), whose ranks read their shards
     from checkpoint (a directory or hub id; None: model's weights, sliced here and handed
     over through shared memory). distributed_backend, threads_per_rank,
-    disable_custom_all_reduce: `ParallelConfig`'s. options: the builder's. Raises ParameterError naming the
-    rule (`check_parallel`'s, batch_invariant, N different from the executor's) before any
-    process starts, and WorkerError when a rank fails."""
+    disable_custom_all_reduce: `ParallelConfig`'s (checked at N = 1 too; with executor, they
+    and checkpoint are its own: given otherwise, refused). options: the builder's. Raises
+    ParameterError naming the rule (`ParallelConfig`'s and `check_parallel`'s, batch_invariant,
+    N different from the executor's, model not the one the ranks hold) before any process
+    starts, S03's CheckpointError (`TPExecutor`), and WorkerError when a rank fails."""
+    parallel = ParallelConfig(tensor_parallel_size, distributed_backend, "spawn",
+                              threads_per_rank,
+                              disable_custom_all_reduce=disable_custom_all_reduce)
+    if executor is not None and not isinstance(executor, TPExecutor):
+        raise ParameterError(f"executor must be a TPExecutor (got {type(executor).__name__})",
+                             "executor")
+    if isinstance(model, s18_layers.TPTransformer):   # alone, its collectives wait forever
+        raise ParameterError("model is one rank's share (a TPTransformer): pass the whole S06 "
+                             "model (and executor=, to reuse the executor's ranks)", "model")
     if executor is None and tensor_parallel_size == 1:
         return s17.build_engine(model, tokenizer, attention_backend=attention_backend,
                                 num_splits=num_splits, builder=builder, **options)
+    if not isinstance(model, s06.TorchTransformer):
+        raise ParameterError(f"model must be an S06 TorchTransformer (got "
+                             f"{type(model).__name__})", "model")
     if options.get("batch_invariant"):
         raise ParameterError("the batch-invariant reference runs each request alone every "
                              "step: use tensor_parallel_size=1 for it", "batch_invariant")
@@ -653,15 +752,30 @@ def build_engine(model: s06.TorchTransformer, tokenizer, *, tensor_parallel_size
                                  f"over ranks): use tensor_parallel_size=1 for it", name)
     owned = executor is None
     if owned:
-        parallel = ParallelConfig(tensor_parallel_size, distributed_backend, "spawn",
-                                  threads_per_rank,
-                                  disable_custom_all_reduce=disable_custom_all_reduce)
+        if checkpoint is not None:
+            _check_same_config(model, s03_checkpoint.load_config(
+                s03_checkpoint.resolve_checkpoint(checkpoint)), "checkpoint")
         executor = TPExecutor(model if checkpoint is None else checkpoint, parallel,
                               str(model.device), model.dtype, model.attention_impl)
-    elif tensor_parallel_size not in (1, executor.world_size):
-        raise ParameterError(f"tensor_parallel_size={tensor_parallel_size}, and the executor "
-                             f"runs {executor.world_size} ranks", "tensor_parallel_size")
+    else:
+        if tensor_parallel_size not in (1, executor.world_size):
+            raise ParameterError(f"tensor_parallel_size={tensor_parallel_size}, and the "
+                                 f"executor runs {executor.world_size} ranks",
+                                 "tensor_parallel_size")
+        for name, given in (("checkpoint", checkpoint is not None),
+                            ("distributed_backend", distributed_backend not in
+                             (None, executor.backend)),
+                            ("threads_per_rank", threads_per_rank not in
+                             (1, executor.parallel.threads_per_rank)),
+                            ("disable_custom_all_reduce", disable_custom_all_reduce
+                             and executor.arena is not None)):
+            if given:       # it would be ignored: the executor's ranks are set up already
+                raise ParameterError(f"{name} sets up a new executor's ranks; the executor "
+                                     f"given was set up without it: drop it, or make the "
+                                     f"executor with it", name)
+        _check_same_config(model, executor.config, "executor")
     try:
+        _check_same_weights(model, executor, "checkpoint" if owned else "executor")
         engine = s17.build_engine(executor.model, tokenizer, attention_backend=attention_backend,
                                   num_splits=num_splits, builder=builder, **options)
         executor.attach(engine)
@@ -700,8 +814,33 @@ def check_parallel_arguments(parser, args) -> None:
         parser.error(f"--tensor-parallel-size must be >= 1 (got {args.tensor_parallel_size})")
     if args.threads_per_rank < 1:
         parser.error(f"--threads-per-rank must be >= 1 (got {args.threads_per_rank})")
-    if args.tensor_parallel_size == 1 and getattr(args, "distributed_init", "spawn") != "env":
+    if getattr(args, "distributed_init", "spawn") == "env":
+        missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                   if not os.environ.get(name) or (name != "MASTER_ADDR"
+                                                   and not os.environ[name].isdigit())]
+        if missing:
+            parser.error(f"--distributed-init env reads torchrun's RANK, WORLD_SIZE, "
+                         f"MASTER_ADDR and MASTER_PORT, and {', '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} not set (or not a number): "
+                         f"start it with torchrun --nproc-per-node N (or drop "
+                         f"the flag)")
+        world = int(os.environ["WORLD_SIZE"])
+        if args.tensor_parallel_size not in (1, world):
+            parser.error(f"--tensor-parallel-size {args.tensor_parallel_size}: torchrun "
+                         f"started {world} ranks (WORLD_SIZE); drop the flag or make them "
+                         f"equal")
+        args.tensor_parallel_size = world             # the ranks torchrun started
+    elif args.tensor_parallel_size == 1:
+        for flag, given in (("--distributed-backend", args.distributed_backend is not None),
+                            ("--threads-per-rank", args.threads_per_rank > 1),
+                            ("--disable-custom-all-reduce", args.disable_custom_all_reduce)):
+            if given:       # it would be ignored: one process, no ranks to set up
+                parser.error(f"{flag} sets up the ranks of --tensor-parallel-size N > 1; "
+                             "with one process it does nothing: drop it")
         return
+    if getattr(args, "threads", 1) not in (1, args.threads_per_rank):
+        parser.error(f"--threads {args.threads}: with --tensor-parallel-size every rank, this "
+                     f"process included, runs --threads-per-rank torch threads: use that flag")
     if getattr(args, "batch_invariant", False):
         parser.error("--batch-invariant runs each request alone every step: use it with "
                      "--tensor-parallel-size 1")
@@ -742,9 +881,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--distributed-init", choices=DISTRIBUTED_INITS, default="spawn")
     known, _ = pre.parse_known_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    if known.distributed_init == "env" and rank != 0:
-        return _torchrun_worker(argv, rank)
+    rank = os.environ.get("RANK", "0")
+    if known.distributed_init == "env" and rank.isdigit() and int(rank) != 0:
+        return _torchrun_worker(argv, int(rank))
     holder: dict = {}
 
     def add_arguments(parser) -> None:
@@ -773,8 +912,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.distributed_init == "env":
             parallel = ParallelConfig(int(os.environ.get("WORLD_SIZE", "1")),
                                       args.distributed_backend, "env", args.threads_per_rank)
-            holder["executor"] = TPExecutor(opts["checkpoint"], parallel, args.device,
-                                            args.dtype)
+            holder["executor"] = TPExecutor(opts.pop("checkpoint"), parallel, args.device,
+                                            args.dtype)    # its ranks read the checkpoint
             opts["executor"] = holder["executor"]
         return opts
 
@@ -787,9 +926,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             full = s18_layers.shard_bytes(ex.config, 1,
                                           runner.model.dtype.itemsize)[0]
             summed = "shared memory" if ex.arena is not None else ex.backend
-            split = (f"{ex.world_size} ranks ({ex.backend}, all-reduce by {summed}), weights per rank "
-                     f"{ex.weight_bytes / 2**20:.1f} MiB of {full / 2**20:.1f} MiB, each rank's "
-                     f"pool {cache.nbytes / 2**20:.1f} MiB ({kv} KV head{'s' * (kv != 1)})")
+            split = (f"{ex.world_size} ranks ({ex.backend}, all-reduce by {summed}), weights "
+                     f"per rank {ex.weight_bytes / 2**20:.1f} MiB of {full / 2**20:.1f} MiB, "
+                     f"each rank's pool {cache.nbytes / 2**20:.1f} MiB ({kv} KV "
+                     f"head{'s' * (kv != 1)})")
         else:
             split = "1 rank (no split)"
         return (f"tensor parallel: {split}; KV pool of {cache.num_blocks} blocks of "
@@ -815,20 +955,26 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _torchrun_worker(argv, rank: int) -> int:
-    """A rank torchrun started other than 0: join rank 0 and serve its calls."""
+    """A rank torchrun started other than 0: join rank 0 and serve its calls. A flag that
+    breaks a rule: its error in one line and exit code 2, no traceback (rank 0 checks the
+    same flags and prints the usage error, unless torchrun stops it first)."""
     import argparse
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     parser.add_argument("--model", default=str(s06.s03.BUNDLED_MODEL_DIR))
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--distributed-backend", default=None)
     parser.add_argument("--threads-per-rank", type=int, default=1)
-    args, _ = parser.parse_known_args(argv)
-    device, dtype = s06.resolve_device_dtype(args.device, args.dtype)
-    world = int(os.environ["WORLD_SIZE"])
-    parallel = ParallelConfig(world, args.distributed_backend, "env", args.threads_per_rank)
-    config = s03_checkpoint.load_config(s03_checkpoint.resolve_checkpoint(args.model))
-    backend = check_parallel(config, parallel, device)
+    try:
+        args, _ = parser.parse_known_args(argv)
+        device, dtype = s06.resolve_device_dtype(args.device, args.dtype)
+        world = int(os.environ["WORLD_SIZE"])
+        parallel = ParallelConfig(world, args.distributed_backend, "env", args.threads_per_rank)
+        config = s03_checkpoint.load_config(s03_checkpoint.resolve_checkpoint(args.model))
+        backend = check_parallel(config, parallel, device)
+    except (argparse.ArgumentError, ValueError) as err:   # ParameterError, CheckpointError
+        print(f"{Path(sys.argv[0]).name}: rank {rank}: error: {err}", file=sys.stderr)
+        return 2
     return run_worker(rank, world, parallel, backend, os.environ["MASTER_ADDR"],
                       int(os.environ["MASTER_PORT"]), str(device), dtype, "manual", None)
 

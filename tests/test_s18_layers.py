@@ -303,3 +303,94 @@ def test_check_tensor_parallel_refuses_sizes_that_do_not_split(bundled, case):
                      lambda: tp.run_ranks(n, lambda comm: tp.shard_model(bundled[0], comm))):
             with pytest.raises(ParameterError, match=message):
                 within(10, call)
+
+
+# --- a checkpoint that breaks S03's rules: refused by its headers, before any slice ---------
+
+def write_checkpoint(directory, tensors, index=None):
+    """The bundled model's config files and these tensors: model.safetensors, or (index given:
+    its weight_map's file name per tensor) shards a and b (no other file the index may name)
+    and model.safetensors.index.json."""
+    import json
+    import shutil
+    from safetensors.torch import save_file
+    directory.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(s03.BUNDLED_MODEL_DIR / name, directory / name)
+    if index is None:
+        save_file(tensors, str(directory / "model.safetensors"))
+        return directory
+    for shard in ("a.safetensors", "b.safetensors"):
+        save_file({k: v for k, v in tensors.items() if index.get(k) == shard},
+                  str(directory / shard))
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    return directory
+
+
+def broken(tensors, case):
+    """(tensors, index) of the bundled checkpoint broken one way."""
+    tensors = dict(tensors)
+    names = sorted(tensors)
+    halves = {k: "a.safetensors" if i < len(names) // 2 else "b.safetensors"
+              for i, k in enumerate(names)}
+    down, up = "model.layers.0.mlp.down_proj.weight", "model.layers.3.mlp.up_proj.weight"
+    if case == "longer":        # 400 columns, not 384: each rank's slice would fit, silently
+        tensors[down] = torch.zeros(C, 400)
+    elif case == "shorter":
+        tensors[down] = torch.zeros(C, 380)
+    elif case == "missing":
+        del tensors[up]
+    elif case == "integer":
+        tensors["model.norm.weight"] = torch.ones(C, dtype=torch.int8)
+    elif case == "unexpected":  # a bias the config does not announce
+        tensors["model.layers.0.self_attn.o_proj.bias"] = torch.zeros(C)
+    elif case == "outside":     # a shard outside the directory
+        return tensors, dict(halves, **{names[-1]: "../b.safetensors"})
+    elif case == "shard missing":
+        return tensors, dict(halves, **{names[-1]: "c.safetensors"})
+    return tensors, None
+
+
+@pytest.fixture(scope="module")
+def bundled_tensors():
+    from safetensors.torch import load_file
+    return load_file(str(s03.BUNDLED_MODEL_DIR / "model.safetensors"))
+
+
+@pytest.mark.parametrize("case", ["longer", "shorter", "missing", "integer", "unexpected",
+                                  "outside", "shard missing"])
+def test_load_shard_refuses_what_s03_refuses(bundled_tensors, tmp_path, case):
+    """Oracle: S03's own loader (load_state_dict, check_state_dict) refuses each checkpoint;
+    every rank's load_shard refuses it too, with S03's CheckpointError, before reading a
+    slice. (Before: a tensor longer than the config's was sliced silently on every rank, a
+    shorter one on rank 0; an integer tensor was cast; the others raised deep errors.)"""
+    import s03_checkpoint
+    directory = write_checkpoint(tmp_path / case, *broken(bundled_tensors, case))
+    with pytest.raises(s03_checkpoint.CheckpointError):
+        s03_checkpoint.check_state_dict(s03_checkpoint.load_config(directory),
+                                        s03_checkpoint.load_state_dict(directory))
+    raised = {}
+
+    def load(comm):
+        try:
+            return tp.load_shard(directory, comm)
+        except s03_checkpoint.CheckpointError as err:
+            raised[comm.rank] = err
+            raise
+
+    with pytest.raises(s03_checkpoint.CheckpointError):
+        within(10, lambda: tp.run_ranks(2, load))
+    assert sorted(raised) == [0, 1]
+
+
+def test_a_sharded_checkpoint_loads_s06s_weights(bundled, bundled_tensors, tmp_path):
+    """model.safetensors.index.json and two shards: each rank's share equals S06's weights
+    sliced (the embedding's rows, a down projection's columns)."""
+    names = sorted(bundled_tensors)
+    index = {k: "a.safetensors" if i % 2 else "b.safetensors" for i, k in enumerate(names)}
+    directory = write_checkpoint(tmp_path / "sharded", bundled_tensors, index)
+    model = bundled[0]
+    for r, share in enumerate(tp.run_ranks(2, lambda comm: tp.load_shard(directory, comm))):
+        assert torch.equal(share.embed_tokens, model.embed_tokens[r * V // 2:(r + 1) * V // 2])
+        assert torch.equal(share.blocks[5].local.down_proj,
+                           model.blocks[5].down_proj[:, r * I // 2:(r + 1) * I // 2])

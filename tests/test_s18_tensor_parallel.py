@@ -14,8 +14,10 @@ which stops it; only one executor may live in a process, so the tests after it t
 their own come after it, in file order (the suite runs each file whole in one process:
 `--dist loadfile`). Processes started in all: that executor; one that a worker's error stops;
 the chapter script's, in this process, on gloo after it; and two subprocesses alive at once:
-a script that gets SIGINT and the chapter script under torchrun (2 ranks).
+a script that gets SIGINT and the chapter script under torchrun (2 ranks). The bad-input
+tests start none (each checks it); those that need an executor use the shared one.
 """
+import dataclasses
 import gc
 import os
 import re
@@ -182,6 +184,109 @@ def test_refusals_come_before_any_process(bundled, monkeypatch, case):
     assert not dist.is_initialized() and not tp._ACTIVE
 
 
+def share(model):
+    """Rank 0's share of the model (ranks as threads: no process)."""
+    import s18_layers
+    return s18_layers.run_ranks(2, lambda comm: s18_layers.shard_model(model, comm))[0]
+
+
+def other_model(model, case):
+    """The bundled model changed one way, in memory: "weights" (its embedding + 1), "config"
+    (its first layer only), "dtype" (bfloat16)."""
+    import s03_checkpoint
+    import s18_layers
+    state = s18_layers.s06_state_dict(model)
+    if case == "weights":
+        return s06.TorchTransformer(model.config, dict(
+            state, **{"model.embed_tokens.weight": state["model.embed_tokens.weight"] + 1}))
+    if case == "config":
+        config = dataclasses.replace(model.config, num_hidden_layers=1)
+        return s06.TorchTransformer(config, {k: state[k] for k in
+                                             s03_checkpoint.expected_tensors(config)})
+    return s06.TorchTransformer(model.config, state, dtype=torch.bfloat16)
+
+
+BAD_ARGUMENTS = {
+    # (the call, given the bundled model, its tokenizer and a temporary directory; the
+    # parameter its ParameterError names; the environment variables set, others of torchrun's
+    # unset). Before the fix, in order: an S17 engine (True == 1); silently ignored; silently
+    # ignored; AttributeError; AttributeError; an engine on one rank's share alone (its first
+    # all-reduce waits for the other ranks forever: a hang); AttributeError; the checkpoint's
+    # model run in place of `model`; ParallelConfig accepted inf (then OverflowError inside
+    # torch), nan was refused already, 1e18 (OverflowError), 0.5 and True (1 s: rank 1 "did
+    # not start" that soon), "yes"; AttributeError; TypeError inside pathlib; StopIteration; a
+    # ValueError after the ranks were spawned; KeyError 'MASTER_ADDR' (torchrun's RANK and
+    # WORLD_SIZE without the rest).
+    "tp True": (lambda m, t, d: tp.build_engine(m, t, tensor_parallel_size=True),
+                "tensor_parallel_size"),
+    "tp 1, mpi": (lambda m, t, d: tp.build_engine(m, t, distributed_backend="mpi"),
+                  "distributed_backend"),
+    "tp 1, 0 threads": (lambda m, t, d: tp.build_engine(m, t, threads_per_rank=0),
+                        "threads_per_rank"),
+    "executor str": (lambda m, t, d: tp.build_engine(m, t, executor="ranks"), "executor"),
+    "model None": (lambda m, t, d: tp.build_engine(None, t, tensor_parallel_size=2), "model"),
+    "model a rank's share": (lambda m, t, d: tp.build_engine(share(m), t), "model"),
+    "source a rank's share": (lambda m, t, d: tp.TPExecutor(share(m), tp.ParallelConfig(2)),
+                              "source"),
+    "checkpoint of another config": (
+        lambda m, t, d: tp.build_engine(m, t, tensor_parallel_size=2, checkpoint=d),
+        "checkpoint"),
+    **{f"timeout {v!r}": (lambda m, t, d, v=v: tp.ParallelConfig(2, timeout_s=v), "timeout_s")
+       for v in (float("inf"), float("nan"), 1e18, 0.5, True)},
+    "custom all-reduce 'yes'": (
+        lambda m, t, d: tp.ParallelConfig(2, disable_custom_all_reduce="yes"),
+        "disable_custom_all_reduce"),
+    "parallel 2": (lambda m, t, d: tp.TPExecutor(MODEL_DIR, 2), "parallel"),
+    "source int": (lambda m, t, d: tp.TPExecutor(5, tp.ParallelConfig(2)), "source"),
+    "dtype int8": (lambda m, t, d: tp.TPExecutor(MODEL_DIR, tp.ParallelConfig(2),
+                                                 dtype=torch.int8), "dtype"),
+    "attention": (lambda m, t, d: tp.TPExecutor(MODEL_DIR, tp.ParallelConfig(2),
+                                                attention="flash"), "attention"),
+    "env without torchrun": (lambda m, t, d: tp.TPExecutor(
+        MODEL_DIR, tp.ParallelConfig(2, distributed_init="env")), "distributed_init",
+        dict(RANK="0", WORLD_SIZE="2")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
+def test_bad_arguments_are_parameter_errors_naming_them(bundled, tmp_path, monkeypatch, case):
+    """Each bad argument is a ParameterError naming it, before any process starts."""
+    import json
+    model, tok = bundled
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=5)))
+    call, parameter, *env = BAD_ARGUMENTS[case]
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (env[0] if env else {}).items():
+        monkeypatch.setenv(name, value)
+    before = children()
+    with pytest.raises(ParameterError) as err:
+        call(model, tok, tmp_path)
+    assert err.value.parameter == parameter
+    assert children() == before and not dist.is_initialized() and not tp._ACTIVE
+
+
+def test_a_checkpoint_s03_refuses_is_refused_before_any_process(bundled, tmp_path):
+    """A down projection of 400 columns where the config says 384 (each rank's slice of it
+    would fit: before the fix, loaded silently): S03's CheckpointError from its header, in
+    this process, no rank spawned. (tests/test_s18_layers.py checks each rule.)"""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    import s03_checkpoint
+    tensors = load_file(str(MODEL_DIR / "model.safetensors"))
+    tensors["model.layers.0.mlp.down_proj.weight"] = torch.zeros(C, 400)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    shutil.copy(MODEL_DIR / "config.json", tmp_path / "config.json")
+    before = children()
+    with pytest.raises(s03_checkpoint.CheckpointError, match=r"down_proj.weight has shape "
+                                                             r"\[128, 400\]"):
+        tp.TPExecutor(tmp_path, tp.ParallelConfig(2))
+    with pytest.raises(s03_checkpoint.CheckpointError, match="down_proj"):
+        tp.build_engine(bundled[0], bundled[1], tensor_parallel_size=2, checkpoint=tmp_path)
+    assert children() == before and not dist.is_initialized() and not tp._ACTIVE
+
+
 # --- one executor of 2 ranks, shared by the engines below -----------------------------------
 
 def test_greedy_tokens_equal_s05s_alone(bundled, alone, executor):
@@ -305,6 +410,36 @@ def test_an_executors_rules(bundled, alone, executor):
     with pytest.raises(tp.WorkerError, match="a newer engine was attached"):
         generate(old, PROMPTS[:1], [2])
     assert generate(new, PROMPTS[3:], [4]) == [alone(PROMPTS[3], 4)]
+
+
+def test_an_engine_runs_the_model_its_executor_holds(bundled, alone, executor):
+    """build_engine(model, executor=ex) runs ex's model: a `model` of other weights, another
+    config or dtype is refused (before: the executor's model ran in its place, silently), and
+    so are the arguments that set up a new executor's ranks; attaching an engine twice is
+    refused and leaves it running (its tokens S05's alone), as do a token id outside the
+    vocabulary and a prompt longer than the context, refused at add_request as at N = 1."""
+    model, tok = bundled
+    before = children()
+    for case, match in (("weights", "other weights"), ("config", "num_hidden_layers 6, "
+                                                                 "model's 1"),
+                        ("dtype", "bfloat16")):
+        with pytest.raises(ParameterError, match=match) as err:
+            tp.build_engine(other_model(model, case), tok, executor=executor)
+        assert err.value.parameter == "executor"
+    for name, value in (("checkpoint", MODEL_DIR), ("distributed_backend", "nccl"),
+                        ("threads_per_rank", 2)):
+        with pytest.raises(ParameterError, match="sets up a new executor's ranks") as err:
+            tp.build_engine(model, tok, executor=executor, **{name: value})
+        assert err.value.parameter == name
+    engine = build(bundled, executor)
+    with pytest.raises(ParameterError, match="already runs on a tensor-parallel executor"):
+        executor.attach(engine)
+    for prompt in ([1, 2, 2048], [-1], [7] * 257):         # V = 2048, context 256
+        with pytest.raises(ParameterError) as err:
+            engine.add_request(prompt, greedy(4))
+        assert err.value.parameter == "prompt"
+    assert generate(engine, PROMPTS[3:], [4]) == [alone(PROMPTS[3], 4)]
+    assert children() == before
 
 
 def test_shutdown_leaves_no_process_and_no_process_group(bundled, executor):
@@ -486,6 +621,12 @@ def test_torchrun_beside_a_spawned_run_then_ctrl_c(bundled, tmp_path):
      "--tensor-parallel-size: tensor_parallel_size=2 x threads_per_rank=2 needs 4 cores; this "
      "process may use 3"),
     (["--distributed-backend", "mpi"], "argument --distributed-backend: invalid choice: 'mpi'"),
+    # flags that set up ranks, with one process (before: ignored silently; S19's rule)
+    (["--distributed-backend", "gloo"], "--distributed-backend sets up the ranks of"),
+    (["--threads-per-rank", "2"], "--threads-per-rank sets up the ranks of"),
+    (["--disable-custom-all-reduce"], "--disable-custom-all-reduce sets up the ranks of"),
+    # before: rank 0 ran 1 thread (--threads-per-rank's default), --threads ignored silently
+    (["-tp", "2", "--threads", "2"], "--threads 2: with --tensor-parallel-size every rank"),
 ])
 def test_bad_flags_are_usage_errors_before_a_model_loads(flags, message, capsys, monkeypatch):
     """Exit code 2 and a message naming the flag, before a model loads or a rank starts (a
@@ -498,3 +639,41 @@ def test_bad_flags_are_usage_errors_before_a_model_loads(flags, message, capsys,
         tp.main([*flags, "--device", "cpu"])
     assert stop.value.code == 2
     assert message in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("env, flags, message", [
+    # not under torchrun (before: KeyError 'MASTER_ADDR', a traceback)
+    ({}, [], "--distributed-init env reads torchrun's RANK, WORLD_SIZE, MASTER_ADDR and "
+             "MASTER_PORT, and RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"),
+    (dict(RANK="0", WORLD_SIZE="2", MASTER_PORT="x"), [], "MASTER_ADDR, MASTER_PORT are not set"),
+    # torchrun started 2 ranks (before: refused by build_engine after the executor started)
+    (dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500"), ["-tp", "4"],
+     "--tensor-parallel-size 4: torchrun started 2 ranks (WORLD_SIZE)"),
+])
+def test_distributed_init_env_needs_torchruns_variables(env, flags, message, capsys,
+                                                        monkeypatch):
+    """--distributed-init env: a usage error naming the flag and the variables, before a
+    model loads or a rank starts."""
+    monkeypatch.setattr(s06, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(tp, "TPExecutor", lambda *a, **k: pytest.fail("a rank was started"))
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stop:
+        tp.main(["--distributed-init", "env", *flags, "--device", "cpu"])
+    assert stop.value.code == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("flags", [["--distributed-backend", "nccl"], ["--threads-per-rank", "0"],
+                                   ["--threads-per-rank", "x"]])
+def test_a_torchrun_rank_refuses_bad_flags_in_one_line(flags, capsys, monkeypatch):
+    """A rank > 0 under torchrun given a flag rank 0 refuses: exit code 2 and the rule in one
+    line, before it joins (before: a ParameterError's traceback from every such rank)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(tp, "run_worker", lambda *a, **k: pytest.fail("the rank joined"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert tp._torchrun_worker([*flags, "--device", "cpu"], 1) == 2
+    err = capsys.readouterr().err
+    assert "rank 1: error:" in err and "Traceback" not in err and len(err.splitlines()) == 1
