@@ -12,16 +12,22 @@
  * embedding and its all-reduce, the column-parallel q/k/v (no communication), attention head
  * by head, the row-parallel output projection's partial sums and their all-reduce, the MLP's
  * column-parallel gate/up and row-parallel down with its all-reduce, the vocabulary-parallel
- * head and the gather on rank 0. The all-reduce steps are highlighted.
+ * head and the gather on rank 0. The all-reduce steps and the gather are highlighted when
+ * N > 1; at N = 1 nothing is communicated (0 all-reduces, 0 bytes: exercise 2's (0, 0)), and the
+ * page says so at those steps instead. The all-reduce is described as the course's own
+ * (code/s18_layers.py's ShmCommunicator): each rank publishes its partial, every rank adds all N
+ * in rank order.
  *
  * `replayWorld` and the helpers above it are line-by-line transcriptions of export.py's
  * `replay_world` and its helpers (Python floats there, doubles here). On load the page
  * recomputes every rank's products for every N from the exported weights and token ids and
  * checks them against the exported torch run within data.tolerance (|a - b| <= tol (1 + |b|)),
  * the gathered logits against S06's, and each rank's bytes against the shard shapes: a banner
- * and a console error name any that differ. Every matrix shown carries its numbers at full
+ * and a console error name any that differ. The last step's comparison of the gathered logits
+ * with S06's uses the same relative measure. Every matrix shown carries its numbers at full
  * precision in data-values, with data-name and data-rank (read by
- * tests/test_s18_simulator_browser.py).
+ * tests/test_s18_simulator_browser.py). The split diagram is laid out after it is in the page,
+ * from its labels' measured widths, so no label runs into the next one at any width.
  */
 (function () {
   "use strict";
@@ -216,9 +222,11 @@
     return [fa.length, true];
   }
 
-  function maxDiff(a, b) {
+  // The largest |a - b| / (1 + |b|): near's measure, so "within tol" means the same at load and
+  // on the last step.
+  function maxRelDiff(a, b) {
     var fa = flatten(a), fb = flatten(b), d = 0;
-    for (var k = 0; k < fa.length; k++) d = Math.max(d, Math.abs(fa[k] - fb[k]));
+    for (var k = 0; k < fa.length; k++) d = Math.max(d, Math.abs(fa[k] - fb[k]) / (1 + Math.abs(fb[k])));
     return d;
   }
 
@@ -371,7 +379,10 @@
 
     var controls = CourseSim.stepControls("tp-", {
       labels: {reset: "back to the split", next: "next step \u25b6", back: "\u25c0 step"},
-      text: function (s, last) { return "step " + s + " of " + last + ": " + stages[s].title; },
+      text: function (s, last) {
+        return "step " + s + " of " + last + ": " + stages[s].title + (alone() && communicates(s) ?
+          " (none at N = 1)" : "");
+      },
       onStep: function () { render(); }
     });
     ui.appendChild(controls.row);
@@ -399,6 +410,10 @@
 
     var world = null, replay = null;
 
+    // One rank: every collective is a no-op, nothing is sent.
+    function alone() { return world !== null && world.world_size === 1; }
+    function communicates(s) { return stages[s].kind === "all_reduce" || stages[s].kind === "gather"; }
+
     function choose() {
       var k = sizes.indexOf(Number(worldPick.value));         // a value no option offers: the default
       if (worldPick.value === "" || k < 0) k = data.defaults.world;
@@ -409,9 +424,11 @@
       controls.go(controls.step);
     }
 
-    // The collectives done up to and including step s: [all-reduces, gathers].
+    // The collectives done up to and including step s: [all-reduces, gathers]; none at N = 1
+    // (exercise 2: (0, 0)).
     function collectivesUpTo(s) {
       var ar = 0, ga = 0;
+      if (alone()) return [0, 0];
       for (var k = 0; k <= s; k++) {
         if (stages[k].kind === "all_reduce") ar += 1;
         if (stages[k].kind === "gather") ga += 1;
@@ -433,7 +450,7 @@
     }
 
     function sumBox(name, title, values, hot, colStart) {
-      var b = el("div", "tp-sum" + (hot ? " tp-hot" : ""));
+      var b = el("div", "tp-sum" + (hot && !alone() ? " tp-hot" : ""));
       b.dataset.name = name;
       b.appendChild(el("p", "tp-sum-title", title));
       b.appendChild(matrix(name, null, "", values, rowLabels, colStart));
@@ -450,28 +467,36 @@
     function render() {
       if (!world) return;
       var s = controls.step, st = stages[s], n = world.world_size, msg = world.plan.all_reduce_bytes;
-      var done = collectivesUpTo(s), hot = st.kind === "all_reduce" || st.kind === "gather";
+      var done = collectivesUpTo(s), hot = communicates(s) && n > 1;
       comm.className = "tp-comm" + (hot ? " tp-hot" : "");
       comm.dataset.allReduces = String(done[0]);
       comm.dataset.gathers = String(done[1]);
       comm.dataset.bytes = String(done[0] * msg);
       comm.dataset.hot = String(hot);
-      var ring = n > 1 ? " A ring all-reduce sends 2(N \u2212 1)/N of it per rank: " +
-        Math.round(2 * (n - 1) / n * msg) + " bytes." : " With one rank there is nothing to send: " +
-        "the sum of one part is the part.";
-      var now = st.kind === "all_reduce" ? "Communication now: every rank sends its " + msg + "-byte partial " +
-        "(" + T + " tokens \u00d7 " + cfg.hidden_size + " \u00d7 " + data.dtype_bytes + " bytes) and gets the sum." + ring :
-        st.kind === "gather" ? "Communication now: " + (n === 2 ? "rank 1 sends its " : "ranks 1\u2013" + (n - 1) +
-        " each send their ") + T + " \u00d7 " + cfg.vocab_size / n + " logits to rank 0 (" + world.plan.gather_bytes_per_row +
-        " bytes per row, " + T * world.plan.gather_bytes_per_row + " bytes)." :
-        "No communication in this step: each rank works on what it holds.";
-      if (st.kind === "gather" && n === 1) now = "Communication now: none (one rank already has every logit).";
-      comm.textContent = now + " So far: " + done[0] + " of " + world.plan.all_reduce + " all-reduces (each rank's " +
-        "partials in them: " + done[0] * msg + " bytes), " + done[1] + " of 1 gather.";
+      var now;
+      if (n === 1) {
+        now = st.kind === "all_reduce" ? "No communication: with one rank there is no all-reduce. Its product is " +
+          "already the whole sum, so nothing is sent." :
+          st.kind === "gather" ? "No communication: rank 0 computed every logit itself, so there is nothing to " +
+          "gather." : "No communication in this step: the one rank holds everything.";
+        comm.textContent = now + " So far: nothing sent (0 all-reduces, 0 bytes, no gather); at N = 1 a step " +
+          "communicates nothing.";
+      } else {
+        now = st.kind === "all_reduce" ? "Communication now: each rank publishes its " + msg + "-byte partial (" + T +
+          " tokens \u00d7 " + cfg.hidden_size + " \u00d7 " + data.dtype_bytes + " bytes), then every rank adds " +
+          "all " + n + " partials in rank order, so each gets the same sum, bit for bit." :
+          st.kind === "gather" ? "Communication now: " + (n === 2 ? "rank 1 sends its " : "ranks 1\u2013" + (n - 1) +
+          " each send their ") + T + " \u00d7 " + cfg.vocab_size / n + " logits to rank 0 (" +
+          world.plan.gather_bytes_per_row + " bytes per row, " + T * world.plan.gather_bytes_per_row + " bytes)." :
+          "No communication in this step: each rank works on what it holds.";
+        comm.textContent = now + " So far: " + done[0] + " of " + world.plan.all_reduce + " all-reduces (each " +
+          "rank's partials in them: " + done[0] * msg + " bytes), " + done[1] + " of 1 gather.";
+      }
       stage.textContent = "";
       final.textContent = "";
       final.dataset.finished = String(st.id === "gather");
       delete final.dataset.diff;
+      delete final.dataset.ok;
       delete final.dataset.out;
       var ranks = el("div", "tp-ranks");
       var draw = DRAW[st.id];
@@ -490,7 +515,9 @@
     }
 
     function split(ranks, n) {
-      stage.appendChild(drawSplit(n));
+      var diagram = drawSplit(n);
+      stage.appendChild(diagram);
+      layoutSplit(diagram.querySelector("svg"));
       eachRank(ranks, function (b, rank, r) {
         var table = el("table", "tp-shards"), head = el("tr");
         ["weight", "shape", "its slice", "bytes"].forEach(function (h) { head.appendChild(el("th", null, h)); });
@@ -522,68 +549,114 @@
       });
     }
 
-    // The full matrices, each band coloured by the rank that holds it.
+    // The full matrices, each band coloured by the rank that holds it. Each matrix is a group
+    // drawn at x = 0; layoutSplit places the groups once the labels can be measured.
     function drawSplit(n) {
-      var names = Object.keys(SHORT), unit = 5, gap = 26, top = 16, left = 4, x = left, height = 0;
+      var names = Object.keys(SHORT), unit = 5, top = 16, height = 0;
       names.forEach(function (name) { height = Math.max(height, data.full_shapes[name][0] * unit); });
-      var width = left;
-      names.forEach(function (name) { width += data.full_shapes[name][1] * unit + gap; });
-      var svg = svgNode("svg", {"class": "tp-split", width: width, height: top + height + 18,
-                                viewBox: "0 0 " + width + " " + (top + height + 18), role: "img",
+      var svg = svgNode("svg", {"class": "tp-split", height: top + height + 18, role: "img",
                                 "aria-label": "The full weights, coloured by the rank holding each slice"});
       names.forEach(function (name) {
         var shape = data.full_shapes[name], w = shape[1] * unit, hgt = shape[0] * unit;
-        var label = svgNode("text", {x: x, y: 11}, svg);
+        var col = svgNode("g", {"class": "tp-split-col", "data-name": name, "data-width": w}, svg);
+        var label = svgNode("text", {x: 0, y: 11, "class": "tp-split-label"}, col);
         label.textContent = SHORT[name].split(" ")[0];
         world.ranks.forEach(function (rank, r) {
           var sl = rank.slices[name], a = sl.range[0] * unit, b = sl.range[1] * unit;
           var holders = world.ranks.filter(function (o) {
             return o.slices[name].range[0] === sl.range[0] && o.slices[name].range[1] === sl.range[1];
           }).map(function (o) { return o.rank; });
-          var rect = sl.dim === 0 ? {x: x, y: top + a, width: w, height: b - a} :
-                     {x: x + a, y: top, width: b - a, height: hgt};
+          var rect = sl.dim === 0 ? {x: 0, y: top + a, width: w, height: b - a} :
+                     {x: a, y: top, width: b - a, height: hgt};
           var first = holders[0] === r;
           var node = svgNode("rect", {x: rect.x, y: rect.y, width: rect.width, height: rect.height,
                                       fill: RANK_COLOURS[holders[0] % RANK_COLOURS.length],
                                       "fill-opacity": first ? 0.55 : 0, stroke: "#555", "stroke-width": 0.5,
-                                      "class": "tp-band", "data-rank": r, "data-name": name}, svg);
+                                      "class": "tp-band", "data-rank": r, "data-name": name}, col);
           var tip = svgNode("title", {}, node);
           tip.textContent = SHORT[name] + ": " + (sl.dim === 0 ? "rows " : "columns ") +
             range(sl.range[0], sl.range[1]) + " on rank" + (holders.length > 1 ? "s " : " ") + holders.join(" and ");
           if (first && holders.length > 1) {
-            var t = svgNode("text", {x: rect.x + 2, y: rect.y + Math.min(rect.height, 12) - 2}, svg);
+            var t = svgNode("text", {x: rect.x + 2, y: rect.y + Math.min(rect.height, 12) - 2,
+                                     "class": "tp-split-holders"}, col);
             t.textContent = holders.join("+");
           }
         });
-        var dims = svgNode("text", {x: x, y: top + height + 13}, svg);
+        var dims = svgNode("text", {x: 0, y: top + height + 13, "class": "tp-split-dims"}, col);
         dims.textContent = shape[0] + "\u00d7" + shape[1];
-        x += w + gap;
       });
       var wrap = el("div", "tp-svg-wrap");
       wrap.appendChild(svg);
+      var kvPer = n / cfg.num_key_value_heads;
       var legendBox = el("p", "tp-rank-note", "Each full weight (rows \u00d7 columns, drawn to scale), coloured by " +
         "the rank that holds each slice: column-parallel weights (q, k, v, gate, up) and the vocabulary are cut " +
         "by rows, row-parallel ones (o, down) by columns." + (world.kv_replicated ? " With " + n + " ranks and " +
-        cfg.num_key_value_heads + " key/value heads, each key/value head is held by two ranks (labelled)." : ""));
+        cfg.num_key_value_heads + " key/value heads, each key/value head is held by " + kvPer + " ranks (labelled)." :
+        ""));
       var holder = el("div");
       holder.appendChild(legendBox);
       holder.appendChild(wrap);
       return holder;
     }
 
+    // Place the split diagram's columns side by side, each as wide as its matrix or its widest
+    // text (measured in the page's font; a fixed gap between), and size the drawing to fit.
+    function layoutSplit(svg) {
+      var gap = 14, x = 4;
+      Array.prototype.forEach.call(svg.querySelectorAll(".tp-split-col"), function (col) {
+        var width = Number(col.getAttribute("data-width"));
+        Array.prototype.forEach.call(col.querySelectorAll(".tp-split-label, .tp-split-dims"), function (t) {
+          var len = 0;
+          try { len = t.getComputedTextLength(); } catch (e) { len = 0; }
+          if (!(len > 0)) len = t.textContent.length * 7;     // not rendered: a generous guess
+          width = Math.max(width, Math.ceil(len));
+        });
+        col.setAttribute("transform", "translate(" + x + ", 0)");
+        x += width + gap;
+      });
+      var height = Number(svg.getAttribute("height"));
+      svg.setAttribute("width", String(x));
+      svg.setAttribute("viewBox", "0 0 " + x + " " + height);
+    }
+
+    // The ranks that hold the same key/value head, "(0, 1)" per head (replicated KV heads only).
+    function kvGroups() {
+      var groups = {};
+      world.ranks.forEach(function (rank) {
+        (groups[rank.kv_heads[0]] = groups[rank.kv_heads[0]] || []).push(rank.rank);
+      });
+      return Object.keys(groups).map(function (h) { return "(" + groups[h].join(", ") + ")"; });
+    }
+
+    // What a rank does with its partial at an all-reduce step (nothing at N = 1).
+    function sends(what) { return alone() ? "its " + what + ": already the whole sum, not sent" : "publishes its " + what; }
+
     var DRAW = {
       split: {
         note: function (n) {
-          return n === 1 ? "One rank holds every weight: the model as S06 runs it. Pick N = 2 or 4 to split it." :
-            "Each of the " + n + " ranks holds 1/" + n + " of every matrix: its query heads (with their key/value heads), " +
-            "its columns of the MLP, its range of the vocabulary. The norms are small and held whole by every rank.";
+          if (n === 1) return "One rank holds every weight: the model as S06 runs it. Pick N = 2 or 4 to split it.";
+          var hkv = cfg.num_key_value_heads, parts = "its query heads, its columns of the MLP, its range of the " +
+            "vocabulary (embedding and tied head)";
+          if (!world.kv_replicated) {
+            return "Each of the " + n + " ranks holds 1/" + n + " of every matrix: " + parts + ", and the key/value " +
+              "heads its query heads use. The norms, small vectors, are held whole by every rank.";
+          }
+          return "Each of the " + n + " ranks holds 1/" + n + " of every matrix except k_proj and v_proj, and the " +
+            "norms: " + parts + ". The model has only " + hkv + " key/value heads for " + n + " ranks, so each " +
+            "key/value head is replicated on " + n + "/" + hkv + " = " + n / hkv + " ranks: a rank holds 1/" + hkv +
+            " of k_proj and v_proj (the key/value head its query heads use). The norms, small vectors, are held " +
+            "whole by every rank.";
         },
         body: split
       },
       embed: {
-        note: function (n) {
+        note: function () {
+          var idle = world.ranks.filter(function (rank) {
+            return !ids.some(function (t) { return rank.vocab[0] <= t && t < rank.vocab[1]; });
+          }).map(function (rank) { return rank.rank; });
           return "Each rank looks up only the tokens in its range of the vocabulary; a token outside it becomes a row of " +
-            "zeros. Token ids: " + ids.join(", ") + "." + (n === 4 ? " Rank 2 holds none of them: all zeros." : "");
+            "zeros. Token ids: " + ids.join(", ") + "." + (idle.length ? " Rank" + (idle.length > 1 ? "s " : " ") +
+            idle.join(" and ") + " hold" + (idle.length > 1 ? "" : "s") + " none of them: all zeros." : "");
         },
         body: function (ranks) {
           eachRank(ranks, function (b, rank, r, mine) {
@@ -593,16 +666,19 @@
         }
       },
       allreduce_embed: {
-        note: function () {
-          return "All-reduce 1: the partial embeddings are added, so every rank has the whole embedding x of every token.";
+        note: function (n) {
+          return n === 1 ? "No all-reduce at N = 1: the one rank looked up every token, so its embedding is already " +
+            "x; nothing is sent." :
+            "All-reduce 1: the partial embeddings are added, so every rank has the whole embedding x of every token.";
         },
         body: function (ranks) {
           eachRank(ranks, function (b, rank, r, mine) {
-            b.appendChild(matrix("embed", r, "sends its partial", mine.embed, rowLabels));
+            b.appendChild(matrix("embed", r, sends("embedding"), mine.embed, rowLabels));
           });
         },
         after: function (box) {
-          box.appendChild(sumBox("x", "\u03a3 over ranks = x, on every rank", replay.x, true));
+          box.appendChild(sumBox("x", alone() ? "x: the one rank's embedding, nothing summed" :
+                                 "\u03a3 over ranks = x, on every rank", replay.x, true));
         }
       },
       qkv: {
@@ -610,8 +686,8 @@
           return "Every rank normalises the same x (the norm's weight is whole on every rank), then multiplies by its own " +
             "rows of q_proj, k_proj and v_proj: its heads' queries, keys and values, with the q/k norm and RoPE applied " +
             "per head. Column parallel: each output column lives on one rank, nothing to send." +
-            (n === 4 ? " Rank pairs (0, 1) and (2, 3) compute the same key/value head: the price of having more ranks " +
-             "than key/value heads." : "");
+            (world.kv_replicated ? " Ranks " + kvGroups().join(" and ") + " compute the same key/value head: the " +
+             "price of having more ranks than key/value heads." : "");
         },
         body: function (ranks) {
           eachRank(ranks, function (b, rank, r, mine) {
@@ -650,17 +726,21 @@
         }
       },
       allreduce_attn: {
-        note: function () {
-          return "All-reduce 2: the partial sums are added; every rank adds the sum to its residual stream x.";
+        note: function (n) {
+          return n === 1 ? "No all-reduce at N = 1: the one rank's o_proj product is the whole attention output; it " +
+            "adds it to its residual stream x. Nothing is sent." :
+            "All-reduce 2: the partial sums are added; every rank adds the sum to its residual stream x.";
         },
         body: function (ranks) {
           eachRank(ranks, function (b, rank, r, mine) {
-            b.appendChild(matrix("o_partial", r, "sends its partial sum", mine.o_partial, rowLabels));
+            b.appendChild(matrix("o_partial", r, sends("o_proj product"), mine.o_partial, rowLabels));
           });
         },
         after: function (box) {
-          box.appendChild(sumBox("attn_sum", "\u03a3 over ranks: the attention block's output", replay.attn_sum, true));
-          box.appendChild(sumBox("h", "h = x + \u03a3 (the residual), on every rank", replay.h, false));
+          box.appendChild(sumBox("attn_sum", alone() ? "the attention block's output (one rank, nothing summed)" :
+                                 "\u03a3 over ranks: the attention block's output", replay.attn_sum, true));
+          box.appendChild(sumBox("h", alone() ? "h = x + the attention output (the residual)" :
+                                 "h = x + \u03a3 (the residual), on every rank", replay.h, false));
         }
       },
       gate_up: {
@@ -694,18 +774,24 @@
         }
       },
       allreduce_mlp: {
-        note: function () {
-          return "All-reduce 3: the MLP's partial sums are added and the residual gives the layer's output, the same on " +
-            "every rank. Two all-reduces per layer; a model of L layers does 2L of them per step, plus one for the embedding.";
+        note: function (n) {
+          return n === 1 ? "No all-reduce at N = 1: the one rank's down_proj product is the whole MLP output, and the " +
+            "residual gives the layer's output. Nothing is sent: split over N > 1 ranks, a model of L layers does " +
+            "2L all-reduces per step, plus one for the embedding." :
+            "All-reduce 3: the MLP's partial sums are added and the residual gives the layer's output, the same on " +
+            "every rank. Two all-reduces per layer; a model of L layers does 2L of them per step, plus one for the " +
+            "embedding.";
         },
         body: function (ranks) {
           eachRank(ranks, function (b, rank, r, mine) {
-            b.appendChild(matrix("down_partial", r, "sends its partial sum", mine.down_partial, rowLabels));
+            b.appendChild(matrix("down_partial", r, sends("down_proj product"), mine.down_partial, rowLabels));
           });
         },
         after: function (box) {
-          box.appendChild(sumBox("mlp_sum", "\u03a3 over ranks: the MLP's output", replay.mlp_sum, true));
-          box.appendChild(sumBox("out", "the layer's output h + \u03a3, on every rank", replay.out, false));
+          box.appendChild(sumBox("mlp_sum", alone() ? "the MLP's output (one rank, nothing summed)" :
+                                 "\u03a3 over ranks: the MLP's output", replay.mlp_sum, true));
+          box.appendChild(sumBox("out", alone() ? "the layer's output h + the MLP output" :
+                                 "the layer's output h + \u03a3, on every rank", replay.out, false));
         }
       },
       head: {
@@ -726,7 +812,7 @@
       },
       gather: {
         note: function (n) {
-          return n === 1 ? "Rank 0 has every logit already; it samples." :
+          return n === 1 ? "Nothing to gather at N = 1: rank 0 computed every logit itself; it samples." :
             "The sampler runs on rank 0 only, so the logits are gathered there (concatenated in rank order = vocabulary " +
             "order), not all-reduced: the other ranks wait for the next step.";
         },
@@ -737,11 +823,16 @@
           });
         },
         after: function (box) {
-          box.appendChild(sumBox("logits", "rank 0: the gathered logits (T \u00d7 V)", replay.logits, true, 0));
-          var d = maxDiff(replay.logits, data.reference_logits), ok = d <= data.tolerance;
+          box.appendChild(sumBox("logits", alone() ? "rank 0: its logits (T \u00d7 V), nothing gathered" :
+                                 "rank 0: the gathered logits (T \u00d7 V)", replay.logits, true, 0));
+          // The load-time check's measure and tolerance: |a - b| <= tol (1 + |b|).
+          var d = maxRelDiff(replay.logits, data.reference_logits);
+          var ok = near(replay.logits, data.reference_logits, data.tolerance)[1];
           final.dataset.diff = String(d);
+          final.dataset.ok = String(ok);
           final.dataset.out = JSON.stringify(replay.logits);
-          final.textContent = "S06's unsplit model gives the same logits: largest difference " + d.toExponential(1) + " ";
+          final.textContent = "Against S06's unsplit model's logits: largest difference " + d.toExponential(1) +
+            " relative to 1 + |logit| (the measure of the check at load), tolerance " + data.tolerance + " ";
           final.appendChild(el("span", ok ? "tp-ok" : "tp-bad", ok ? "\u2713 equal" : "\u2717 differs"));
           var argmax = replay.logits.map(function (row) { return row.indexOf(Math.max.apply(null, row)); });
           final.appendChild(document.createTextNode(" (the order of the sums differs, so the last bits may). " +
