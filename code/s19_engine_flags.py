@@ -177,23 +177,9 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
 
 
 def _check_parallel(parser, args) -> None:
-    """S18's rules in the server's flag names, then S18's own (`check_parallel_arguments`:
-    S16's techniques refused, the model's divisibility, cores, NCCL)."""
-    if args.tensor_parallel_size == 1:
-        for flag, given in (("--distributed-backend", args.distributed_backend is not None),
-                            ("--threads-per-rank", args.threads_per_rank > 1),
-                            ("--disable-custom-all-reduce", args.disable_custom_all_reduce)):
-            if given:       # it would be ignored: one process, no ranks to set up
-                parser.error(f"{flag} sets up the ranks of --tensor-parallel-size N > 1; "
-                             "with one process it does nothing: drop it")
-    elif args.tensor_parallel_size > 1 and (args.quantize is not None
-                                            or args.kv_cache_dtype != "auto"):
-        parser.error("--quantize and --kv-cache-dtype (S14's quantized weights and 8-bit KV "
-                     "pool) are not split over ranks: use them with --tensor-parallel-size 1")
-    elif args.tensor_parallel_size > 1 and args.speculative == "draft":
-        parser.error("--speculative draft: S15's draft model is not split over ranks; use "
-                     "--speculative ngram (its drafts live on rank 0) with "
-                     "--tensor-parallel-size")
+    """S18's rules (`check_parallel_arguments`: flags that do nothing at N = 1, S14's and
+    S15's draft model and S16's techniques refused, the model's divisibility, cores, NCCL),
+    on the served model (the bundled one when --model is not given)."""
     served = argparse.Namespace(**vars(args))
     served.model = args.model or str(s03.BUNDLED_MODEL_DIR)
     s18.check_parallel_arguments(parser, served)

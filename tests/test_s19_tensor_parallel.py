@@ -14,8 +14,6 @@ torch.distributed group is gone (a next executor could start). Every combination
 run is a usage error (exit status 2) naming its flags, before a model loads or a process
 starts: those cost no model and no process.
 """
-import contextlib
-import io
 import multiprocessing
 
 import openai
@@ -32,18 +30,7 @@ PROMPT = "ROMEO.\n"
 MESSAGES = [{"role": "user", "content": "Who art thou?"}]
 CHAT_PROMPT = "User.\nWho art thou?\n\nAssistant.\n"      # the course's chat template
 MAX_TOKENS = 16
-WAIT_S = 30.0
-
-
-def start(argv):
-    """main(argv) with uvicorn.run caught: (the app it would serve, what it printed)."""
-    caught, out = {}, io.StringIO()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(srv.uvicorn, "run", lambda app, **kw: caught.update(app=app, **kw))
-        mp.setattr(srv.logging, "basicConfig", lambda **kw: None)
-        with contextlib.redirect_stdout(out):
-            srv.main(argv)
-    return caught["app"], out.getvalue()
+from test_s19_host_flags import WAIT_S, start   # the server's main, uvicorn.run caught
 
 
 @pytest.mark.slow   # one rank spawned, four requests of 16 tokens: a few seconds
@@ -95,8 +82,8 @@ def test_a_two_rank_server_answers_as_s05_alone_and_leaves_no_rank_behind():
     (["-tp", "2", "--quantize", "int8"], "--quantize and --kv-cache-dtype (S14's quantized "
                                          "weights and 8-bit KV pool) are not split over ranks"),
     (["-tp", "2", "--kv-cache-dtype", "int8"], "--quantize and --kv-cache-dtype (S14's"),
-    (["-tp", "2", "--speculative", "draft"], "--speculative draft: S15's draft model is not "
-                                             "split over ranks; use --speculative ngram"),
+    (["-tp", "2", "--speculative", "draft"], "--speculative draft (S15's draft model) is not "
+                                             "split over ranks: use --speculative ngram"),
     (["-tp", "3"], "tensor_parallel_size=3: the 4 query heads must divide by the rank count"),
     (["-tp", "0"], "--tensor-parallel-size must be >= 1 (got 0)"),
     (["-tp", "2", "--threads-per-rank", "0"], "--threads-per-rank must be >= 1 (got 0)"),
