@@ -17,8 +17,8 @@ Sections (--sections; default allreduce,tp on the CPU, gpu with --device cuda):
 1. allreduce: one all-reduce of a float32 message of 512 B to 16 MiB (powers of 2, so the
    sizes a decode step sends below are measured points) between two processes of this
    machine: this one (rank 0) and one spawned rank, each on one thread, through gloo
-   (torch.distributed, `s18_layers.DistCommunicator`: loopback TCP) and through shared memory
-   (`s18_layers.ShmCommunicator` over a `ShmArena`: vLLM's CPU custom all-reduce idea; x86
+   (torch.distributed, `s18_allreduce.DistCommunicator`: loopback TCP) and through shared memory
+   (`s18_allreduce.ShmCommunicator` over a `ShmArena`: vLLM's CPU custom all-reduce idea; x86
    only). Both ranks run the same schedule: --rounds rounds, each size in turn, the two
    communicators alternating (their order swapped every round); per (size, communicator,
    round) one call checks the sum (rank r sends r + 1: every element must be 3), then the
@@ -59,7 +59,7 @@ Sections (--sections; default allreduce,tp on the CPU, gpu with --device cuda):
    alternately (--rounds blocks of --steps): greedy tokens compared and median step time; then
    one `torch.distributed.all_reduce` on a CUDA tensor at world size 1 at each message size
    (synchronised, median of GPU_CALLS calls). One GPU cannot show scaling: at world size 1
-   the layers skip their all-reduces (nothing to sum with) and NCCL's call sums nothing; what
+   the layers' all-reduces (called all the same) and NCCL's call sum nothing; what
    N GPUs would show is the chapter's (gpt-fast's and Megatron's figures). With --device cpu
    the same code runs on gloo at world size 1: a rehearsal of the section (scripts/
    gpu_check.sh's GPU_CHECK_CPU=1), its figures the CPU's. --budget-s (gpu_check's part
@@ -95,7 +95,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # as S06, before NumPy load
 
 import argparse
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -116,10 +115,12 @@ import s06_torch as s06  # noqa: E402
 import s07_measuring as s07  # noqa: E402
 import s08_cli  # noqa: E402
 import s12_engine as s12  # noqa: E402
+import s18_allreduce  # noqa: E402
 import s18_layers  # noqa: E402
 import s18_tensor_parallel as s18  # noqa: E402
 from bench_s06_torch import IdTokenizer  # noqa: E402
 from bench_s10_scheduler import check_json, uptime, write_json  # noqa: E402
+from bench_s17_attention import LastStep, cdiv, cpu_name, load, median  # noqa: E402
 from bench_s11_chunked_prefill import MID_SHAPE  # noqa: E402
 
 RECORD_JSON = ROOT / "chapters" / "figures" / "s18_tensor_parallel.json"
@@ -143,7 +144,6 @@ NOTES = [
     "quiet machine (see load_average).",
 ]
 WORLD_SIZE = 2
-SHM_MACHINES = ("x86_64", "amd64")     # ShmCommunicator relies on x86's store order
 
 # 1. allreduce
 ALLREDUCE_BYTES = tuple(512 * 2 ** k for k in range(16))          # 512 B .. 16 MiB
@@ -172,41 +172,10 @@ MAX_CALLS = 1000
 
 # 3. gpu
 GPU_CALLS = 50
-GPU_NOTE = ("One GPU cannot show scaling: at world size 1 the layers skip their all-reduces "
-            "(nothing to sum with) and NCCL's all-reduce sums nothing; the step times show the "
+GPU_NOTE = ("One GPU cannot show scaling: at world size 1 the layers' all-reduces (called all "
+            "the same) and NCCL's all-reduce sum nothing; the step times show the "
             "executor's own cost on the device. What N GPUs would show is the chapter's (the "
             "Megatron-LM paper's and gpt-fast's scaling figures).")
-
-
-def load() -> float:
-    """The 1-minute load average now."""
-    return os.getloadavg()[0]
-
-
-def median(values) -> float:
-    values = list(values)
-    return statistics.median(values) if values else float("nan")
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
-def shm_supported() -> bool:
-    """The shared-memory all-reduce runs here (x86; `s18_tensor_parallel.custom_all_reduce`'s
-    rule)."""
-    return platform.machine().lower() in SHM_MACHINES
 
 
 def size_label(nbytes: int) -> str:
@@ -284,9 +253,9 @@ def _allreduce_peer(port: int, arena, schedule, parent: int, timeout_s: float) -
         store.set("bench_s18/alive", b"1")
         dist.init_process_group("gloo", store=dist.PrefixStore("bench_s18", store), rank=1,
                                 world_size=WORLD_SIZE, timeout=timedelta(seconds=timeout_s))
-        comms = {"gloo": s18_layers.DistCommunicator()}
+        comms = {"gloo": s18_allreduce.DistCommunicator()}
         if arena is not None:
-            comms["shm"] = s18_layers.ShmCommunicator(arena, 1, lambda: os.getppid() == parent,
+            comms["shm"] = s18_allreduce.ShmCommunicator(arena, 1, lambda: os.getppid() == parent,
                                                       timeout_s)
         run_schedule(comms, 1, schedule)
         dist.barrier()
@@ -304,13 +273,13 @@ def measure_allreduce(sizes, rounds: int, calls: int) -> dict:
     and no process group behind, also when it raises."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
-    comms = COMMS if shm_supported() else ("gloo",)
+    comms = COMMS if s18.shm_supported() else ("gloo",)
     schedule = allreduce_schedule(sizes, comms, rounds, calls)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     started = time.perf_counter()
     store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
-    arena = s18_layers.ShmArena(WORLD_SIZE) if "shm" in comms else None
+    arena = s18_allreduce.ShmArena(WORLD_SIZE) if "shm" in comms else None
     peer = mp.get_context("spawn").Process(
         target=_allreduce_peer, name="bench-s18-rank1", daemon=True,
         args=(store.port, arena, schedule, os.getpid(), RENDEZVOUS_TIMEOUT_S))
@@ -325,9 +294,9 @@ def measure_allreduce(sizes, rounds: int, calls: int) -> dict:
                                 world_size=WORLD_SIZE,
                                 timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
         spawn_s = time.perf_counter() - started
-        mine = {"gloo": s18_layers.DistCommunicator()}
+        mine = {"gloo": s18_allreduce.DistCommunicator()}
         if arena is not None:
-            mine["shm"] = s18_layers.ShmCommunicator(arena, 0, peer.is_alive,
+            mine["shm"] = s18_allreduce.ShmCommunicator(arena, 0, peer.is_alive,
                                                      RENDEZVOUS_TIMEOUT_S)
         samples, correct = run_schedule(mine, 0, schedule)
         dist.barrier()
@@ -387,7 +356,7 @@ def section_allreduce(args, configs: dict) -> dict:
                        if (name, row["bytes_each"]) in latency else None)
                 for name in measured["comms"]}
             plan.append(row)
-    skipped = {} if shm_supported() else {
+    skipped = {} if s18.shm_supported() else {
         "shm": f"the shared-memory all-reduce needs an x86 CPU (this is {platform.machine()})"}
     part = {"world_size": WORLD_SIZE, "comms": measured["comms"], "bytes": list(sizes),
             "rounds": args.rounds, "calls": {str(n): calls_at(n, args.calls) for n in sizes},
@@ -431,19 +400,6 @@ def print_allreduce(part: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # 2. tp: TP = 2 against TP = 1, decode steps
 # ---------------------------------------------------------------------------------------------
-
-class LastStep:
-    """An observer: the latest `StepResult` (its times["model"] and num_tokens)."""
-
-    def __init__(self):
-        self.result = None
-
-    def on_plan(self, engine, plan) -> None:
-        pass
-
-    def on_step(self, engine, result) -> None:
-        self.result = result
-
 
 def model_weight_bytes(model) -> int:
     """Bytes of an S06 model's weights, each tensor once (a tied head once): what

@@ -78,11 +78,6 @@ def token_window_args(plan, requests: Mapping) -> dict:
     return tokens
 
 
-def token_windows(plan, requests: Mapping) -> dict:
-    """The plan's `TokenWindow`s by request id (S18 sends these whole)."""
-    return {rid: TokenWindow(*t) for rid, t in token_window_args(plan, requests).items()}
-
-
 def _worker_main(conn, runner, static_options, logits, threads) -> None:
     """The worker process: build the runner's static form if asked (compiling here), then run
     each plan it is sent until told to stop (None) or the host is gone."""

@@ -77,12 +77,14 @@ import torch
 import s03_checkpoint
 import s06_torch as s06
 import s13_prefix_caching as s13
+import s16_host
 import s17_attention as s17
+import s18_allreduce
 import s18_layers
 from s01_generation_loop import ParameterError
 from s09_ragged import ModelRunnerOutput
 from s12_engine import PagedKVCache, PagedRunner
-from s16_worker import WorkerError, token_windows
+from s16_worker import TokenWindow, WorkerError, token_window_args
 
 DISTRIBUTED_BACKENDS = ("gloo", "nccl")    # torch.distributed's: CPU tensors, CUDA tensors
 DISTRIBUTED_INITS = ("spawn", "env")      # start the ranks here, or find them (torchrun)
@@ -109,7 +111,7 @@ class ParallelConfig:
     torch threads each rank uses. timeout_s: how long (1 to 1e9 s) a collective or the start
     may wait for a rank. disable_custom_all_reduce: use the backend's all-reduce even where the
     shared-memory one runs (vLLM's flag: spawned ranks on one x86 CPU; see
-    s18_layers.ShmCommunicator).
+    s18_allreduce.ShmCommunicator).
     Raises ParameterError naming the field."""
 
     tensor_parallel_size: int = 1
@@ -233,8 +235,13 @@ class Worker:
         self.runner = None                       # the old pool goes before the new one
         self.runner = make_runner(self.model, spec) if runner is None else runner
 
-    def execute_model(self, plan, requests: Mapping) -> ModelRunnerOutput:
-        """The step on this rank: its logits on rank 0, None on the others."""
+    def execute_model(self, plan, requests: Mapping, windows: bool = False
+                      ) -> ModelRunnerOutput:
+        """The step on this rank: its logits on rank 0, None on the others. windows: requests
+        holds, per request id, S16's `token_window_args` (what a worker is sent: only the
+        ids the step reads), made into `TokenWindow`s here."""
+        if windows:
+            requests = {rid: TokenWindow(*t) for rid, t in requests.items()}
         return self.runner.execute_model(plan, requests)
 
 
@@ -252,13 +259,19 @@ def _open_store(parallel: ParallelConfig, rank: int, world_size: int, host: str,
                          timeout=timeout, wait_for_workers=False)
 
 
+def shm_supported() -> bool:
+    """This CPU runs the shared-memory all-reduce: x86 (its ordering argument needs x86's
+    store order; see s18_allreduce.ShmCommunicator)."""
+    import platform
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 def custom_all_reduce(parallel: ParallelConfig, device: torch.device) -> bool:
     """Whether the ranks sum through shared memory (`ShmCommunicator`): spawned ranks (one
     machine) on an x86 CPU, N > 1, unless disabled."""
-    import platform
     return (parallel.tensor_parallel_size > 1 and parallel.distributed_init == "spawn"
             and device.type == "cpu" and not parallel.disable_custom_all_reduce
-            and platform.machine().lower() in ("x86_64", "amd64"))
+            and shm_supported())
 
 
 def _init_group(parallel: ParallelConfig, backend: str, store, rank: int, world_size: int,
@@ -272,8 +285,8 @@ def _init_group(parallel: ParallelConfig, backend: str, store, rank: int, world_
                             world_size=world_size, timeout=timeout)
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
     if arena is not None:
-        return s18_layers.ShmCommunicator(arena, rank, alive, parallel.timeout_s), cpu_group
-    return s18_layers.DistCommunicator(), cpu_group
+        return s18_allreduce.ShmCommunicator(arena, rank, alive, parallel.timeout_s), cpu_group
+    return s18_allreduce.DistCommunicator(), cpu_group
 
 
 def _device_of(device: torch.device, rank: int, distributed_init: str) -> torch.device:
@@ -455,7 +468,7 @@ class TPExecutor:
             if parallel.distributed_init == "env" and shards is not None:
                 raise ParameterError("under torchrun every rank reads its shard from a "
                                      "checkpoint directory: pass its path", "distributed_init")
-            self.arena = (s18_layers.ShmArena(n) if custom_all_reduce(parallel, torch_device)
+            self.arena = (s18_allreduce.ShmArena(n) if custom_all_reduce(parallel, torch_device)
                           else None)
             if parallel.distributed_init == "spawn" and n > 1:
                 self._spawn(host, self.store.port, torch_device, torch_dtype, attention,
@@ -607,9 +620,17 @@ class TPExecutor:
     def execute_model(self, plan, requests: Mapping) -> ModelRunnerOutput:
         """One step on every rank: the workers get the token ids the step reads, rank 0 the
         engine's requests; returns rank 0's output (the logits of the sampling rows)."""
-        windows = token_windows(plan, requests) if self.world_size > 1 else None
-        return self.collective_rpc("execute_model", plan, windows,
+        tokens = token_window_args(plan, requests) if self.world_size > 1 else None
+        return self.collective_rpc("execute_model", plan, tokens, True,
                                    local_args=(plan, requests))
+
+    def describe(self) -> str:
+        """The ranks in words (the chapter script's and S19's start-up line): "2 ranks (gloo,
+        all-reduce by shared memory), weights per rank 2.8 MiB of 5.5 MiB"."""
+        full = s18_layers.shard_bytes(self.config, 1, self.model.dtype.itemsize)[0]
+        summed = "shared memory" if self.arena is not None else self.backend
+        return (f"{self.world_size} ranks ({self.backend}, all-reduce by {summed}), weights "
+                f"per rank {self.weight_bytes / 2**20:.1f} MiB of {full / 2**20:.1f} MiB")
 
     @property
     def comm(self) -> s18_layers.Communicator:
@@ -921,15 +942,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         runner = engine.runner
         cache = runner.cache
         if isinstance(runner, TPRunner):
-            ex = runner.executor
             kv = runner.model.config.num_key_value_heads
-            full = s18_layers.shard_bytes(ex.config, 1,
-                                          runner.model.dtype.itemsize)[0]
-            summed = "shared memory" if ex.arena is not None else ex.backend
-            split = (f"{ex.world_size} ranks ({ex.backend}, all-reduce by {summed}), weights "
-                     f"per rank {ex.weight_bytes / 2**20:.1f} MiB of {full / 2**20:.1f} MiB, "
-                     f"each rank's pool {cache.nbytes / 2**20:.1f} MiB ({kv} KV "
-                     f"head{'s' * (kv != 1)})")
+            split = (f"{runner.executor.describe()}, each rank's pool "
+                     f"{cache.nbytes / 2**20:.1f} MiB ({kv} KV head{'s' * (kv != 1)})")
         else:
             split = "1 rank (no split)"
         return (f"tensor parallel: {split}; KV pool of {cache.num_blocks} blocks of "
@@ -948,8 +963,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             table=lambda run, tracers: s09_trace.format_occupancy_table(tracers[0].records),
             check=check), argv)
     finally:
-        if "engine" in holder and isinstance(holder["engine"].runner, TPRunner):
-            holder["engine"].runner.shutdown()      # the ranks it started (torchrun's: below)
+        if "engine" in holder:
+            s16_host.shutdown_engine(holder["engine"])   # the ranks it started (torchrun's: below)
         if "executor" in holder:
             holder["executor"].shutdown()
 

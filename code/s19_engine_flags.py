@@ -57,7 +57,6 @@ import s14_quantization as s14
 import s15_speculative as s15
 import s16_host
 import s17_attention
-import s18_layers
 import s18_tensor_parallel as s18
 from s01_generation_loop import ParameterError
 
@@ -163,7 +162,7 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
         parser.error(f"--group-size must be one of {', '.join(map(str, s14.GROUP_SIZES))} "
                      f"(got {args.group_size})")
     s15.check_speculative_arguments(parser, args)   # the rules that need no model
-    _check_parallel(parser, args)
+    s18.check_parallel_arguments(parser, args)      # S18's (the served model's divisibility)
     s16_host.check_technique_arguments(parser, args)   # S16's rules that need no model
     s17_attention.check_attention_arguments(parser, args)   # S17's
     if args.async_scheduling and args.speculative:
@@ -174,15 +173,6 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
         parser.error(f"--compile and --cuda-graphs write the float KV pool; --kv-cache-dtype "
                      f"{args.kv_cache_dtype} (S14's 8-bit pool) runs eagerly only: drop one "
                      "of them")
-
-
-def _check_parallel(parser, args) -> None:
-    """S18's rules (`check_parallel_arguments`: flags that do nothing at N = 1, S14's and
-    S15's draft model and S16's techniques refused, the model's divisibility, cores, NCCL),
-    on the served model (the bundled one when --model is not given)."""
-    served = argparse.Namespace(**vars(args))
-    served.model = args.model or str(s03.BUNDLED_MODEL_DIR)
-    s18.check_parallel_arguments(parser, served)
 
 
 def engine_builder(args: argparse.Namespace, base: Callable,
@@ -241,12 +231,7 @@ def describe_speculation(engine) -> str:
 def describe_parallel(engine) -> str:
     """The ranks in words: "tensor parallel 2 ranks (gloo, all-reduce by shared memory),
     weights per rank 1.3 MiB of 2.5 MiB"."""
-    executor = s16_host.inner_engine(engine).runner.executor
-    full = s18_layers.shard_bytes(executor.config, 1, executor.model.dtype.itemsize)[0]
-    summed = "shared memory" if executor.arena is not None else executor.backend
-    return (f"tensor parallel {executor.world_size} ranks ({executor.backend}, all-reduce by "
-            f"{summed}), weights per rank {executor.weight_bytes / 2**20:.1f} MiB of "
-            f"{full / 2**20:.1f} MiB")
+    return f"tensor parallel {s16_host.inner_engine(engine).runner.executor.describe()}"
 
 
 def describe_engine(engine, model, args: argparse.Namespace) -> str:

@@ -15,7 +15,7 @@
  * head and the gather on rank 0. The all-reduce steps and the gather are highlighted when
  * N > 1; at N = 1 nothing is communicated (0 all-reduces, 0 bytes: exercise 2's (0, 0)), and the
  * page says so at those steps instead. The all-reduce is described as the course's own
- * (code/s18_layers.py's ShmCommunicator): each rank publishes its partial, every rank adds all N
+ * (code/s18_allreduce.py's ShmCommunicator): each rank publishes its partial, every rank adds all N
  * in rank order.
  *
  * `replayWorld` and the helpers above it are line-by-line transcriptions of export.py's
