@@ -8,8 +8,9 @@ What is new since S13
     engine requests, and each step's deltas go out as server-sent events.
 
     - The API is OpenAI's (`/v1/completions`, `/v1/chat/completions`, `/v1/models`,
-      `/health`), so the official `openai` client, curl or any OpenAI-compatible tool talks
-      to it. code/s19_protocol.py holds the protocol: request checks, error schema, chunks.
+      `/health`, a 503 once the engine is gone), so the official `openai` client, curl or
+      any OpenAI-compatible tool talks to it. code/s19_protocol.py holds the protocol:
+      request checks, error schema, chunks.
     - One thread owns the engine (`EngineLoop`): the engine is not thread-safe, and the
       event loop that serves HTTP must never wait on a model step. Handlers send commands
       (add, abort) through a lock-protected queue; the engine thread applies them between
@@ -77,7 +78,9 @@ What is new since S13
 What it does not handle yet
     One model, one engine thread, one process (with --tensor-parallel-size, rank 0's): the
     engine's steps and the server's JSON work share one Python interpreter (the GIL), which
-    the benchmark measures as the overhead ratio. A request body over MAX_BODY_BYTES (4 MiB)
+    the benchmark measures as the overhead ratio (S20 moves the engine to a process of its
+    own: code/s20_engine_core.py, serving through this app unchanged; `main`'s parts,
+    `add_server_arguments`, `check_server_arguments` and `build_served`, are S20's too). A request body over MAX_BODY_BYTES (4 MiB)
     is refused with a 413, and a prompt with more characters than the context can hold with
     a 400 before it is encoded (so a megabyte of text never stalls the event loop in the
     tokenizer). No authentication (the api_key is ignored), no rate limits, no request queue
@@ -508,6 +511,10 @@ def build_app(engine, tokenizer, model_name: str = DEFAULT_MODEL_NAME, chat_temp
 
     @app.get("/health")
     async def health():
+        # 503 once the engine's thread (or S20's engine process) is gone, as vLLM's /health
+        if not loop_.alive:
+            return ErrorResponse(proto.error_body("the engine is not running", "server_error",
+                                                  code="engine_dead"), status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -815,16 +822,9 @@ def record_stream(engine, tokenizer, body: dict, kind: str = proto.COMPLETION,
 # main
 # ---------------------------------------------------------------------------------------------
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description="Chapter 19: an OpenAI-compatible streaming server over the step engine "
-                    f"({builder_name()}: S13's prefix caching over S12's paged KV and S11's "
-                    "chunked prefill; S14's with --quantize / --kv-cache-dtype; S15's "
-                    "speculative decoding over it with --speculative; S16's static, compiled "
-                    "or graph-captured decode steps and async scheduling with --compile, "
-                    "--cuda-graphs, --async-scheduling; S17's attention backends with "
-                    "--attention-backend; S18's model split over ranks with "
-                    "--tensor-parallel-size).")
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server's flags: the model, where to listen, the engine's budgets, Part III's flags
+    (code/s19_engine_flags.py), --device and --threads. S20's server adds its own to these."""
     parser.add_argument("--model", default=None,
                         help="checkpoint directory, or a Hugging Face hub id when it is not a "
                              "directory (default: the bundled model)")
@@ -850,48 +850,100 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads, as S07 (default: %(default)s)")
-    args = parser.parse_args(argv)
+
+
+def check_server_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors (exit status 2) before a model loads: --threads, --device, --port,
+    --max-num-seqs, and Part III's rules that need no model."""
     s08_cli.check_common_arguments(parser, args)     # --threads, --device
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in [0, 65535] (got {args.port})")
     if args.max_num_seqs < 1:
         parser.error(f"--max-num-seqs must be >= 1 (got {args.max_num_seqs})")
     engine_flags.check_engine_arguments(parser, args)   # Part III's rules that need no model
+
+
+def served_name(args: argparse.Namespace) -> str:
+    """The name clients pass as `model` (--served-model-name, else 'bundled' or --model)."""
+    return args.served_model_name or (DEFAULT_MODEL_NAME if args.model is None else args.model)
+
+
+@dataclass
+class Served:
+    """What `build_served` made: the engine, the server's tokenizer and chat template, and
+    the start-up line's description of the model and engine."""
+
+    engine: object
+    tokenizer: object
+    template: proto.ChatTemplate
+    description: str
+
+
+def build_served(args: argparse.Namespace, base=None, **engine_options) -> Served:
+    """The engine the flags ask for over the served model (`base`: the builder under Part
+    III's layers, default ENGINE_BUILDER), its decode step compiled for every bucket when
+    --compile asks (vLLM compiles and captures at start up too, before the server listens),
+    and the model itself dropped (the engine holds what it runs; with N ranks, rank 0's share
+    only). engine_options: more keywords for the builder (S20 passes S13's
+    enable_prefix_caching through every layer). Sets torch's threads (--threads). Raises ParameterError naming the engine's
+    parameter (map it with `engine_flags.flag_message`) or ValueError (a checkpoint, a failed
+    compile), before anything is served."""
     import torch
     torch.set_num_threads(args.threads)
-    try:
-        model, tokenizer, template, directory = load_served(args.model, args.device)
-        # ENGINE_BUILDER, or S14's, with S15's, S17's or S18's, then S16's over it, as asked
-        builder, options = engine_flags.engine_builder(args, ENGINE_BUILDER, directory)
-        engine = make_engine(model, tokenizer, args.max_num_seqs, args.max_num_batched_tokens,
-                             args.max_context, builder=builder, **options)
-    except ParameterError as err:            # named by the flag that set the parameter
-        parser.error(engine_flags.flag_message(err))
-    except ValueError as err:
-        parser.error(str(err))
-    name = args.served_model_name or (DEFAULT_MODEL_NAME if args.model is None else args.model)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    print(f"serving {name} ({model.config.model_type}, "
-          f"{s03.parameter_count(model.config):,} parameters"
-          f"{engine_flags.describe_engine(engine, model, args)}, "
-          f"{builder_name(builder)}, context "
-          f"{engine.max_context}, chat template {template.name}) on "
-          f"http://{args.host}:{args.port}/v1", flush=True)
-    del model           # the engine holds what it runs (with N ranks: rank 0's share only)
+    model, tokenizer, template, directory = load_served(args.model, args.device)
+    # ENGINE_BUILDER, or S14's, with S15's, S17's or S18's, then S16's over it, as asked
+    builder, options = engine_flags.engine_builder(
+        args, ENGINE_BUILDER if base is None else base, directory)
+    options.update(engine_options)
+    engine = make_engine(model, tokenizer, args.max_num_seqs, args.max_num_batched_tokens,
+                         args.max_context, builder=builder, **options)
+    description = (f"{model.config.model_type}, {s03.parameter_count(model.config):,} "
+                   f"parameters{engine_flags.describe_engine(engine, model, args)}, "
+                   f"{builder_name(builder)}, context {engine.max_context}, chat template "
+                   f"{template.name}")
+    del model
     runner = engine.runner
     if isinstance(runner, s16_static.StaticDecodeRunner) and runner.compile and not runner.graphs:
-        # every bucket compiled now, not on the first requests that need it (vLLM compiles and
-        # captures at start up too; CUDA graphs were captured, compiled, when it was built)
+        # every bucket compiled now, not on the first requests that need it (CUDA graphs were
+        # captured, compiled, when the engine was built)
         print(f"compiling the decode step for buckets {', '.join(map(str, runner.sizes))} ...",
               flush=True)
         try:
             times = runner.warmup()
         except Exception as err:         # inductor's own failure: said in one line, no trace
-            parser.error(f"--compile: compiling the decode step failed "
-                         f"({type(err).__name__}: {str(err).strip().splitlines()[0][:300]})")
+            s16_host.shutdown_engine(engine)
+            raise ValueError(f"--compile: compiling the decode step failed "
+                             f"({type(err).__name__}: "
+                             f"{str(err).strip().splitlines()[0][:300]})") from None
         print(f"compiled in {sum(times.values()):.1f} s", flush=True)
-    uvicorn.run(build_app(engine, tokenizer, name, template), host=args.host, port=args.port,
-                log_level="info")
+    return Served(engine, tokenizer, template, description)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Chapter 19: an OpenAI-compatible streaming server over the step engine "
+                    f"({builder_name()}: S13's prefix caching over S12's paged KV and S11's "
+                    "chunked prefill; S14's with --quantize / --kv-cache-dtype; S15's "
+                    "speculative decoding over it with --speculative; S16's static, compiled "
+                    "or graph-captured decode steps and async scheduling with --compile, "
+                    "--cuda-graphs, --async-scheduling; S17's attention backends with "
+                    "--attention-backend; S18's model split over ranks with "
+                    "--tensor-parallel-size).")
+    add_server_arguments(parser)
+    args = parser.parse_args(argv)
+    check_server_arguments(parser, args)
+    try:
+        served = build_served(args)
+    except ParameterError as err:            # named by the flag that set the parameter
+        parser.error(engine_flags.flag_message(err))
+    except ValueError as err:
+        parser.error(str(err))
+    name = served_name(args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    print(f"serving {name} ({served.description}) on http://{args.host}:{args.port}/v1",
+          flush=True)
+    uvicorn.run(build_app(served.engine, served.tokenizer, name, served.template),
+                host=args.host, port=args.port, log_level="info")
 
 
 if __name__ == "__main__":
